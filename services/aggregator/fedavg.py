@@ -1,0 +1,104 @@
+"""Streaming FedAvg (Eq. 2): fold each site's update into a running weighted sum.
+
+Memory is one accumulator the size of the model, whatever the number of sites: updates are
+validated and added as they arrive and never kept. Works on numpy arrays (the wire format), so
+the aggregator does not need torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+from numpy.typing import NDArray
+
+Params = Mapping[str, NDArray[np.floating]]
+
+
+class UpdateRejected(ValueError):
+    """An update that must not reach the global model; ``reason`` is a bounded metric label."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+class StreamingFedAvg:
+    """Sample-weighted mean of deltas, w_{t+1} = w_t + sum_i (n_i / sum_j n_j) * delta_i.
+
+    Also tracks the weighted mean squared norm of the deltas, so the dispersion of the round's
+    updates (the noise-scale gain model's input) costs no extra memory.
+    """
+
+    def __init__(self, template: Params, accumulate_dtype: type[np.floating] | None = None):
+        self._spec = {name: (a.shape, a.dtype) for name, a in template.items()}
+        self._sum = {
+            name: np.zeros(shape, dtype=accumulate_dtype or dtype)
+            for name, (shape, dtype) in self._spec.items()
+        }
+        self.total_weight = 0.0
+        self._sum_sq_weights = 0.0
+        self._weighted_sq_norm = 0.0
+        self.count = 0
+
+    def validate(self, delta: Params, weight: float) -> None:
+        """Raise UpdateRejected naming the first problem; never touches the accumulator."""
+        if not np.isfinite(weight) or weight <= 0:
+            raise UpdateRejected("bad_weight", f"update weight must be finite and > 0, got {weight}")
+        missing = self._spec.keys() - delta.keys()
+        extra = delta.keys() - self._spec.keys()
+        if missing or extra:
+            raise UpdateRejected(
+                "tensor_set",
+                f"update tensors differ from the model: missing {sorted(missing)}, "
+                f"unexpected {sorted(extra)}",
+            )
+        for name, (shape, dtype) in self._spec.items():
+            a = delta[name]
+            if a.shape != shape:
+                raise UpdateRejected(
+                    "shape", f"tensor {name!r} has shape {a.shape}, expected {shape}"
+                )
+            if a.dtype != dtype:
+                raise UpdateRejected(
+                    "dtype", f"tensor {name!r} has dtype {a.dtype}, expected {dtype}"
+                )
+            if not np.isfinite(a).all():
+                raise UpdateRejected("non_finite", f"tensor {name!r} contains NaN or Inf")
+
+    def add(self, delta: Params, weight: float) -> None:
+        self.validate(delta, weight)
+        sq = 0.0
+        for name, acc in self._sum.items():
+            a = delta[name]
+            acc += weight * a
+            sq += float(np.vdot(a, a))
+        self.total_weight += weight
+        self._sum_sq_weights += weight * weight
+        self._weighted_sq_norm += weight * sq
+        self.count += 1
+
+    def mean_delta(self) -> dict[str, NDArray[np.floating]]:
+        if self.count == 0:
+            raise ValueError("no update was aggregated this round")
+        return {
+            name: (acc / self.total_weight).astype(self._spec[name][1], copy=False)
+            for name, acc in self._sum.items()
+        }
+
+    def apply(self, global_params: Params) -> dict[str, NDArray[np.floating]]:
+        """The new global model; refuses a non-finite result rather than poisoning the run."""
+        mean = self.mean_delta()
+        new = {name: global_params[name] + mean[name] for name in self._spec}
+        if not all(np.isfinite(a).all() for a in new.values()):
+            raise UpdateRejected("non_finite", "aggregated model is not finite; round refused")
+        return new
+
+    def dispersion(self) -> tuple[float, float, float]:
+        """(weighted mean |delta_i|^2, |mean delta|^2, effective number of sites)."""
+        if self.count == 0:
+            raise ValueError("no update was aggregated this round")
+        mean = self.mean_delta()
+        sq_of_mean = sum(float(np.vdot(a, a)) for a in mean.values())
+        k_eff = self.total_weight**2 / self._sum_sq_weights
+        return self._weighted_sq_norm / self.total_weight, sq_of_mean, k_eff

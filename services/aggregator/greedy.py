@@ -1,0 +1,188 @@
+"""Algorithm 1: PowerTrip's greedy, bottom-up choice of how many ranked sites train each round.
+
+After every round the policy projects the accuracy gain of each candidate count k' (a gain model)
+and the round time of the top-k' sites (an estimator), and moves towards the count with the best
+gain per second: growing at once, shrinking only after ``patience`` consecutive votes.
+
+Options kept side by side (spec §3.2-§3.5, docs/reproduction.md):
+- gain ``log`` (the paper's, reconstructed), ``kappa-headroom`` (spec §3.5) and ``noise-scale``
+  (project's own: the measured dispersion of the site updates tells how much averaging more of
+  them helps);
+- estimator ``mean-power`` (as written), ``max`` and ``aggregate`` (scoring.Estimator);
+- search ``window-argmax`` (§3.2) or ``incremental-prefix`` (§3.4).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import numpy as np
+from numpy.typing import NDArray
+
+from services.aggregator.scoring import Estimator, prefix_round_times
+from services.aggregator.selection import (
+    RankingConfig,
+    RoundContext,
+    RoundFeedback,
+    SelectionPolicy,
+)
+
+
+class GainModel(StrEnum):
+    LOG = "log"
+    KAPPA_HEADROOM = "kappa-headroom"
+    NOISE_SCALE = "noise-scale"
+
+
+class SearchMode(StrEnum):
+    WINDOW_ARGMAX = "window-argmax"
+    INCREMENTAL_PREFIX = "incremental-prefix"
+
+
+@dataclass(frozen=True)
+class GreedyConfig:
+    """Every free parameter of spec §3.3, with the spec's defaults."""
+
+    k0: int = 10
+    window: int = 5  # candidate counts k-w..k+w; 0 searches every count 1..N
+    patience: int = 3
+    trend_rounds: int = 3
+    gain_floor: float = 1e-4
+    gain: GainModel = GainModel.LOG
+    kappa: float = 1.0
+    estimator: Estimator = Estimator.MEAN_POWER
+    search: SearchMode = SearchMode.WINDOW_ARGMAX
+    noise_smoothing: float = 0.7  # EMA weight on history for the noise-scale statistics
+    ranking: RankingConfig = field(default_factory=RankingConfig)
+
+    def __post_init__(self) -> None:
+        checks = {
+            "k0": self.k0 >= 1,
+            "window": self.window >= 0,
+            "patience": self.patience >= 1,
+            "trend_rounds": self.trend_rounds >= 1,
+            "gain_floor": self.gain_floor > 0,
+            "kappa": self.kappa >= 0,
+            "noise_smoothing": 0 <= self.noise_smoothing < 1,
+        }
+        bad = [name for name, ok in checks.items() if not ok]
+        if bad:
+            raise ValueError(f"invalid greedy policy parameter(s): {', '.join(bad)}")
+
+
+class PowerTripGreedy(SelectionPolicy):
+    """Algorithm 1 (spec §3.2) over a pluggable ranking, gain model and time estimator."""
+
+    def __init__(self, config: GreedyConfig | None = None, name: str = "powertrip"):
+        self.config = config or GreedyConfig()
+        self.name = name
+        self.k: int | None = None
+        self.k_history: list[int] = []
+        self._shrink_votes = 0
+        self._accuracy: deque[float] = deque(maxlen=self.config.trend_rounds + 1)
+        self._best_gain = 0.0
+        self._feedback: RoundFeedback | None = None
+        self._noise_trace: float | None = None  # EMA of tr(Sigma), per-site update variance
+        self._signal: float | None = None  # EMA of |G|^2, the squared norm of the true update
+
+    # -- the policy interface -------------------------------------------------------------------
+    def select(self, ctx: RoundContext) -> NDArray[np.int64]:
+        order = self.config.ranking.order(ctx)
+        n = order.size
+        if self.k is None:
+            self.k = min(self.config.k0, n)
+        elif self._feedback is not None:
+            times = prefix_round_times(
+                ctx.profile, order, ctx.ideal_compute_s, self.config.estimator
+            )
+            self.k = self._next_k(min(self.k, n), times, self._feedback)
+        self._feedback = None
+        self.k_history.append(self.k)
+        return order[: self.k]
+
+    def observe(self, feedback: RoundFeedback) -> None:
+        if not self._accuracy:
+            self._accuracy.append(feedback.previous_accuracy)
+        self._accuracy.append(feedback.accuracy)
+        gain = feedback.accuracy - feedback.previous_accuracy
+        self._best_gain = max(self._best_gain, gain)
+        self._update_noise(feedback)
+        self._feedback = feedback
+
+    # -- Algorithm 1 lines 9-21 -----------------------------------------------------------------
+    def _trend(self) -> float:
+        """Line 9: mean per-round accuracy gain over the last m rounds, floored at epsilon."""
+        hist = list(self._accuracy)
+        rounds = len(hist) - 1
+        if rounds < 1:
+            return self.config.gain_floor
+        return max(self.config.gain_floor, (hist[-1] - hist[0]) / rounds)
+
+    def projected_gain(self, candidates: NDArray[np.int64], k: int) -> NDArray[np.float64]:
+        """Line 13: Delta A_hat(k') for each candidate count, relative to the current count k."""
+        trend = self._trend()
+        kc = candidates.astype(np.float64)
+        gain = GainModel(self.config.gain)
+        if gain is GainModel.LOG:
+            return trend * np.log1p(kc) / math.log1p(k)
+        if gain is GainModel.KAPPA_HEADROOM:
+            headroom = 1.0 - trend / self._best_gain if self._best_gain > 0 else 0.0
+            headroom = min(max(headroom, 0.0), 1.0)
+            return trend * (1.0 + self.config.kappa * headroom * np.log((1 + kc) / (1 + k)))
+        b = self.noise_scale()
+        return trend * (kc / (kc + b)) / (k / (k + b))
+
+    def noise_scale(self) -> float:
+        """B = tr(Sigma) / |G|^2 in units of sites: averaging k updates gives progress k/(k+B)."""
+        if self._noise_trace is None or self._signal is None:
+            return 0.0
+        return self._noise_trace / max(self._signal, 1e-12 * max(self._noise_trace, 1e-30))
+
+    def _update_noise(self, fb: RoundFeedback) -> None:
+        if fb.mean_sq_norm is None or fb.sq_norm_of_mean is None or not fb.effective_sites:
+            return
+        k_eff = fb.effective_sites
+        if k_eff <= 1.0 + 1e-9:
+            return
+        # E[mean |d_i|^2] = |G|^2 + tr(S);  E[|mean d|^2] = |G|^2 + tr(S)/k_eff.
+        trace = max(fb.mean_sq_norm - fb.sq_norm_of_mean, 0.0) / (1.0 - 1.0 / k_eff)
+        signal = max(fb.sq_norm_of_mean - trace / k_eff, 0.0)
+        a = self.config.noise_smoothing
+        if self._noise_trace is None:
+            self._noise_trace, self._signal = trace, signal
+        else:
+            self._noise_trace = a * self._noise_trace + (1 - a) * trace
+            self._signal = a * (self._signal or 0.0) + (1 - a) * signal
+
+    def _next_k(self, k: int, prefix_times: NDArray[np.float64], fb: RoundFeedback) -> int:
+        n = prefix_times.size
+        w = self.config.window or n
+        lo, hi = max(1, k - w), min(n, k + w)
+        candidates = np.arange(lo, hi + 1, dtype=np.int64)
+        efficiency = self.projected_gain(candidates, k) / prefix_times[candidates - 1]
+        if SearchMode(self.config.search) is SearchMode.WINDOW_ARGMAX:
+            best = int(candidates[int(np.argmax(efficiency))])  # argmax takes the first: smaller k
+        else:
+            measured = (fb.accuracy - fb.previous_accuracy) / max(fb.duration_s, 1e-12)
+            i = 0
+            while i + 1 < candidates.size and efficiency[i + 1] > max(efficiency[i], measured):
+                i += 1
+            best = int(candidates[i])
+        return self._apply_patience(k, best)
+
+    def _apply_patience(self, k: int, best: int) -> int:
+        """Lines 17-21: grow immediately, shrink after p consecutive votes to shrink."""
+        if best > k:
+            self._shrink_votes = 0
+            return best
+        if best < k:
+            self._shrink_votes += 1
+            if self._shrink_votes >= self.config.patience:
+                self._shrink_votes = 0
+                return best
+            return k
+        self._shrink_votes = 0
+        return k

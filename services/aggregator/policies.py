@@ -1,0 +1,83 @@
+"""Policy names -> configured policies: the one place the CLI, the emulator and the aggregator
+service turn a name like ``powertrip`` or ``static-40`` into a ``SelectionPolicy``."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+from services.aggregator.greedy import GainModel, GreedyConfig, PowerTripGreedy, SearchMode
+from services.aggregator.scoring import Estimator, Ranking
+from services.aggregator.selection import (
+    Centralized,
+    FixedRadius,
+    RandomK,
+    RankingConfig,
+    SelectAll,
+    SelectionPolicy,
+    StaticTopK,
+)
+
+#: The paper's Algorithm 1 as reconstructed in spec §3.2 (Eq. 8 ranking, log gain, mean power).
+PAPER_GREEDY = GreedyConfig()
+
+#: The project's own default (docs/reproduction.md): rank by each site's own round time, project
+#: gains with the measured update noise scale, estimate the round by its true straggler.
+PROJECT_GREEDY = GreedyConfig(
+    gain=GainModel.NOISE_SCALE,
+    estimator=Estimator.MAX,
+    ranking=RankingConfig(ranking=Ranking.ROUND_TIME),
+)
+
+VARIANTS: dict[str, GreedyConfig] = {
+    "powertrip": PROJECT_GREEDY,
+    "powertrip-paper": PAPER_GREEDY,
+    "powertrip-prefix": replace(PAPER_GREEDY, search=SearchMode.INCREMENTAL_PREFIX),
+    "powertrip-kappa": replace(PAPER_GREEDY, gain=GainModel.KAPPA_HEADROOM),
+    "powertrip-maxest": replace(PAPER_GREEDY, estimator=Estimator.MAX),
+    "highest-power": replace(PAPER_GREEDY, ranking=RankingConfig(ranking=Ranking.POWER)),
+    "lowest-latency": replace(PAPER_GREEDY, ranking=RankingConfig(ranking=Ranking.LATENCY)),
+}
+
+SIMPLE = ("select-all", "fixed-radius", "random", "centralized-25", "centralized-50")
+NEEDS_K_STAR = ("static-optimal", "random")
+_STATIC = re.compile(r"^static-(\d+)$")
+
+
+def known_policy_names() -> list[str]:
+    return [*VARIANTS, "static-optimal", "static-<k>", *SIMPLE]
+
+
+def validate_policy_name(name: str) -> str:
+    if name in VARIANTS or name in SIMPLE or name == "static-optimal" or _STATIC.match(name):
+        return name
+    raise ValueError(
+        f"unknown policy {name!r}; known policies: {', '.join(known_policy_names())}"
+    )
+
+
+def build_policy(
+    name: str,
+    *,
+    k_star: int | None = None,
+    greedy_overrides: dict[str, object] | None = None,
+    radius_mi: float = 1000.0,
+) -> SelectionPolicy:
+    """A fresh policy instance (policies keep per-run state, so never share one across runs)."""
+    validate_policy_name(name)
+    if name in VARIANTS:
+        cfg = replace(VARIANTS[name], **(greedy_overrides or {}))
+        return PowerTripGreedy(cfg, name=name)
+    if m := _STATIC.match(name):
+        return StaticTopK(int(m.group(1)))
+    if name in NEEDS_K_STAR:
+        if k_star is None:
+            raise ValueError(f"policy {name!r} needs k* from a static sweep")
+        return StaticTopK(k_star, name="static-optimal") if name == "static-optimal" else RandomK(
+            k_star
+        )
+    if name == "select-all":
+        return SelectAll()
+    if name == "fixed-radius":
+        return FixedRadius(radius_mi)
+    return Centralized(int(name.rsplit("-", 1)[1]) / 100)

@@ -1,0 +1,117 @@
+"""The paper's time model (spec §2, Eqs. 3, 4, 6, 7 and the §5.1 emulated compute time).
+
+Pure functions over numpy arrays so the emulator, the aggregator's estimators and the profiler
+share one definition of "how long does a round take".
+"""
+
+from __future__ import annotations
+
+import math
+from enum import StrEnum
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+SPEED_IN_FIBRE_M_PER_S = 2.0e8  # spec A11
+METERS_PER_MILE = 1609.344
+DEFAULT_MAX_BANDWIDTH_BPS = 10e9  # 10 Gbps anchor of spec §4.3
+DEFAULT_REFERENCE_DISTANCE_MI = 1000.0
+BITS_PER_BYTE = 8
+
+
+class RoundTimeModel(StrEnum):
+    """Ground truth for a synchronous round's duration (spec A3)."""
+
+    PER_SITE_MAX = "per-site-max"  # §4.2: max_i(T_ideal/P_i + C_i), what the paper's emulator does
+    AGGREGATE = "aggregate"  # Eq. 7: W / sum_i P_i + max_i C_i, with W = N * T_ideal
+
+
+def bandwidth_bps(
+    distance_mi: ArrayLike,
+    max_bps: float = DEFAULT_MAX_BANDWIDTH_BPS,
+    reference_mi: float = DEFAULT_REFERENCE_DISTANCE_MI,
+) -> NDArray[np.float64]:
+    """B(d) = B_max / sqrt(1 + (d/d_ref)^2): flat within d_ref, inverse-proportional far out."""
+    d = np.asarray(distance_mi, dtype=np.float64)
+    return max_bps / np.sqrt(1.0 + (d / reference_mi) ** 2)
+
+
+def propagation_delay_s(
+    distance_mi: ArrayLike, speed_m_per_s: float = SPEED_IN_FIBRE_M_PER_S
+) -> NDArray[np.float64]:
+    """d / c, the first term of Eq. 3."""
+    return np.asarray(distance_mi, dtype=np.float64) * METERS_PER_MILE / speed_m_per_s
+
+
+def comm_time_s(
+    latency_s: ArrayLike, bandwidth: ArrayLike, update_bytes: float, round_trip: bool = False
+) -> NDArray[np.float64]:
+    """Eq. 3 with equality: one-way latency plus serialisation time of an update of M bytes.
+
+    ``round_trip`` adds the broadcast leg (spec A8 flag).
+    """
+    if update_bytes < 0:
+        raise ValueError(f"update size must be >= 0 bytes, got {update_bytes}")
+    lat = np.asarray(latency_s, dtype=np.float64)
+    bw = np.asarray(bandwidth, dtype=np.float64)
+    if np.any(bw <= 0):
+        raise ValueError("bandwidth must be > 0 for every site")
+    one_way = lat + update_bytes * BITS_PER_BYTE / bw
+    return 2.0 * one_way if round_trip else one_way
+
+
+def straggler_max(times: ArrayLike) -> float:
+    """Eq. 4: a synchronous phase lasts as long as its slowest member."""
+    t = np.asarray(times, dtype=np.float64)
+    if t.size == 0:
+        raise ValueError("straggler_max needs at least one site")
+    return float(t.max())
+
+
+def effective_gpus(physical_gpus: int, available_power_w: float, power_per_gpu_w: float) -> int:
+    """Eq. 6: GPUs that the site's power budget can keep busy, capped by what it owns."""
+    if power_per_gpu_w <= 0:
+        raise ValueError("power per GPU must be > 0 W")
+    if available_power_w <= 0:
+        return 0
+    return int(min(physical_gpus, math.floor(available_power_w / power_per_gpu_w)))
+
+
+def compute_time_s(ideal_s: float, power: ArrayLike) -> NDArray[np.float64]:
+    """§5.1: a site at power fraction P takes T_ideal / P (P = 0.5 -> twice as long)."""
+    p = np.asarray(power, dtype=np.float64)
+    if np.any(p <= 0):
+        raise ValueError("power fraction must be > 0 for a site that trains")
+    return ideal_s / p
+
+
+def round_time_s(
+    model: RoundTimeModel,
+    ideal_s: float,
+    power: ArrayLike,
+    comm_s: ArrayLike,
+    total_sites: int | None = None,
+) -> float:
+    """Duration of one synchronous round over the selected sites under the chosen ground truth.
+
+    For the aggregate model the round's work is W = total_sites * ideal_s (the whole federation's
+    per-round workload, spread over the participants in proportion to their power); this is the
+    calibration that fits the paper's reported ordering (docs/reproduction.md).
+    """
+    p = np.asarray(power, dtype=np.float64)
+    c = np.asarray(comm_s, dtype=np.float64)
+    if p.shape != c.shape or p.size == 0:
+        raise ValueError("power and comm_s must be non-empty arrays of one shape")
+    if model is RoundTimeModel.PER_SITE_MAX:
+        return straggler_max(compute_time_s(ideal_s, p) + c)
+    if model is RoundTimeModel.AGGREGATE:
+        n = p.size if total_sites is None else total_sites
+        return float(n * ideal_s / p.sum()) + straggler_max(c)
+    raise ValueError(f"unknown round-time model {model!r}")
+
+
+def centralized_round_time_s(ideal_s: float, power_fraction: float) -> float:
+    """Spec A14: all partitions co-located at one site capped at P_c; no communication."""
+    if not 0 < power_fraction <= 1:
+        raise ValueError(f"centralized power fraction must be in (0, 1], got {power_fraction}")
+    return ideal_s / power_fraction
