@@ -13,7 +13,7 @@ from rich.table import Table
 
 from services.emulator.config import PRESETS, ExperimentConfig, build_config
 
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)
 out = Console(width=None if sys.stdout.isatty() else 140)
 
 # CLI flag for each config field, so validation errors name what the user typed.
@@ -126,17 +126,17 @@ def _run_experiment(cfg: ExperimentConfig, out_dir: Path, plots: bool) -> None:
               highlight=False)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn())
-    with Progress(*columns, console=err, transient=False) as bar:
-        task = bar.add_task("loading data", total=None)
+    try:
+        with Progress(*columns, console=err, transient=False) as bar:
+            task = bar.add_task("loading data", total=None)
 
-        def progress(done: int, total: int, label: str) -> None:
-            bar.update(task, completed=done, total=total, description=label)
+            def progress(done: int, total: int, label: str) -> None:
+                bar.update(task, completed=done, total=total, description=label)
 
-        try:
             result = run_study(cfg, progress=progress)
-        except DatasetError as exc:
-            _fail(f"dataset: {exc}")
-        bar.update(task, description="done")
+            bar.update(task, description="done")
+    except DatasetError as exc:
+        _fail(f"dataset: {exc}")
     paths = write_outputs(result, out_dir)
     pngs = write_plots(result, out_dir) if plots else []
     _print_table(result)

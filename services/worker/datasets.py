@@ -19,6 +19,7 @@ import os
 import random
 import re
 import struct
+import zipfile
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -45,7 +46,7 @@ class DatasetError(ValueError):
     """A dataset is missing or malformed; the message names the file (and where in it)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # eq=False: tensors have no truth value
 class Dataset:
     """A train/test split plus the natural grouping the federated partitioner may use."""
 
@@ -135,7 +136,7 @@ def load_mnist1d(
         try:
             with np.load(cache_file) as cached:
                 x, y = cached["x"], cached["y"]
-        except (OSError, ValueError, KeyError, zlib.error):
+        except (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile, zlib.error):
             x = y = None  # corrupt cache (e.g. an interrupted write elsewhere): regenerate
     if x is None or y is None:
         x, y = _generate_mnist1d(num_samples, seed)
@@ -178,8 +179,8 @@ def _read_bytes(path: Path) -> bytes:
         return path.read_bytes()
     except FileNotFoundError as exc:
         raise DatasetError(f"{path}: file not found") from exc
-    except (OSError, EOFError, zlib.error) as exc:
-        raise DatasetError(f"{path}: cannot read compressed data ({exc})") from exc
+    except (OSError, EOFError, zlib.error) as exc:  # truncated or corrupt .gz, unreadable file
+        raise DatasetError(f"{path}: cannot read ({exc})") from exc
 
 
 def _read_idx(path: Path, magic: int) -> np.ndarray:
@@ -376,7 +377,7 @@ def _parse_roles(text: str) -> dict[str, list[str]]:
                 if not next_blank:
                     speaks.add(role)
         prev_blank = not stripped
-    body = min(headers, default=0)  # title and cast list come before the first heading
+    body = min(headers, default=-1)  # title and cast list come before the first heading
     tags = {i: r for i, r in candidates if i > body and counts[r] >= 2 and r in speaks}
     speeches: dict[str, list[str]] = {}
     current: str | None = None
@@ -408,7 +409,10 @@ def _role_texts(path: Path) -> dict[str, str]:
             raise DatasetError(f"{path}: no .txt files in directory")
         roles: dict[str, str] = {}
         for file in files:
-            text = file.read_text(encoding="utf-8", errors="replace")
+            try:
+                text = file.read_text(encoding="utf-8", errors="replace")
+            except OSError as exc:
+                raise DatasetError(f"{file}: cannot read ({exc})") from exc
             play = file.stem.removesuffix("_gut")
             for role, speech in _parse_roles(text).items():  # poems/sonnets yield nothing
                 roles[f"{play}/{role}"] = " ".join(speech)

@@ -124,8 +124,8 @@ class CharLSTM(nn.Module):
             h = gates_x.new_zeros(gates_x.shape[0], self.hidden_size)
             c = h
             outputs = []
-            for t in range(gates_x.shape[1]):
-                i, f, g, o = (gates_x[:, t] + rec(h)).chunk(4, dim=-1)
+            for gx in gates_x.unbind(1):  # unbind, not [:, t]: its backward is one stack
+                i, f, g, o = (gx + rec(h)).chunk(4, dim=-1)
                 c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
                 h = torch.sigmoid(o) * torch.tanh(c)
                 outputs.append(h)

@@ -261,6 +261,14 @@ def test_shakespeare_small_roles_are_dropped():
     assert np.bincount(few.groups_train).min() >= 200 - int(0.1 * 200) - 1
 
 
+@needs(TINY)
+def test_tinyshakespeare_keeps_the_very_first_speech_of_the_file():
+    ds = load_shakespeare(TINY, max_samples=None, min_samples_per_role=2)
+    citizen = ds.group_names.index("FIRST CITIZEN")
+    first = int(np.flatnonzero(ds.groups_train == citizen)[0])
+    assert decode_chars(ds.x_train[first]).startswith("Before we proceed any further")
+
+
 @needs(OKFN_TEXTS)
 def test_okfn_directory_gives_play_role_groups_without_headers_or_directions():
     ds = load_shakespeare(OKFN_TEXTS, max_samples=50_000)

@@ -134,7 +134,7 @@ def test_build_model_checks_the_input_shape():
 
 @pytest.mark.slow
 def test_cnn1d_learns_mnist1d_centrally(tmp_path):
-    """Two epochs of plain SGD (lr 0.2, batch 20) on 20k samples clear 85% test accuracy."""
+    """Three epochs of plain SGD (lr 0.2, batch 20) on 20k samples clear 85% test accuracy."""
     ds = load_mnist1d(num_samples=20_000, cache_dir=tmp_path)
     torch.manual_seed(0)
     model = build_model("cnn1d", ds.num_classes, ds.in_shape)

@@ -1,0 +1,112 @@
+"""The emulated study: deterministic, clock-driven, and the cache never changes a result."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from services.aggregator.policies import build_policy
+from services.aggregator.selection import Centralized, SelectAll, StaticTopK
+from services.common.sites import ModelledLinks, StaticPower, generate_sites
+from services.common.timing import RoundTimeModel
+from services.emulator.config import build_config
+from services.emulator.engine import Emulator, TimeModel, TrajectoryCache
+from services.emulator.federation import build_federation, load_workload
+from services.emulator.study import run_study
+
+TINY = dict(num_sites=8, num_samples=800, static_sweep=(2, 4, 8), max_rounds=6,
+            policies=("powertrip", "powertrip-paper", "static-optimal", "select-all",
+                      "centralized-25", "random", "fixed-radius"),
+            target_accuracy=0.3, ideal_compute_s=10.0)
+
+
+@pytest.fixture(scope="module")
+def tiny_cfg():
+    return build_config(None, **TINY)
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tiny_cfg):
+    return load_workload(tiny_cfg)
+
+
+def _emulator(cfg, data, seed=0, cache=None):
+    sites = generate_sites(cfg.num_sites, np.random.default_rng(cfg.site_seed))
+    fed = build_federation(cfg, data, seed)
+    tm = TimeModel(cfg.ideal_compute_s, cfg.update_bytes, RoundTimeModel.PER_SITE_MAX)
+    return sites, Emulator(fed, sites, StaticPower(sites.base_power), ModelledLinks(sites), tm,
+                           seed, cache)
+
+
+def test_same_seed_gives_identical_runs(tiny_cfg, tiny_data):
+    _, a = _emulator(tiny_cfg, tiny_data, seed=3, cache=TrajectoryCache(max_entries=0))
+    _, b = _emulator(tiny_cfg, tiny_data, seed=3, cache=TrajectoryCache(max_entries=0))
+    ra = a.run(build_policy("powertrip"), None, 5)
+    rb = b.run(build_policy("powertrip"), None, 5)
+    assert ra.rounds == rb.rounds
+
+
+def test_different_training_seeds_give_different_learning_curves(tiny_cfg, tiny_data):
+    _, a = _emulator(tiny_cfg, tiny_data, seed=0)
+    _, b = _emulator(tiny_cfg, tiny_data, seed=1)
+    accs_a = [r.accuracy for r in a.run(SelectAll(), None, 3).rounds]
+    accs_b = [r.accuracy for r in b.run(SelectAll(), None, 3).rounds]
+    assert accs_a != accs_b
+
+
+def test_trajectory_cache_reuses_training_without_changing_results(tiny_cfg, tiny_data):
+    _, cached = _emulator(tiny_cfg, tiny_data, cache=TrajectoryCache())
+    _, fresh = _emulator(tiny_cfg, tiny_data, cache=TrajectoryCache(max_entries=0))
+    first = cached.run(StaticTopK(8), None, 4)
+    again = cached.run(SelectAll(), None, 4)  # top-8 of 8 sites == all sites
+    assert cached.cache.hits == 4
+    assert [r.accuracy for r in again.rounds] == [r.accuracy for r in first.rounds]
+    assert fresh.run(SelectAll(), None, 4).rounds == again.rounds
+
+
+def test_round_duration_is_the_slowest_selected_site(tiny_cfg, tiny_data):
+    sites, emu = _emulator(tiny_cfg, tiny_data)
+    run = emu.run(SelectAll(), None, 2)
+    comm = sites.latency_s + 1.5e9 * 8 / sites.bandwidth_bps
+    expected = float(np.max(10.0 / sites.base_power + comm))
+    assert run.rounds[0].duration_s == pytest.approx(expected)
+    assert run.rounds[1].time_s == pytest.approx(2 * expected)
+
+
+def test_centralized_rounds_take_tau_over_power_and_learn_like_select_all(tiny_cfg, tiny_data):
+    _, emu = _emulator(tiny_cfg, tiny_data)
+    central = emu.run(Centralized(0.25), None, 3)
+    everyone = emu.run(SelectAll(), None, 3)
+    assert [r.duration_s for r in central.rounds] == [40.0, 40.0, 40.0]
+    assert [r.accuracy for r in central.rounds] == [r.accuracy for r in everyone.rounds]
+
+
+def test_a_run_stops_at_the_first_round_reaching_the_target(tiny_cfg, tiny_data):
+    _, emu = _emulator(tiny_cfg, tiny_data)
+    full = emu.run(SelectAll(), None, 6)
+    target = full.rounds[2].accuracy
+    stopped = emu.run(SelectAll(), target, 6)
+    first = next(r.round for r in full.rounds if r.accuracy >= target)
+    assert len(stopped.rounds) == first
+    assert stopped.time_to(target) == full.rounds[first - 1].time_s
+
+
+def test_study_runs_every_policy_and_repeat_and_is_deterministic(tiny_cfg):
+    cfg = tiny_cfg.model_copy(update={"repeats": 2})
+    a = run_study(cfg)
+    b = run_study(cfg)
+    names = {s.policy for s in a.summaries}
+    assert set(cfg.policies) <= names
+    assert {f"static-{k}" for k in cfg.static_sweep} <= names
+    assert a.k_star in cfg.static_sweep
+    assert [(s.policy, s.repeat, s.time_to_accuracy_s) for s in a.summaries] == [
+        (s.policy, s.repeat, s.time_to_accuracy_s) for s in b.summaries
+    ]
+
+
+def test_automatic_target_is_the_lowest_best_accuracy_of_the_sweep(tiny_cfg):
+    cfg = tiny_cfg.model_copy(update={"target_accuracy": None, "policies": ("static-optimal",)})
+    result = run_study(cfg)
+    best = [max(r.accuracy for r in run.rounds) for _, run in result.runs]
+    assert result.target_accuracy == min(best)
+    assert all(s.reached for s in result.summaries)
