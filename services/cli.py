@@ -69,10 +69,20 @@ PRESET_HELP = "; ".join(f"{k}: {v['description']}" for k, v in PRESETS.items())
 
 
 @main.command()
-@click.option("--preset", type=click.Choice(sorted(PRESETS)), default="quick", show_default=True,
-              help=f"Starting configuration. {PRESET_HELP}.")
-@click.option("--output", "-o", type=click.Path(path_type=Path), default=None,
-              help="Output folder (default: results/<preset>).")
+@click.option(
+    "--preset",
+    type=click.Choice(sorted(PRESETS)),
+    default="quick",
+    show_default=True,
+    help=f"Starting configuration. {PRESET_HELP}.",
+)
+@click.option(
+    "--output",
+    "-o",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Output folder (default: results/<preset>).",
+)
 @click.option("--policies", type=_csv(str), help="Comma-separated policy names.")
 @click.option("--sites", "num_sites", type=int, help="Number of emulated sites.")
 @click.option("--update-gb", type=float, help="Model update size in decimal GB.")
@@ -80,16 +90,30 @@ PRESET_HELP = "; ".join(f"{k}: {v['description']}" for k, v in PRESETS.items())
 @click.option("--seed", type=int, help="First training seed.")
 @click.option("--site-seed", type=int, help="Seed of the site profiles (fixed across repeats).")
 @click.option("--workload", type=click.Choice(["mnist1d", "mnist", "emnist", "shakespeare"]))
-@click.option("--dataset-path", type=click.Path(path_type=Path),
-              help="IDX folder (mnist/emnist) or Shakespeare text(s).")
-@click.option("--target", "target_accuracy", type=float,
-              help="Target accuracy in (0, 1]; omit in a preset without one for the spec rule.")
+@click.option(
+    "--dataset-path",
+    type=click.Path(path_type=Path),
+    help="IDX folder (mnist/emnist) or Shakespeare text(s).",
+)
+@click.option(
+    "--target",
+    "target_accuracy",
+    type=float,
+    help="Target accuracy in (0, 1]; omit in a preset without one for the spec rule.",
+)
 @click.option("--partition", type=click.Choice(["iid", "dirichlet", "natural"]))
 @click.option("--dirichlet-alpha", type=float)
-@click.option("--tau", "ideal_compute_s", type=float,
-              help="Emulated local-training time per round at 100%% power (s).")
-@click.option("--ground-truth", type=click.Choice(["per-site-max", "aggregate"]),
-              help="Round-time model: per-site max (spec §4.2) or Eq. 7 aggregate.")
+@click.option(
+    "--tau",
+    "ideal_compute_s",
+    type=float,
+    help="Emulated local-training time per round at 100%% power (s).",
+)
+@click.option(
+    "--ground-truth",
+    type=click.Choice(["per-site-max", "aggregate"]),
+    help="Round-time model: per-site max (spec §4.2) or Eq. 7 aggregate.",
+)
 @click.option("--distance-mode", type=click.Choice(["stratified", "uniform"]))
 @click.option("--sweep", "static_sweep", type=_csv(int), help="Static-k sweep, e.g. 10,20,50.")
 @click.option("--max-rounds", type=int, help="Round budget per run.")
@@ -121,11 +145,17 @@ def _run_experiment(cfg: ExperimentConfig, out_dir: Path, plots: bool) -> None:
     from services.emulator.study import run_study
     from services.worker.datasets import DatasetError
 
-    err.print(f"[bold]powertrip experiment[/] preset={cfg.name} workload={cfg.workload} "
-              f"sites={cfg.num_sites} policies={','.join(cfg.policies)} repeats={cfg.repeats}",
-              highlight=False)
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn())
+    err.print(
+        f"[bold]powertrip experiment[/] preset={cfg.name} workload={cfg.workload} "
+        f"sites={cfg.num_sites} policies={','.join(cfg.policies)} repeats={cfg.repeats}",
+        highlight=False,
+    )
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
     try:
         with Progress(*columns, console=err, transient=False) as bar:
             task = bar.add_task("loading data", total=None)
@@ -140,8 +170,10 @@ def _run_experiment(cfg: ExperimentConfig, out_dir: Path, plots: bool) -> None:
     paths = write_outputs(result, out_dir)
     pngs = write_plots(result, out_dir) if plots else []
     _print_table(result)
-    out.print(f"results: {paths['results']}  rounds: {paths['rounds']}  "
-              f"summary: {paths['summary']}", highlight=False)
+    out.print(
+        f"results: {paths['results']}  rounds: {paths['rounds']}  summary: {paths['summary']}",
+        highlight=False,
+    )
     if pngs:
         out.print("plots: " + "  ".join(str(p) for p in pngs), highlight=False)
 
@@ -149,19 +181,31 @@ def _run_experiment(cfg: ExperimentConfig, out_dir: Path, plots: bool) -> None:
 def _print_table(result) -> None:  # noqa: ANN001 - StudyResult, imported lazily
 
     c = result.config
-    title = (f"time to accuracy {result.target_accuracy:.3f} — {c.workload}"
-             f"{' (synthetic)' if c.workload == 'mnist1d' else ''}, {c.partition}, "
-             f"{c.num_sites} sites, {c.update_gb:g} GB, tau {c.ideal_compute_s:g} s, "
-             f"{c.ground_truth}; k* = {result.k_star}")
+    title = (
+        f"time to accuracy {result.target_accuracy:.3f} — {c.workload}"
+        f"{' (synthetic)' if c.workload == 'mnist1d' else ''}, {c.partition}, "
+        f"{c.num_sites} sites, {c.update_gb:g} GB, tau {c.ideal_compute_s:g} s, "
+        f"{c.ground_truth}; k* = {result.k_star}"
+    )
     table = Table(title=title, title_justify="left")
-    for col in ("policy", "TTA (h) mean ± std", "× static-opt", "reached", "rounds",
-                "mean sites", "max sites"):
+    for col in (
+        "policy",
+        "TTA (h) mean ± std",
+        "× static-opt",
+        "reached",
+        "rounds",
+        "mean sites",
+        "max sites",
+    ):
         table.add_column(col, justify="left" if col == "policy" else "right")
     for row in result_rows(result):
         table.add_row(*row)
     out.print(table)
-    out.print(f"wall time {result.wall_seconds:.1f} s; trajectory cache "
-              f"{result.cache_hits} hits / {result.cache_misses} trained rounds", highlight=False)
+    out.print(
+        f"wall time {result.wall_seconds:.1f} s; trajectory cache "
+        f"{result.cache_hits} hits / {result.cache_misses} trained rounds",
+        highlight=False,
+    )
 
 
 def result_rows(result) -> list[list[str]]:  # noqa: ANN001
@@ -169,11 +213,22 @@ def result_rows(result) -> list[list[str]]:  # noqa: ANN001
 
     rows = []
     for r in policy_table(result):
-        tta = "—" if r.tta_mean_s is None else f"{r.tta_mean_s / 3600:.3f} ± {r.tta_std_s / 3600:.3f}"
+        tta = (
+            "—" if r.tta_mean_s is None else f"{r.tta_mean_s / 3600:.3f} ± {r.tta_std_s / 3600:.3f}"
+        )
         ratio = "—" if r.ratio_to_static_optimal is None else f"{r.ratio_to_static_optimal:.2f}"
         rounds = "—" if r.rounds_mean is None else f"{r.rounds_mean:.1f}"
-        rows.append([r.policy, tta, ratio, f"{r.reached}/{r.repeats}", rounds,
-                     f"{r.mean_sites:.1f}", str(r.max_sites)])
+        rows.append(
+            [
+                r.policy,
+                tta,
+                ratio,
+                f"{r.reached}/{r.repeats}",
+                rounds,
+                f"{r.mean_sites:.1f}",
+                str(r.max_sites),
+            ]
+        )
     return rows
 
 

@@ -44,7 +44,9 @@ class StreamingFedAvg:
     def validate(self, delta: Params, weight: float) -> None:
         """Raise UpdateRejected naming the first problem; never touches the accumulator."""
         if not np.isfinite(weight) or weight <= 0:
-            raise UpdateRejected("bad_weight", f"update weight must be finite and > 0, got {weight}")
+            raise UpdateRejected(
+                "bad_weight", f"update weight must be finite and > 0, got {weight}"
+            )
         missing = self._spec.keys() - delta.keys()
         extra = delta.keys() - self._spec.keys()
         if missing or extra:

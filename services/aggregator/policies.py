@@ -51,9 +51,7 @@ def known_policy_names() -> list[str]:
 def validate_policy_name(name: str) -> str:
     if name in VARIANTS or name in SIMPLE or name == "static-optimal" or _STATIC.match(name):
         return name
-    raise ValueError(
-        f"unknown policy {name!r}; known policies: {', '.join(known_policy_names())}"
-    )
+    raise ValueError(f"unknown policy {name!r}; known policies: {', '.join(known_policy_names())}")
 
 
 def build_policy(
@@ -73,8 +71,10 @@ def build_policy(
     if name in NEEDS_K_STAR:
         if k_star is None:
             raise ValueError(f"policy {name!r} needs k* from a static sweep")
-        return StaticTopK(k_star, name="static-optimal") if name == "static-optimal" else RandomK(
-            k_star
+        return (
+            StaticTopK(k_star, name="static-optimal")
+            if name == "static-optimal"
+            else RandomK(k_star)
         )
     if name == "select-all":
         return SelectAll()

@@ -53,7 +53,9 @@ def score_weights(
         alpha = 0.7 - 0.4 * float(np.clip((update_bytes - GB) / GB, 0.0, 1.0))
     else:
         if not ideal_compute_s or not median_bandwidth_bps:
-            raise ValueError("compute-share weights need the ideal compute time and median bandwidth")
+            raise ValueError(
+                "compute-share weights need the ideal compute time and median bandwidth"
+            )
         transfer = update_bytes * 8 / median_bandwidth_bps
         alpha = ideal_compute_s / (ideal_compute_s + transfer)
     return alpha, 1.0 - alpha

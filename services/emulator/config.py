@@ -22,7 +22,12 @@ WORKLOAD_DEFAULTS: dict[str, dict[str, float]] = {
     "emnist": {"lr": 0.01, "batch_size": 20},
     "shakespeare": {"lr": 0.8, "batch_size": 20},
 }
-MODEL_FOR_WORKLOAD = {"mnist1d": "cnn1d", "mnist": "cnn2d", "emnist": "cnn2d", "shakespeare": "lstm"}
+MODEL_FOR_WORKLOAD = {
+    "mnist1d": "cnn1d",
+    "mnist": "cnn2d",
+    "emnist": "cnn2d",
+    "shakespeare": "lstm",
+}
 
 
 class GreedyParams(BaseModel):
@@ -147,8 +152,14 @@ PRESETS: dict[str, dict[str, object]] = {
         "num_sites": 50,
         "num_samples": 10_000,
         "static_sweep": (5, 10, 20, 30, 40, 50),
-        "policies": ("powertrip", "powertrip-paper", "static-optimal", "select-all",
-                     "centralized-25", "centralized-50"),
+        "policies": (
+            "powertrip",
+            "powertrip-paper",
+            "static-optimal",
+            "select-all",
+            "centralized-25",
+            "centralized-50",
+        ),
         "repeats": 1,
         "max_rounds": 60,
         "target_accuracy": 0.8,

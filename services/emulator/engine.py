@@ -107,7 +107,9 @@ class TrajectoryCache:
 
 
 def _chain(key: bytes, selected: np.ndarray) -> bytes:
-    return hashlib.blake2b(key + np.sort(selected).astype(np.int64).tobytes(), digest_size=16).digest()
+    return hashlib.blake2b(
+        key + np.sort(selected).astype(np.int64).tobytes(), digest_size=16
+    ).digest()
 
 
 def site_seed(run_seed: int, round_index: int, site: int) -> int:
@@ -149,7 +151,9 @@ class Emulator:
         template = {k: v.numpy() for k, v in params.items()}
         agg = StreamingFedAvg(template)
         for j in range(len(selected)):
-            agg.add({k: v[j].numpy() for k, v in updates.deltas.items()}, float(updates.num_samples[j]))
+            agg.add(
+                {k: v[j].numpy() for k, v in updates.deltas.items()}, float(updates.num_samples[j])
+            )
         new = {k: torch.from_numpy(v) for k, v in agg.apply(template).items()}
         acc, loss = fed.trainer.evaluate(new, fed.x_test, fed.y_test)
         return _TrainedRound(new, acc, loss, agg.dispersion())
@@ -172,11 +176,16 @@ class Emulator:
         key = b"root"
         for r in range(1, max_rounds + 1):
             profile = profile_at(
-                self.sites, self.power, self.links, clock.now(), self.time.update_bytes,
+                self.sites,
+                self.power,
+                self.links,
+                clock.now(),
+                self.time.update_bytes,
                 self.time.round_trip,
             )
-            ctx = RoundContext(r, clock.now(), profile, self.time.ideal_compute_s,
-                               self.time.update_bytes, rng)
+            ctx = RoundContext(
+                r, clock.now(), profile, self.time.ideal_compute_s, self.time.update_bytes, rng
+            )
             selected = np.asarray(policy.select(ctx), dtype=np.int64)
             if selected.size == 0:
                 raise RuntimeError(f"policy {policy.name} selected no site in round {r}")
@@ -186,18 +195,27 @@ class Emulator:
                 trained = self._train_round(params, selected, r)
                 self.cache.put(key, trained)
             if policy.centralized_power is not None:
-                duration = centralized_round_time_s(self.time.ideal_compute_s, policy.centralized_power)
+                duration = centralized_round_time_s(
+                    self.time.ideal_compute_s, policy.centralized_power
+                )
             else:
                 duration = round_time_s(
-                    self.time.ground_truth, self.time.ideal_compute_s,
-                    profile.power[selected], profile.comm_s[selected], total_sites=profile.size,
+                    self.time.ground_truth,
+                    self.time.ideal_compute_s,
+                    profile.power[selected],
+                    profile.comm_s[selected],
+                    total_sites=profile.size,
                 )
             clock.advance(duration)
             mean_sq, sq_mean, k_eff = trained.dispersion
-            policy.observe(RoundFeedback(r, selected, duration, trained.accuracy, accuracy,
-                                         mean_sq, sq_mean, k_eff))
-            record = RoundRecord(r, clock.now(), duration, int(selected.size), trained.accuracy,
-                                 trained.loss)
+            policy.observe(
+                RoundFeedback(
+                    r, selected, duration, trained.accuracy, accuracy, mean_sq, sq_mean, k_eff
+                )
+            )
+            record = RoundRecord(
+                r, clock.now(), duration, int(selected.size), trained.accuracy, trained.loss
+            )
             result.rounds.append(record)
             if on_round is not None:
                 on_round(record)

@@ -19,8 +19,10 @@ HOURS = 3600.0
 def _title(result: StudyResult, what: str) -> str:
     c = result.config
     data = f"{c.workload}{' (synthetic)' if c.workload == 'mnist1d' else ''}"
-    return (f"{what}\n{data}, {c.partition}, {c.num_sites} sites, {c.update_gb:g} GB, "
-            f"target {result.target_accuracy:.3f}, {c.repeats} repeat(s)")
+    return (
+        f"{what}\n{data}, {c.partition}, {c.num_sites} sites, {c.update_gb:g} GB, "
+        f"target {result.target_accuracy:.3f}, {c.repeats} repeat(s)"
+    )
 
 
 def plot_tta_bars(result: StudyResult, path: Path) -> Path:
@@ -36,8 +38,13 @@ def plot_tta_bars(result: StudyResult, path: Path) -> Path:
         if row.reached and row.reached < row.repeats:
             label += " reached"
         if row.reached != row.repeats or row.reached == 0:
-            ax.annotate(label, (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                        ha="center", va="bottom", fontsize=7)
+            ax.annotate(
+                label,
+                (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                ha="center",
+                va="bottom",
+                fontsize=7,
+            )
     ax.set_ylabel("time to accuracy (emulated hours)")
     ax.set_title(_title(result, "Time to accuracy by policy (mean ± std)"), fontsize=9)
     ax.tick_params(axis="x", rotation=30)
@@ -53,8 +60,13 @@ def plot_static_sweep(result: StudyResult, path: Path) -> Path | None:
         return None
     fig, ax = plt.subplots(figsize=(6, 4))
     ks = [k for k, *_ in sweep]
-    ax.errorbar(ks, [m / HOURS for _, m, *_ in sweep], yerr=[s / HOURS for _, _, s, *_ in sweep],
-                marker="o", capsize=3)
+    ax.errorbar(
+        ks,
+        [m / HOURS for _, m, *_ in sweep],
+        yerr=[s / HOURS for _, _, s, *_ in sweep],
+        marker="o",
+        capsize=3,
+    )
     if result.k_star is not None:
         ax.axvline(result.k_star, ls="--", color="tab:red", label=f"k* = {result.k_star}")
         ax.legend()

@@ -131,12 +131,32 @@ def write_outputs(result: StudyResult, out_dir: Path) -> dict[str, Path]:
             )
     with paths["rounds"].open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["policy", "repeat", "round", "time_seconds", "duration_seconds", "sites",
-                    "accuracy", "loss"])
+        w.writerow(
+            [
+                "policy",
+                "repeat",
+                "round",
+                "time_seconds",
+                "duration_seconds",
+                "sites",
+                "accuracy",
+                "loss",
+            ]
+        )
         for rep, run in result.runs:
             for r in run.rounds:
-                w.writerow([run.policy, rep, r.round, f"{r.time_s:.3f}", f"{r.duration_s:.3f}",
-                            r.sites, f"{r.accuracy:.4f}", f"{r.loss:.4f}"])
+                w.writerow(
+                    [
+                        run.policy,
+                        rep,
+                        r.round,
+                        f"{r.time_s:.3f}",
+                        f"{r.duration_s:.3f}",
+                        r.sites,
+                        f"{r.accuracy:.4f}",
+                        f"{r.loss:.4f}",
+                    ]
+                )
     summary = {
         "preset": result.config.name,
         "config": json.loads(result.config.model_dump_json()),
@@ -146,8 +166,9 @@ def write_outputs(result: StudyResult, out_dir: Path) -> dict[str, Path]:
         "power_model": "uniform U(0.1, 1)",
         "wall_seconds": round(result.wall_seconds, 2),
         "trajectory_cache": {"hits": result.cache_hits, "misses": result.cache_misses},
-        "policies": [{k: _json_safe(v) for k, v in asdict(row).items()}
-                     for row in policy_table(result)],
+        "policies": [
+            {k: _json_safe(v) for k, v in asdict(row).items()} for row in policy_table(result)
+        ],
         "static_sweep": [
             {"k": k, "tta_mean_s": m, "tta_std_s": s, "reached": n, "repeats": r}
             for k, m, s, n, r in sweep_table(result)

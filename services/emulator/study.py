@@ -115,8 +115,15 @@ def run_study(
         seed = cfg.seed + rep
         fed = build_federation(cfg, data, seed)
         emulators.append(
-            Emulator(fed, sites, StaticPower(sites.base_power), ModelledLinks(sites), time_model,
-                     seed, TrajectoryCache())
+            Emulator(
+                fed,
+                sites,
+                StaticPower(sites.base_power),
+                ModelledLinks(sites),
+                time_model,
+                seed,
+                TrajectoryCache(),
+            )
         )
 
     def run_one(rep: int, policy, target: float | None) -> RunResult:
@@ -124,8 +131,10 @@ def run_study(
         tick(f"{policy.name} (repeat {rep + 1}/{cfg.repeats})")
         hook = None
         if on_round is not None:
+
             def hook(rec: RoundRecord, name: str = policy.name) -> None:
                 on_round(name, rep, rec)
+
         run = emulators[rep].run(policy, target, cfg.max_rounds, on_round=hook)
         done += 1
         tick(f"{policy.name} (repeat {rep + 1}/{cfg.repeats})")

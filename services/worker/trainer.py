@@ -134,7 +134,9 @@ class SiteTrainer:
 
     def _train_chunk(self, global_params, x, y, site_indices, seeds) -> SiteUpdates:
         k = len(site_indices)
-        schedules = [self._site_schedule(len(idx), s) for idx, s in zip(site_indices, seeds, strict=True)]
+        schedules = [
+            self._site_schedule(len(idx), s) for idx, s in zip(site_indices, seeds, strict=True)
+        ]
         steps = np.array([s.shape[0] for s in schedules])
         total = int(steps.max())
         b = self.config.batch_size

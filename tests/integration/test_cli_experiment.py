@@ -13,14 +13,32 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-TINY = ["--sites", "8", "--sweep", "2,4,8", "--max-rounds", "5", "--target", "0.3",
-        "--policies", "powertrip,static-optimal,centralized-25", "--repeats", "1"]
+TINY = [
+    "--sites",
+    "8",
+    "--sweep",
+    "2,4,8",
+    "--max-rounds",
+    "5",
+    "--target",
+    "0.3",
+    "--policies",
+    "powertrip,static-optimal,centralized-25",
+    "--repeats",
+    "1",
+]
 
 
 def powertrip(*args: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "POWERTRIP_CACHE_DIR": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "services.cli", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "services.cli", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_experiment_writes_table_results_and_plots(tmp_path):
@@ -31,13 +49,18 @@ def test_experiment_writes_table_results_and_plots(tmp_path):
     with (out / "results.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert {"policy", "repeat", "time_to_accuracy_seconds", "rounds", "reached_target"} <= set(
-        rows[0])
+        rows[0]
+    )
     assert {r["policy"] for r in rows} >= {"powertrip", "static-optimal", "centralized-25"}
     summary = json.loads((out / "summary.json").read_text())
     assert summary["k_star"] in (2, 4, 8)
     assert summary["data_label"].startswith("synthetic")
-    for png in ("tta_bars.png", "static_sweep.png", "sites_over_time.png",
-                "accuracy_over_time.png"):
+    for png in (
+        "tta_bars.png",
+        "static_sweep.png",
+        "sites_over_time.png",
+        "accuracy_over_time.png",
+    ):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -54,8 +77,7 @@ def test_experiment_writes_table_results_and_plots(tmp_path):
     ],
 )
 def test_bad_input_fails_with_a_clear_message_and_no_traceback(args, message, tmp_path):
-    proc = powertrip("experiment", *TINY, *args, "--output", str(tmp_path / "o"),
-                     tmp_path=tmp_path)
+    proc = powertrip("experiment", *TINY, *args, "--output", str(tmp_path / "o"), tmp_path=tmp_path)
     assert proc.returncode != 0
     assert message in proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
@@ -68,8 +90,17 @@ def test_malformed_dataset_file_is_named_in_the_error(tmp_path):
         f.write(b"\x00\x00\x08\x03" + (10).to_bytes(4, "big") + b"\x00" * 20)  # truncated
     with gzip.open(bad / "t10k-labels-idx1-ubyte.gz", "wb") as f:
         f.write(b"\x00\x00\x08\x01" + (10).to_bytes(4, "big") + bytes(10))
-    proc = powertrip("experiment", *TINY, "--workload", "mnist", "--dataset-path", str(bad),
-                     "--output", str(tmp_path / "o"), tmp_path=tmp_path)
+    proc = powertrip(
+        "experiment",
+        *TINY,
+        "--workload",
+        "mnist",
+        "--dataset-path",
+        str(bad),
+        "--output",
+        str(tmp_path / "o"),
+        tmp_path=tmp_path,
+    )
     assert proc.returncode != 0
     assert "t10k-images-idx3-ubyte.gz" in proc.stderr
     assert "Traceback" not in proc.stderr

@@ -14,10 +14,23 @@ from services.emulator.engine import Emulator, TimeModel, TrajectoryCache
 from services.emulator.federation import build_federation, load_workload
 from services.emulator.study import run_study
 
-TINY = dict(num_sites=8, num_samples=800, static_sweep=(2, 4, 8), max_rounds=6,
-            policies=("powertrip", "powertrip-paper", "static-optimal", "select-all",
-                      "centralized-25", "random", "fixed-radius"),
-            target_accuracy=0.3, ideal_compute_s=10.0)
+TINY = {
+    "num_sites": 8,
+    "num_samples": 800,
+    "static_sweep": (2, 4, 8),
+    "max_rounds": 6,
+    "policies": (
+        "powertrip",
+        "powertrip-paper",
+        "static-optimal",
+        "select-all",
+        "centralized-25",
+        "random",
+        "fixed-radius",
+    ),
+    "target_accuracy": 0.3,
+    "ideal_compute_s": 10.0,
+}
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +47,9 @@ def _emulator(cfg, data, seed=0, cache=None):
     sites = generate_sites(cfg.num_sites, np.random.default_rng(cfg.site_seed))
     fed = build_federation(cfg, data, seed)
     tm = TimeModel(cfg.ideal_compute_s, cfg.update_bytes, RoundTimeModel.PER_SITE_MAX)
-    return sites, Emulator(fed, sites, StaticPower(sites.base_power), ModelledLinks(sites), tm,
-                           seed, cache)
+    return sites, Emulator(
+        fed, sites, StaticPower(sites.base_power), ModelledLinks(sites), tm, seed, cache
+    )
 
 
 def test_same_seed_gives_identical_runs(tiny_cfg, tiny_data):

@@ -49,8 +49,9 @@ def test_batched_sites_match_training_each_site_alone():
         order = np.random.default_rng(seed).permutation(len(idx))
         expected = _train_alone(model, x, y, idx, order, cfg.lr, cfg.batch_size)
         for name, w0 in get_params(model).items():
-            torch.testing.assert_close(updates.deltas[name][j], expected[name] - w0,
-                                       rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(
+                updates.deltas[name][j], expected[name] - w0, rtol=1e-4, atol=1e-5
+            )
     assert list(updates.steps) == [3, 7, 2]  # ceil(n / batch) for one local epoch
     assert list(updates.num_samples) == [10, 27, 7]
 
@@ -73,7 +74,8 @@ def test_more_sites_than_one_vmap_chunk_are_trained_in_chunks():
     updates = trainer.train(get_params(model), x, y, sites, list(range(5)))
     assert updates.deltas["1.weight"].shape == (5, 6, 8)
     reference = SiteTrainer(model, LocalTrainingConfig(lr=0.1, batch_size=5)).train(
-        get_params(model), x, y, sites, list(range(5)))
+        get_params(model), x, y, sites, list(range(5))
+    )
     torch.testing.assert_close(updates.deltas["1.weight"], reference.deltas["1.weight"])
 
 
@@ -81,8 +83,9 @@ def test_local_epochs_and_step_cap_set_the_number_of_steps():
     x, y = _tiny_problem()
     model = _model()
     two_epochs = SiteTrainer(model, LocalTrainingConfig(lr=0.1, batch_size=4, local_epochs=2))
-    capped = SiteTrainer(model, LocalTrainingConfig(lr=0.1, batch_size=4, local_epochs=2,
-                                                    max_local_steps=3))
+    capped = SiteTrainer(
+        model, LocalTrainingConfig(lr=0.1, batch_size=4, local_epochs=2, max_local_steps=3)
+    )
     assert two_epochs.train(get_params(model), x, y, [np.arange(10)], [0]).steps[0] == 6
     assert capped.train(get_params(model), x, y, [np.arange(10)], [0]).steps[0] == 3
 
