@@ -91,6 +91,10 @@ class StreamingFedAvg:
     def apply(self, global_params: Params) -> dict[str, NDArray[np.floating]]:
         """The new global model; refuses a non-finite result rather than poisoning the run."""
         mean = self.mean_delta()
+        for name, (shape, dtype) in self._spec.items():
+            g = global_params.get(name)
+            if g is None or g.shape != shape or g.dtype != dtype:
+                raise ValueError(f"global tensor {name!r} does not match the update template")
         new = {name: global_params[name] + mean[name] for name in self._spec}
         if not all(np.isfinite(a).all() for a in new.values()):
             raise UpdateRejected("non_finite", "aggregated model is not finite; round refused")

@@ -5,9 +5,10 @@ and the round time of the top-k' sites (an estimator), and moves towards the cou
 gain per second: growing at once, shrinking only after ``patience`` consecutive votes.
 
 Options kept side by side (spec §3.2-§3.5, docs/reproduction.md):
-- gain ``log`` (the paper's, reconstructed), ``kappa-headroom`` (spec §3.5) and ``noise-scale``
-  (project's own: the measured dispersion of the site updates tells how much averaging more of
-  them helps);
+- gain ``log`` (the paper's, reconstructed), ``kappa-headroom`` (spec §3.5), and two of the
+  project's own that measure how much averaging more sites helps: ``noise-scale`` (dispersion of
+  the site updates, tr(Sigma)/|G|^2) and ``split-half`` (validation loss of the model averaged
+  from half of the sites against the full average);
 - estimator ``mean-power`` (as written), ``max`` and ``aggregate`` (scoring.Estimator);
 - search ``window-argmax`` (§3.2) or ``incremental-prefix`` (§3.4).
 """
@@ -35,6 +36,7 @@ class GainModel(StrEnum):
     LOG = "log"
     KAPPA_HEADROOM = "kappa-headroom"
     NOISE_SCALE = "noise-scale"
+    SPLIT_HALF = "split-half"
 
 
 class SearchMode(StrEnum):
@@ -55,7 +57,8 @@ class GreedyConfig:
     kappa: float = 1.0
     estimator: Estimator = Estimator.MEAN_POWER
     search: SearchMode = SearchMode.WINDOW_ARGMAX
-    noise_smoothing: float = 0.7  # EMA weight on history for the noise-scale statistics
+    noise_smoothing: float = 0.7  # EMA weight on history for the measured gain statistics
+    min_sites: int = 1  # split-half needs two sites to measure anything
     ranking: RankingConfig = field(default_factory=RankingConfig)
 
     def __post_init__(self) -> None:
@@ -67,6 +70,7 @@ class GreedyConfig:
             "gain_floor": self.gain_floor > 0,
             "kappa": self.kappa >= 0,
             "noise_smoothing": 0 <= self.noise_smoothing < 1,
+            "min_sites": self.min_sites >= 1,
         }
         bad = [name for name, ok in checks.items() if not ok]
         if bad:
@@ -87,18 +91,21 @@ class PowerTripGreedy(SelectionPolicy):
         self._feedback: RoundFeedback | None = None
         self._noise_trace: float | None = None  # EMA of tr(Sigma), per-site update variance
         self._signal: float | None = None  # EMA of |G|^2, the squared norm of the true update
+        self._penalty: float | None = None  # EMA of c: loss added by averaging only 1 site
+        self._progress: float | None = None  # EMA of the noise-free loss decrease per round
 
     # -- the policy interface -------------------------------------------------------------------
     def select(self, ctx: RoundContext) -> NDArray[np.int64]:
         order = self.config.ranking.order(ctx)
         n = order.size
         if self.k is None:
-            self.k = min(self.config.k0, n)
+            self.k = min(max(self.config.k0, self.config.min_sites), n)
         elif self._feedback is not None:
             times = prefix_round_times(
                 ctx.profile, order, ctx.ideal_compute_s, self.config.estimator
             )
             self.k = self._next_k(min(self.k, n), times, self._feedback)
+        self.k = min(self.k, n)
         self._feedback = None
         self.k_history.append(self.k)
         return order[: self.k]
@@ -110,6 +117,7 @@ class PowerTripGreedy(SelectionPolicy):
         gain = feedback.accuracy - feedback.previous_accuracy
         self._best_gain = max(self._best_gain, gain)
         self._update_noise(feedback)
+        self._update_split_half(feedback)
         self._feedback = feedback
 
     # -- Algorithm 1 lines 9-21 -----------------------------------------------------------------
@@ -132,8 +140,41 @@ class PowerTripGreedy(SelectionPolicy):
             headroom = 1.0 - trend / self._best_gain if self._best_gain > 0 else 0.0
             headroom = min(max(headroom, 0.0), 1.0)
             return trend * (1.0 + self.config.kappa * headroom * np.log((1 + kc) / (1 + k)))
-        b = self.noise_scale()
-        return trend * (kc / (kc + b)) / (k / (k + b))
+        if gain is GainModel.NOISE_SCALE:
+            b = self.noise_scale()
+            return trend * (kc / (kc + b)) / (k / (k + b))
+        b = self.averaging_scale()
+        return trend * self._averaged_progress(kc, b) / self._averaged_progress(np.array(k), b)
+
+    @staticmethod
+    def _averaged_progress(sites: NDArray[np.float64], scale: float) -> NDArray[np.float64]:
+        """Loss decrease of a round averaging m sites, relative to infinitely many: 1 - b/m."""
+        return np.maximum(1.0 - scale / np.asarray(sites, dtype=np.float64), 1e-2)
+
+    def averaging_scale(self) -> float:
+        """b = c / (noise-free progress): averaging m sites keeps a fraction 1 - b/m of it."""
+        if self._penalty is None or self._progress is None:
+            return 0.0
+        if self._progress <= 0:
+            return math.inf if self._penalty > 0 else 0.0
+        return self._penalty / self._progress
+
+    def _update_split_half(self, fb: RoundFeedback) -> None:
+        """Fit L(m) = L_inf + c/m through the full and half averages of this round's updates."""
+        values = (fb.loss, fb.previous_loss, fb.half_loss, fb.half_sites, fb.effective_sites)
+        if any(v is None for v in values):
+            return
+        m_full, m_half = float(fb.effective_sites), float(fb.half_sites)
+        if m_half >= m_full - 1e-9:
+            return
+        penalty = max((fb.half_loss - fb.loss) / (1.0 / m_half - 1.0 / m_full), 0.0)
+        progress = fb.previous_loss - (fb.loss - penalty / m_full)
+        a = self.config.noise_smoothing
+        if self._penalty is None:
+            self._penalty, self._progress = penalty, progress
+        else:
+            self._penalty = a * self._penalty + (1 - a) * penalty
+            self._progress = a * (self._progress or 0.0) + (1 - a) * progress
 
     def noise_scale(self) -> float:
         """B = tr(Sigma) / |G|^2 in units of sites: averaging k updates gives progress k/(k+B)."""
@@ -160,7 +201,7 @@ class PowerTripGreedy(SelectionPolicy):
     def _next_k(self, k: int, prefix_times: NDArray[np.float64], fb: RoundFeedback) -> int:
         n = prefix_times.size
         w = self.config.window or n
-        lo, hi = max(1, k - w), min(n, k + w)
+        lo, hi = max(min(self.config.min_sites, n), k - w), min(n, k + w)
         candidates = np.arange(lo, hi + 1, dtype=np.int64)
         efficiency = self.projected_gain(candidates, k) / prefix_times[candidates - 1]
         if SearchMode(self.config.search) is SearchMode.WINDOW_ARGMAX:

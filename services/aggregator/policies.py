@@ -32,6 +32,8 @@ PROJECT_GREEDY = GreedyConfig(
 VARIANTS: dict[str, GreedyConfig] = {
     "powertrip": PROJECT_GREEDY,
     "powertrip-paper": PAPER_GREEDY,
+    "powertrip-noise": PROJECT_GREEDY,
+    "powertrip-split": replace(PROJECT_GREEDY, gain=GainModel.SPLIT_HALF, min_sites=2),
     "powertrip-prefix": replace(PAPER_GREEDY, search=SearchMode.INCREMENTAL_PREFIX),
     "powertrip-kappa": replace(PAPER_GREEDY, gain=GainModel.KAPPA_HEADROOM),
     "powertrip-maxest": replace(PAPER_GREEDY, estimator=Estimator.MAX),
@@ -41,7 +43,7 @@ VARIANTS: dict[str, GreedyConfig] = {
 
 SIMPLE = ("select-all", "fixed-radius", "random", "centralized-25", "centralized-50")
 NEEDS_K_STAR = ("static-optimal", "random")
-_STATIC = re.compile(r"^static-(\d+)$")
+_STATIC = re.compile(r"static-([1-9]\d*)")
 
 
 def known_policy_names() -> list[str]:
@@ -49,7 +51,7 @@ def known_policy_names() -> list[str]:
 
 
 def validate_policy_name(name: str) -> str:
-    if name in VARIANTS or name in SIMPLE or name == "static-optimal" or _STATIC.match(name):
+    if name in VARIANTS or name in SIMPLE or name == "static-optimal" or _STATIC.fullmatch(name):
         return name
     raise ValueError(f"unknown policy {name!r}; known policies: {', '.join(known_policy_names())}")
 
@@ -66,7 +68,7 @@ def build_policy(
     if name in VARIANTS:
         cfg = replace(VARIANTS[name], **(greedy_overrides or {}))
         return PowerTripGreedy(cfg, name=name)
-    if m := _STATIC.match(name):
+    if m := _STATIC.fullmatch(name):
         return StaticTopK(int(m.group(1)))
     if name in NEEDS_K_STAR:
         if k_star is None:

@@ -45,6 +45,12 @@ class RoundFeedback:
     mean_sq_norm: float | None = None
     sq_norm_of_mean: float | None = None
     effective_sites: float | None = None
+    # Split-half probe: validation loss before and after the round, and of the model averaged
+    # from every other selected site only (with its effective number of sites).
+    loss: float | None = None
+    previous_loss: float | None = None
+    half_loss: float | None = None
+    half_sites: float | None = None
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ class EmulatedClock:
         return self._now
 
     def advance(self, seconds: float) -> float:
-        if seconds < 0 or seconds != seconds:
+        if not 0 <= seconds < float("inf"):
             raise ValueError(f"cannot advance the clock by {seconds} s")
         self._now += seconds
         return self._now

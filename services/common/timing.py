@@ -102,12 +102,12 @@ def round_time_s(
     c = np.asarray(comm_s, dtype=np.float64)
     if p.shape != c.shape or p.size == 0:
         raise ValueError("power and comm_s must be non-empty arrays of one shape")
+    model = RoundTimeModel(model)
     if model is RoundTimeModel.PER_SITE_MAX:
         return straggler_max(compute_time_s(ideal_s, p) + c)
-    if model is RoundTimeModel.AGGREGATE:
-        n = p.size if total_sites is None else total_sites
-        return float(n * ideal_s / p.sum()) + straggler_max(c)
-    raise ValueError(f"unknown round-time model {model!r}")
+    if total_sites is None or total_sites < p.size:
+        raise ValueError("the aggregate model needs total_sites (N) >= the selected sites")
+    return float(total_sites * ideal_s / p.sum()) + straggler_max(c)
 
 
 def centralized_round_time_s(ideal_s: float, power_fraction: float) -> float:

@@ -82,6 +82,8 @@ class _TrainedRound:
     accuracy: float
     loss: float
     dispersion: tuple[float, float, float]
+    half_loss: float | None
+    half_sites: float | None
 
 
 class TrajectoryCache:
@@ -150,13 +152,20 @@ class Emulator:
         )
         template = {k: v.numpy() for k, v in params.items()}
         agg = StreamingFedAvg(template)
+        half = StreamingFedAvg(template)  # every other site: the split-half averaging probe
         for j in range(len(selected)):
-            agg.add(
-                {k: v[j].numpy() for k, v in updates.deltas.items()}, float(updates.num_samples[j])
-            )
+            delta = {k: v[j].numpy() for k, v in updates.deltas.items()}
+            agg.add(delta, float(updates.num_samples[j]))
+            if j % 2 == 0:
+                half.add(delta, float(updates.num_samples[j]))
         new = {k: torch.from_numpy(v) for k, v in agg.apply(template).items()}
         acc, loss = fed.trainer.evaluate(new, fed.x_test, fed.y_test)
-        return _TrainedRound(new, acc, loss, agg.dispersion())
+        half_loss, half_sites = None, None
+        if len(selected) >= 2:
+            half_model = {k: torch.from_numpy(v) for k, v in half.apply(template).items()}
+            half_loss = fed.trainer.evaluate(half_model, fed.x_test, fed.y_test)[1]
+            half_sites = half.dispersion()[2]
+        return _TrainedRound(new, acc, loss, agg.dispersion(), half_loss, half_sites)
 
     def run(
         self,
@@ -171,7 +180,7 @@ class Emulator:
         params = self.fed.initial_params
         if self._initial is None:
             self._initial = self.fed.trainer.evaluate(params, self.fed.x_test, self.fed.y_test)
-        accuracy = self._initial[0]
+        accuracy, loss = self._initial
         result = RunResult(policy.name, self.seed, target_accuracy, initial_accuracy=accuracy)
         key = b"root"
         for r in range(1, max_rounds + 1):
@@ -210,7 +219,18 @@ class Emulator:
             mean_sq, sq_mean, k_eff = trained.dispersion
             policy.observe(
                 RoundFeedback(
-                    r, selected, duration, trained.accuracy, accuracy, mean_sq, sq_mean, k_eff
+                    r,
+                    selected,
+                    duration,
+                    trained.accuracy,
+                    accuracy,
+                    mean_sq_norm=mean_sq,
+                    sq_norm_of_mean=sq_mean,
+                    effective_sites=k_eff,
+                    loss=trained.loss,
+                    previous_loss=loss,
+                    half_loss=trained.half_loss,
+                    half_sites=trained.half_sites,
                 )
             )
             record = RoundRecord(
@@ -219,7 +239,7 @@ class Emulator:
             result.rounds.append(record)
             if on_round is not None:
                 on_round(record)
-            params, accuracy = trained.params, trained.accuracy
+            params, accuracy, loss = trained.params, trained.accuracy, trained.loss
             if target_accuracy is not None and accuracy >= target_accuracy:
                 break
         return result

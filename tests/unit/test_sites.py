@@ -72,7 +72,7 @@ def test_uniform_draw_puts_about_9_of_100_sites_within_1000_miles():
 
     # Assert: the mean over 200 seeded draws is 9.09 +- 0.2 (binomial sd 2.87 / sqrt 200)
     assert np.mean(near_counts) == pytest.approx(9.09, abs=0.6)
-    assert all(100.0 <= s.distance_mi.min() and s.distance_mi.max() <= 10_000.0 for s in draws)
+    assert all(s.distance_mi.min() >= 100.0 and s.distance_mi.max() <= 10_000.0 for s in draws)
 
 
 def test_distance_mode_may_be_given_by_its_string_value():

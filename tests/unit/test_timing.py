@@ -199,11 +199,11 @@ def test_per_site_max_round_can_be_set_by_a_far_fast_site():
     assert t == pytest.approx(110.0)
 
 
-def test_aggregate_round_spreads_the_selected_sites_work_over_their_total_power():
-    # Eq. 7, W = n * tau with n = 3 selected: 3 * 60 / (1 + 0.5 + 0.25) = 102.857142857 s,
-    # plus the max comm 10 s = 112.857142857 s
-    t = round_time_s(RoundTimeModel.AGGREGATE, 60.0, [1.0, 0.5, 0.25], [10.0, 1.0, 2.0])
-    assert t == pytest.approx(112.857142857)
+def test_aggregate_round_needs_the_federation_size():
+    # W = N * tau is undefined without N; silently using the selected count would be Alg. 1's
+    # mean-power estimator instead of Eq. 7
+    with pytest.raises(ValueError, match="total_sites"):
+        round_time_s(RoundTimeModel.AGGREGATE, 60.0, [1.0, 0.5, 0.25], [10.0, 1.0, 2.0])
 
 
 def test_aggregate_round_uses_the_whole_federations_work_when_total_sites_is_given():
@@ -217,7 +217,7 @@ def test_aggregate_round_uses_the_whole_federations_work_when_total_sites_is_giv
 def test_aggregate_and_per_site_max_agree_for_one_full_power_site():
     # one site at P = 1: 60 / 1 + 5 under both models
     for model in RoundTimeModel:
-        assert round_time_s(model, 60.0, [1.0], [5.0]) == pytest.approx(65.0)
+        assert round_time_s(model, 60.0, [1.0], [5.0], total_sites=1) == pytest.approx(65.0)
 
 
 @pytest.mark.parametrize(
@@ -231,7 +231,7 @@ def test_round_time_rejects_mismatched_or_empty_inputs(power, comm):
 
 
 def test_round_time_rejects_an_unknown_model():
-    with pytest.raises(ValueError, match="unknown round-time model"):
+    with pytest.raises(ValueError, match="is not a valid RoundTimeModel"):
         round_time_s("bogus", 60.0, [1.0], [1.0])  # type: ignore[arg-type]
 
 
