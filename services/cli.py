@@ -121,7 +121,14 @@ PRESET_HELP = "; ".join(f"{k}: {v['description']}" for k, v in PRESETS.items())
 @click.option("--window", type=int, help="Algorithm 1: candidate window (0 = all counts).")
 @click.option("--patience", type=int, help="Algorithm 1: rounds before shrinking.")
 @click.option("--plots/--no-plots", default=True, show_default=True, help="Write PNG figures.")
-def experiment(preset: str, output: Path | None, plots: bool, **options: object) -> None:
+@click.option(
+    "--threads",
+    type=click.IntRange(min=1),
+    help="CPU threads for torch (default: one per core; use 1 when sharing cores).",
+)
+def experiment(
+    preset: str, output: Path | None, plots: bool, threads: int | None, **options: object
+) -> None:
     """Reproduce and extend the PowerTrip study on one machine with an emulated clock.
 
     Runs every policy x repeat over emulated sites, prints a time-to-accuracy table and writes
@@ -136,6 +143,10 @@ def experiment(preset: str, output: Path | None, plots: bool, **options: object)
     except ValueError as exc:
         _fail(str(exc))
     out_dir = output or Path("results") / cfg.name
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
     _run_experiment(cfg, out_dir, plots)
 
 
