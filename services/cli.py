@@ -101,6 +101,15 @@ PRESET_HELP = "; ".join(f"{k}: {v['description']}" for k, v in PRESETS.items())
     type=float,
     help="Target accuracy in (0, 1]; omit in a preset without one for the spec rule.",
 )
+@click.option(
+    "--num-samples", type=int, help="Samples to generate (mnist1d) or keep (shakespeare)."
+)
+@click.option(
+    "--local-steps",
+    "max_local_steps",
+    type=int,
+    help="Cap on local SGD steps per round (default: one full local epoch).",
+)
 @click.option("--partition", type=click.Choice(["iid", "dirichlet", "natural"]))
 @click.option("--dirichlet-alpha", type=float)
 @click.option(

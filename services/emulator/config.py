@@ -53,7 +53,9 @@ class ExperimentConfig(BaseModel):
     # learning side
     workload: Workload = "mnist1d"
     dataset_path: Path | None = None
-    num_samples: int = Field(20_000, ge=100, description="mnist1d samples to generate")
+    num_samples: int = Field(
+        20_000, ge=100, description="samples to generate (mnist1d) or keep (shakespeare)"
+    )
     partition: Partition = "iid"
     dirichlet_alpha: float = Field(0.3, gt=0)
     lr: float | None = Field(None, gt=0)

@@ -87,11 +87,17 @@ class _TrainedRound:
 
 
 class TrajectoryCache:
-    """Memo of (selection history -> trained round), valid for one federation and seed."""
+    """Memo of (selection history -> trained round), valid for one federation and seed.
 
-    def __init__(self, max_entries: int = 20_000) -> None:
+    Bounded by entries and by bytes of stored parameters, so a large model (EMNIST's CNN is
+    26 MB a copy) stops filling it instead of exhausting memory; a full cache only costs speed.
+    """
+
+    def __init__(self, max_entries: int = 20_000, max_bytes: int = 512 * 2**20) -> None:
         self._entries: dict[bytes, _TrainedRound] = {}
         self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self.bytes = 0
         self.hits = 0
         self.misses = 0
 
@@ -104,8 +110,10 @@ class TrajectoryCache:
         return hit
 
     def put(self, key: bytes, value: _TrainedRound) -> None:
-        if len(self._entries) < self.max_entries:
+        size = sum(t.numel() * t.element_size() for t in value.params.values())
+        if len(self._entries) < self.max_entries and self.bytes + size <= self.max_bytes:
             self._entries[key] = value
+            self.bytes += size
 
 
 def _chain(key: bytes, selected: np.ndarray) -> bytes:

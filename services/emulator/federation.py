@@ -17,6 +17,8 @@ def load_workload(cfg: ExperimentConfig, seed: int = 0) -> Dataset:
     kwargs: dict[str, object] = {"seed": seed}
     if cfg.workload == "mnist1d":
         kwargs["num_samples"] = cfg.num_samples
+    elif cfg.workload == "shakespeare":
+        kwargs["max_samples"] = cfg.num_samples
     return load_dataset(cfg.workload, cfg.dataset_path, **kwargs)
 
 

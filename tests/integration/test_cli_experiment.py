@@ -111,3 +111,71 @@ def test_help_lists_presets_and_overrides(tmp_path):
     assert proc.returncode == 0
     for text in ("quick", "paper-uniform", "--policies", "--update-gb", "--target", "--output"):
         assert text in proc.stdout
+
+
+def test_real_mnist_idx_files_train_through_the_emulator(shared_data, tmp_path):
+    mnist = shared_data / "datasets" / "mnist_t10k"
+    out = tmp_path / "mnist"
+    proc = powertrip(
+        "experiment",
+        "--workload",
+        "mnist",
+        "--dataset-path",
+        str(mnist),
+        "--sites",
+        "4",
+        "--sweep",
+        "2,4",
+        "--max-rounds",
+        "2",
+        "--target",
+        "0.99",
+        "--local-steps",
+        "2",
+        "--policies",
+        "powertrip,static-optimal",
+        "--no-plots",
+        "--output",
+        str(out),
+        tmp_path=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["data_label"] == "real"
+    assert summary["config"]["workload"] == "mnist"
+
+
+def test_shakespeare_roles_train_an_lstm_through_the_emulator(shared_data, tmp_path):
+    text = shared_data / "datasets" / "tinyshakespeare" / "input.txt"
+    out = tmp_path / "shakespeare"
+    proc = powertrip(
+        "experiment",
+        "--workload",
+        "shakespeare",
+        "--dataset-path",
+        str(text),
+        "--partition",
+        "natural",
+        "--num-samples",
+        "3000",
+        "--sites",
+        "3",
+        "--sweep",
+        "1,3",
+        "--max-rounds",
+        "1",
+        "--target",
+        "0.99",
+        "--local-steps",
+        "1",
+        "--policies",
+        "static-optimal",
+        "--no-plots",
+        "--output",
+        str(out),
+        tmp_path=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    with (out / "rounds.csv").open() as f:
+        rounds = list(csv.DictReader(f))
+    assert rounds and all(0 <= float(r["accuracy"]) <= 1 for r in rounds)
