@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -52,7 +53,8 @@ def _fail(message: str) -> None:
 def _describe_validation(exc: ValidationError) -> str:
     parts = []
     for e in exc.errors():
-        field = ".".join(str(x) for x in e["loc"]) or "configuration"
+        loc = [str(x) for x in e["loc"] if x != "greedy"]  # greedy params are top-level flags
+        field = ".".join(loc) or "configuration"
         flag = FLAG_FOR_FIELD.get(field, "--" + field.replace("_", "-") if e["loc"] else field)
         msg = e["msg"].removeprefix("Value error, ")
         parts.append(f"{flag}: {msg}" if e["loc"] else msg)
@@ -129,6 +131,9 @@ PRESET_HELP = "; ".join(f"{k}: {v['description']}" for k, v in PRESETS.items())
 @click.option("--k0", type=int, help="Algorithm 1: initial site count.")
 @click.option("--window", type=int, help="Algorithm 1: candidate window (0 = all counts).")
 @click.option("--patience", type=int, help="Algorithm 1: rounds before shrinking.")
+@click.option("--trend-rounds", type=int, help="Algorithm 1: rounds in the accuracy trend (m).")
+@click.option("--gain-floor", type=float, help="Algorithm 1: floor of the projected gain (eps).")
+@click.option("--kappa", type=float, help="kappa-headroom gain: strength of the headroom term.")
 @click.option("--plots/--no-plots", default=True, show_default=True, help="Write PNG figures.")
 @click.option(
     "--threads",
@@ -143,7 +148,8 @@ def experiment(
     Runs every policy x repeat over emulated sites, prints a time-to-accuracy table and writes
     results.csv, rounds.csv, summary.json and PNG plots to the output folder.
     """
-    greedy = {k: options.pop(k) for k in ("k0", "window", "patience")}
+    names = ("k0", "window", "patience", "trend_rounds", "gain_floor", "kappa")
+    greedy = {k: options.pop(k) for k in names}
     greedy = {k: v for k, v in greedy.items() if v is not None}
     try:
         cfg = build_config(preset, **options, **({"greedy": greedy} if greedy else {}))
@@ -180,8 +186,15 @@ def _run_experiment(cfg: ExperimentConfig, out_dir: Path, plots: bool) -> None:
         with Progress(*columns, console=err, transient=False) as bar:
             task = bar.add_task("loading data", total=None)
 
+            logged = [0]
+            started = time.monotonic()
+
             def progress(done: int, total: int, label: str) -> None:
                 bar.update(task, completed=done, total=total, description=label)
+                if not err.is_terminal and done > logged[0]:  # logs and CI: one line per run
+                    logged[0] = done
+                    elapsed = time.monotonic() - started
+                    err.print(f"[{done}/{total}] {label} done ({elapsed:.0f} s)", highlight=False)
 
             result = run_study(cfg, progress=progress)
             bar.update(task, description="done")
