@@ -99,14 +99,9 @@ def plot_sites_over_time(result: StudyResult, path: Path) -> Path:
         t = [0.0] + [r.time_s / HOURS for r in run.rounds]
         k = [r.sites for r in run.rounds]
         ax.step(t[:-1], k, where="post", label=name, lw=2 if name.startswith("powertrip") else 1)
-    ax.set_xlabel("emulated time (hours)")
-    ax.set_ylabel("sites selected")
-    ax.set_title(_title(result, "Sites selected per round (repeat 1)"), fontsize=9)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save_time_plot(
+        fig, ax, path, "sites selected", _title(result, "Sites selected per round (repeat 1)")
+    )
 
 
 def plot_accuracy_over_time(result: StudyResult, path: Path) -> Path:
@@ -116,9 +111,15 @@ def plot_accuracy_over_time(result: StudyResult, path: Path) -> Path:
         a = [run.initial_accuracy] + [r.accuracy for r in run.rounds]
         ax.plot(t, a, label=name, lw=2 if name.startswith("powertrip") else 1)
     ax.axhline(result.target_accuracy, ls="--", color="k", lw=0.8, label="target")
+    return _save_time_plot(
+        fig, ax, path, "held-out accuracy", _title(result, "Accuracy over emulated time (repeat 1)")
+    )
+
+
+def _save_time_plot(fig, ax, path: Path, ylabel: str, title: str) -> Path:  # noqa: ANN001
     ax.set_xlabel("emulated time (hours)")
-    ax.set_ylabel("held-out accuracy")
-    ax.set_title(_title(result, "Accuracy over emulated time (repeat 1)"), fontsize=9)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
