@@ -17,6 +17,7 @@ from services.aggregator.selection import (
     SelectionPolicy,
     StaticTopK,
 )
+from services.common.timing import RoundTimeModel
 
 #: The paper's Algorithm 1 as reconstructed in spec §3.2 (Eq. 8 ranking, log gain, mean power).
 PAPER_GREEDY = GreedyConfig()
@@ -62,11 +63,20 @@ def build_policy(
     k_star: int | None = None,
     greedy_overrides: dict[str, object] | None = None,
     radius_mi: float = 1000.0,
+    round_time_model: RoundTimeModel = RoundTimeModel.PER_SITE_MAX,
 ) -> SelectionPolicy:
-    """A fresh policy instance (policies keep per-run state, so never share one across runs)."""
+    """A fresh policy instance (policies keep per-run state, so never share one across runs).
+
+    The project's variants estimate a round with the system's own time model: the straggler
+    max for synchronous per-site rounds, Eq. 7 when work is spread over the sites' power.
+    The paper's variants keep Algorithm 1's mean-power estimate whatever the system.
+    """
     validate_policy_name(name)
     if name in VARIANTS:
-        cfg = replace(VARIANTS[name], **(greedy_overrides or {}))
+        cfg = VARIANTS[name]
+        if cfg.estimator is Estimator.MAX and round_time_model is RoundTimeModel.AGGREGATE:
+            cfg = replace(cfg, estimator=Estimator.AGGREGATE)
+        cfg = replace(cfg, **(greedy_overrides or {}))
         return PowerTripGreedy(cfg, name=name)
     if m := _STATIC.fullmatch(name):
         return StaticTopK(int(m.group(1)))

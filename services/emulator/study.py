@@ -166,7 +166,12 @@ def run_study(
     overrides = cfg.greedy.overrides()
     for rep in range(cfg.repeats):
         for name in others:
-            policy = build_policy(name, k_star=k_star, greedy_overrides=overrides)
+            policy = build_policy(
+                name,
+                k_star=k_star,
+                greedy_overrides=overrides,
+                round_time_model=cfg.ground_truth,
+            )
             run = run_one(rep, policy, target)
             result.runs.append((rep, run))
             result.summaries.append(summarise(run, rep, target))

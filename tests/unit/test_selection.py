@@ -401,3 +401,15 @@ def test_unknown_policy_names_are_rejected_with_the_list_of_known_ones(name):
 def test_static_names_need_a_positive_whole_k(name):
     with pytest.raises(ValueError, match="unknown policy"):
         validate_policy_name(name)
+
+
+def test_project_powertrip_estimates_rounds_with_the_systems_time_model():
+    from services.aggregator.scoring import Estimator
+    from services.common.timing import RoundTimeModel
+
+    per_site = build_policy("powertrip")
+    eq7 = build_policy("powertrip", round_time_model=RoundTimeModel.AGGREGATE)
+    paper = build_policy("powertrip-paper", round_time_model=RoundTimeModel.AGGREGATE)
+    assert per_site.config.estimator is Estimator.MAX
+    assert eq7.config.estimator is Estimator.AGGREGATE
+    assert paper.config.estimator is Estimator.MEAN_POWER  # Algorithm 1 as written, always
