@@ -200,6 +200,8 @@ def _run_experiment(cfg: ExperimentConfig, out_dir: Path, plots: bool) -> None:
             bar.update(task, description="done")
     except DatasetError as exc:
         _fail(f"dataset: {exc}")
+    except ValueError as exc:  # a configuration the data cannot satisfy (e.g. natural split)
+        _fail(str(exc))
     paths = write_outputs(result, out_dir)
     pngs = write_plots(result, out_dir) if plots else []
     _print_table(result)
@@ -212,7 +214,6 @@ def _run_experiment(cfg: ExperimentConfig, out_dir: Path, plots: bool) -> None:
 
 
 def _print_table(result) -> None:  # noqa: ANN001 - StudyResult, imported lazily
-
     c = result.config
     title = (
         f"time to accuracy {result.target_accuracy:.3f} — {c.workload}"

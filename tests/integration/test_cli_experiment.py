@@ -74,6 +74,7 @@ def test_experiment_writes_table_results_and_plots(tmp_path):
         (["--workload", "mnist", "--dataset-path", "/nonexistent/mnist"], "does not exist"),
         (["--workload", "emnist"], "needs --dataset-path"),
         (["--preset", "nope"], "nope"),
+        (["--partition", "natural"], "natural partition needs natural groups"),
     ],
 )
 def test_bad_input_fails_with_a_clear_message_and_no_traceback(args, message, tmp_path):
