@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from services.emulator.study import RunSummary, StudyResult
 
@@ -165,6 +166,8 @@ def write_outputs(result: StudyResult, out_dir: Path) -> dict[str, Path]:
         "data_label": "synthetic (mnist1d)" if result.config.workload == "mnist1d" else "real",
         "power_model": "uniform U(0.1, 1)",
         "wall_seconds": round(result.wall_seconds, 2),
+        # float reduction order depends on it: a seed reproduces bit-for-bit at a fixed count
+        "torch_threads": torch.get_num_threads(),
         "trajectory_cache": {"hits": result.cache_hits, "misses": result.cache_misses},
         "policies": [
             {k: _json_safe(v) for k, v in asdict(row).items()} for row in policy_table(result)
