@@ -478,3 +478,35 @@ def test_every_invalid_greedy_parameter_is_named_at_once():
 def test_boundary_greedy_config_values_are_accepted():
     cfg = GreedyConfig(k0=1, window=0, patience=1, trend_rounds=1, kappa=0.0, noise_smoothing=0.0)
     assert (cfg.k0, cfg.window, cfg.patience) == (1, 0, 1)
+
+
+def test_split_half_gain_fits_loss_against_sites_averaged():
+    # m = 8 sites give L = 1.5, their every-other half (m = 4) gives 1.6, the round began at 2.0:
+    # c = 0.1 / (1/4 - 1/8) = 0.8, L_inf = 1.5 - 0.8/8 = 1.4, noise-free progress 0.6,
+    # b = 0.8 / 0.6 = 4/3; averaging 16 instead of 8 keeps (1 - b/16) / (1 - b/8) = 1.1x.
+    policy = PowerTripGreedy(GreedyConfig(gain=GainModel.SPLIT_HALF, min_sites=2))
+    policy.observe(
+        RoundFeedback(
+            1,
+            np.arange(8),
+            10.0,
+            0.5,
+            0.4,
+            effective_sites=8.0,
+            loss=1.5,
+            previous_loss=2.0,
+            half_loss=1.6,
+            half_sites=4.0,
+        )
+    )
+    assert policy.averaging_scale() == pytest.approx(4 / 3)
+    gain = policy.projected_gain(np.array([8, 16]), k=8)
+    assert gain[1] / gain[0] == pytest.approx(1.1)
+
+
+def test_split_half_policy_never_drops_below_two_sites():
+    # k0 = 1 is lifted to the floor: one site gives no half to compare against
+    profile = SiteProfile(power=np.full(5, 0.5), comm_s=np.ones(5), distance_mi=np.ones(5))
+    ctx = RoundContext(1, 0.0, profile, 10.0, 1.5e9, np.random.default_rng(0))
+    policy = PowerTripGreedy(GreedyConfig(gain=GainModel.SPLIT_HALF, min_sites=2, k0=1))
+    assert len(policy.select(ctx)) == 2
