@@ -45,6 +45,21 @@ def _csv(kind: type) -> click.ParamType:
     return CommaList()
 
 
+def _target() -> click.ParamType:
+    class Target(click.ParamType):
+        name = "FLOAT|auto"
+
+        def convert(self, value, param, ctx):  # noqa: ANN001 - click's signature
+            if isinstance(value, float) or value == "auto":
+                return value
+            try:
+                return float(value)
+            except ValueError:
+                self.fail(f"{value!r} is neither a number nor 'auto'", param, ctx)
+
+    return Target()
+
+
 def _fail(message: str) -> None:
     err.print(f"[bold red]error:[/] {message}", highlight=False)
     sys.exit(2)
@@ -100,8 +115,9 @@ PRESET_HELP = "; ".join(f"{k}: {v['description']}" for k, v in PRESETS.items())
 @click.option(
     "--target",
     "target_accuracy",
-    type=float,
-    help="Target accuracy in (0, 1]; omit in a preset without one for the spec rule.",
+    type=_target(),
+    help="Target accuracy in (0, 1], or 'auto' for the spec rule: the lowest best accuracy "
+    "any static-k run reaches within the round budget.",
 )
 @click.option(
     "--num-samples", type=int, help="Samples to generate (mnist1d) or keep (shakespeare)."
@@ -118,7 +134,7 @@ PRESET_HELP = "; ".join(f"{k}: {v['description']}" for k, v in PRESETS.items())
     "--tau",
     "ideal_compute_s",
     type=float,
-    help="Emulated local-training time per round at 100%% power (s).",
+    help="Emulated local-training time per round at 100% power (s).",
 )
 @click.option(
     "--ground-truth",

@@ -189,4 +189,6 @@ def build_config(preset: str | None = None, **overrides: object) -> ExperimentCo
             raise ValueError(f"unknown preset {preset!r}; known presets: {', '.join(PRESETS)}")
         values.update(PRESETS[preset], name=preset)
     values.update({k: v for k, v in overrides.items() if v is not None})
+    if values.get("target_accuracy") == "auto":  # the spec's rule, decided after the sweep
+        values["target_accuracy"] = None
     return ExperimentConfig(**values)

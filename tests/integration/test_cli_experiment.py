@@ -75,6 +75,7 @@ def test_experiment_writes_table_results_and_plots(tmp_path):
         (["--workload", "emnist"], "needs --dataset-path"),
         (["--preset", "nope"], "nope"),
         (["--partition", "natural"], "natural partition needs natural groups"),
+        (["--target", "high"], "neither a number nor 'auto'"),
     ],
 )
 def test_bad_input_fails_with_a_clear_message_and_no_traceback(args, message, tmp_path):
@@ -180,3 +181,26 @@ def test_shakespeare_roles_train_an_lstm_through_the_emulator(shared_data, tmp_p
     with (out / "rounds.csv").open() as f:
         rounds = list(csv.DictReader(f))
     assert rounds and all(0 <= float(r["accuracy"]) <= 1 for r in rounds)
+
+
+def test_auto_target_is_the_lowest_best_accuracy_of_the_static_sweep(tmp_path):
+    out = tmp_path / "auto"
+    proc = powertrip(
+        "experiment",
+        *TINY,
+        "--target",
+        "auto",
+        "--no-plots",
+        "--output",
+        str(out),
+        tmp_path=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    with (out / "results.csv").open() as f:
+        sweep = [
+            r for r in csv.DictReader(f) if r["policy"] in ("static-2", "static-4", "static-8")
+        ]
+    assert summary["target_accuracy"] == pytest.approx(
+        min(float(r["best_accuracy"]) for r in sweep), abs=1e-4
+    )
