@@ -30,34 +30,35 @@ FLAG_FOR_FIELD = {
 }
 
 
-def _csv(kind: type) -> click.ParamType:
-    class CommaList(click.ParamType):
-        name = f"{kind.__name__}[,{kind.__name__}...]"
+class CommaList(click.ParamType):
+    """``10,20,50`` -> (10, 20, 50), each item converted by ``kind``."""
 
-        def convert(self, value, param, ctx):  # noqa: ANN001 - click's signature
-            if isinstance(value, tuple):
-                return value
-            try:
-                return tuple(kind(v.strip()) for v in value.split(",") if v.strip())
-            except ValueError:
-                self.fail(f"{value!r} is not a comma-separated list of {kind.__name__}", param, ctx)
+    def __init__(self, kind: type) -> None:
+        self.kind = kind
+        self.name = f"{kind.__name__}[,{kind.__name__}...]"
 
-    return CommaList()
+    def convert(self, value, param, ctx):  # noqa: ANN001 - click's signature
+        if isinstance(value, tuple):
+            return value
+        try:
+            return tuple(self.kind(v.strip()) for v in value.split(",") if v.strip())
+        except ValueError:
+            kind = self.kind.__name__
+            self.fail(f"{value!r} is not a comma-separated list of {kind}", param, ctx)
 
 
-def _target() -> click.ParamType:
-    class Target(click.ParamType):
-        name = "FLOAT|auto"
+class TargetAccuracy(click.ParamType):
+    """A number, or ``auto`` for the spec's rule (decided after the static sweep)."""
 
-        def convert(self, value, param, ctx):  # noqa: ANN001 - click's signature
-            if isinstance(value, float) or value == "auto":
-                return value
-            try:
-                return float(value)
-            except ValueError:
-                self.fail(f"{value!r} is neither a number nor 'auto'", param, ctx)
+    name = "FLOAT|auto"
 
-    return Target()
+    def convert(self, value, param, ctx):  # noqa: ANN001 - click's signature
+        if isinstance(value, float) or value == "auto":
+            return value
+        try:
+            return float(value)
+        except ValueError:
+            self.fail(f"{value!r} is neither a number nor 'auto'", param, ctx)
 
 
 def _fail(message: str) -> None:
@@ -100,7 +101,7 @@ PRESET_HELP = "; ".join(f"{k}: {v['description']}" for k, v in PRESETS.items())
     default=None,
     help="Output folder (default: results/<preset>).",
 )
-@click.option("--policies", type=_csv(str), help="Comma-separated policy names.")
+@click.option("--policies", type=CommaList(str), help="Comma-separated policy names.")
 @click.option("--sites", "num_sites", type=int, help="Number of emulated sites.")
 @click.option("--update-gb", type=float, help="Model update size in decimal GB.")
 @click.option("--repeats", type=int, help="Training seeds per policy.")
@@ -115,7 +116,7 @@ PRESET_HELP = "; ".join(f"{k}: {v['description']}" for k, v in PRESETS.items())
 @click.option(
     "--target",
     "target_accuracy",
-    type=_target(),
+    type=TargetAccuracy(),
     help="Target accuracy in (0, 1], or 'auto' for the spec rule: the lowest best accuracy "
     "any static-k run reaches within the round budget.",
 )
@@ -142,7 +143,7 @@ PRESET_HELP = "; ".join(f"{k}: {v['description']}" for k, v in PRESETS.items())
     help="Round-time model: per-site max (spec §4.2) or Eq. 7 aggregate.",
 )
 @click.option("--distance-mode", type=click.Choice(["stratified", "uniform"]))
-@click.option("--sweep", "static_sweep", type=_csv(int), help="Static-k sweep, e.g. 10,20,50.")
+@click.option("--sweep", "static_sweep", type=CommaList(int), help="Static-k sweep, e.g. 10,20,50.")
 @click.option("--max-rounds", type=int, help="Round budget per run.")
 @click.option("--k0", type=int, help="Algorithm 1: initial site count.")
 @click.option("--window", type=int, help="Algorithm 1: candidate window (0 = all counts).")

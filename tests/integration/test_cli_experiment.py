@@ -41,6 +41,13 @@ def powertrip(*args: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+def run_to(out: Path, *args: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """`powertrip experiment ARGS --no-plots --output OUT`, which must succeed."""
+    proc = powertrip("experiment", *args, "--no-plots", "--output", str(out), tmp_path=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    return proc
+
+
 def test_experiment_writes_table_results_and_plots(tmp_path):
     out = tmp_path / "run"
     proc = powertrip("experiment", *TINY, "--output", str(out), tmp_path=tmp_path)
@@ -118,8 +125,8 @@ def test_help_lists_presets_and_overrides(tmp_path):
 def test_real_mnist_idx_files_train_through_the_emulator(shared_data, tmp_path):
     mnist = shared_data / "datasets" / "mnist_t10k"
     out = tmp_path / "mnist"
-    proc = powertrip(
-        "experiment",
+    run_to(
+        out,
         "--workload",
         "mnist",
         "--dataset-path",
@@ -136,12 +143,8 @@ def test_real_mnist_idx_files_train_through_the_emulator(shared_data, tmp_path):
         "2",
         "--policies",
         "powertrip,static-optimal",
-        "--no-plots",
-        "--output",
-        str(out),
         tmp_path=tmp_path,
     )
-    assert proc.returncode == 0, proc.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert summary["data_label"] == "real"
     assert summary["config"]["workload"] == "mnist"
@@ -150,8 +153,8 @@ def test_real_mnist_idx_files_train_through_the_emulator(shared_data, tmp_path):
 def test_shakespeare_roles_train_an_lstm_through_the_emulator(shared_data, tmp_path):
     text = shared_data / "datasets" / "tinyshakespeare" / "input.txt"
     out = tmp_path / "shakespeare"
-    proc = powertrip(
-        "experiment",
+    run_to(
+        out,
         "--workload",
         "shakespeare",
         "--dataset-path",
@@ -172,12 +175,8 @@ def test_shakespeare_roles_train_an_lstm_through_the_emulator(shared_data, tmp_p
         "1",
         "--policies",
         "static-optimal",
-        "--no-plots",
-        "--output",
-        str(out),
         tmp_path=tmp_path,
     )
-    assert proc.returncode == 0, proc.stderr
     with (out / "rounds.csv").open() as f:
         rounds = list(csv.DictReader(f))
     assert rounds and all(0 <= float(r["accuracy"]) <= 1 for r in rounds)
@@ -185,22 +184,10 @@ def test_shakespeare_roles_train_an_lstm_through_the_emulator(shared_data, tmp_p
 
 def test_auto_target_is_the_lowest_best_accuracy_of_the_static_sweep(tmp_path):
     out = tmp_path / "auto"
-    proc = powertrip(
-        "experiment",
-        *TINY,
-        "--target",
-        "auto",
-        "--no-plots",
-        "--output",
-        str(out),
-        tmp_path=tmp_path,
-    )
-    assert proc.returncode == 0, proc.stderr
+    run_to(out, *TINY, "--target", "auto", tmp_path=tmp_path)
     summary = json.loads((out / "summary.json").read_text())
+    points = {"static-2", "static-4", "static-8"}
     with (out / "results.csv").open() as f:
-        sweep = [
-            r for r in csv.DictReader(f) if r["policy"] in ("static-2", "static-4", "static-8")
-        ]
-    assert summary["target_accuracy"] == pytest.approx(
-        min(float(r["best_accuracy"]) for r in sweep), abs=1e-4
-    )
+        sweep = [r for r in csv.DictReader(f) if r["policy"] in points]
+    best = min(float(r["best_accuracy"]) for r in sweep)
+    assert summary["target_accuracy"] == pytest.approx(best, abs=1e-4)
