@@ -7,7 +7,7 @@ the aggregator does not need torch.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 from numpy.typing import NDArray
@@ -70,11 +70,30 @@ class StreamingFedAvg:
 
     def add(self, delta: Params, weight: float) -> None:
         self.validate(delta, weight)
+        self.add_pieces(((name, 0, delta[name]) for name in self._sum), weight)
+
+    def add_pieces(self, pieces: Iterable[tuple[str, int, NDArray]], weight: float) -> None:
+        """Fold an update that arrives in slices: (tensor, first flat element, values).
+
+        The slices must already be validated (a streamed update is checked chunk by chunk as it
+        arrives) and must cover every tensor exactly once. Slicing does not change the result:
+        the fold is element-wise, so it equals ``add`` on the whole update bit for bit.
+        """
+        if not np.isfinite(weight) or weight <= 0:
+            raise UpdateRejected(
+                "bad_weight", f"update weight must be finite and > 0, got {weight}"
+            )
+        covered = dict.fromkeys(self._sum, 0)
         sq = 0.0
-        for name, acc in self._sum.items():
-            a = delta[name]
-            acc += weight * a
+        for name, start, values in pieces:
+            flat = self._sum[name].reshape(-1)
+            a = values.reshape(-1)
+            flat[start : start + a.size] += weight * a
             sq += float(np.vdot(a, a))
+            covered[name] += a.size
+        short = [n for n, c in covered.items() if c != self._sum[n].size]
+        if short:  # a caller bug, not a bad update: the sum is already touched
+            raise RuntimeError(f"update slices did not cover tensors {short} exactly once")
         self.total_weight += weight
         self._sum_sq_weights += weight * weight
         self._weighted_sq_norm += weight * sq
@@ -88,23 +107,45 @@ class StreamingFedAvg:
             for name, acc in self._sum.items()
         }
 
-    def apply(self, global_params: Params) -> dict[str, NDArray[np.floating]]:
-        """The new global model; refuses a non-finite result rather than poisoning the run."""
-        mean = self.mean_delta()
+    def apply(
+        self, global_params: Params, in_place: bool = False
+    ) -> dict[str, NDArray[np.floating]]:
+        """The new global model; refuses a non-finite result rather than poisoning the run.
+
+        ``in_place`` builds the result in the accumulator's own buffers (same arithmetic, same
+        bits), so committing a round needs no third model-sized copy; the aggregator is spent
+        afterwards.
+        """
+        if self.count == 0:
+            raise ValueError("no update was aggregated this round")
         for name, (shape, dtype) in self._spec.items():
             g = global_params.get(name)
             if g is None or g.shape != shape or g.dtype != dtype:
                 raise ValueError(f"global tensor {name!r} does not match the update template")
-        new = {name: global_params[name] + mean[name] for name in self._spec}
-        if not all(np.isfinite(a).all() for a in new.values()):
-            raise UpdateRejected("non_finite", "aggregated model is not finite; round refused")
+        new: dict[str, NDArray[np.floating]] = {}
+        for name, (_, dtype) in self._spec.items():
+            acc = self._sum[name]
+            if in_place and acc.dtype == dtype:
+                np.divide(acc, self.total_weight, out=acc)
+                np.add(global_params[name], acc, out=acc)
+                new[name] = acc
+            else:
+                new[name] = global_params[name] + (acc / self.total_weight).astype(
+                    dtype, copy=False
+                )
+            if not np.isfinite(new[name]).all():
+                raise UpdateRejected("non_finite", "aggregated model is not finite; round refused")
+        if in_place:
+            self.count = 0  # spent: the buffers now hold the new model
         return new
 
     def dispersion(self) -> tuple[float, float, float]:
         """(weighted mean |delta_i|^2, |mean delta|^2, effective number of sites)."""
         if self.count == 0:
             raise ValueError("no update was aggregated this round")
-        mean = self.mean_delta()
-        sq_of_mean = sum(float(np.vdot(a, a)) for a in mean.values())
+        sq_of_mean = 0.0
+        for name, acc in self._sum.items():  # one tensor at a time: no model-sized temporary
+            m = (acc / self.total_weight).astype(self._spec[name][1], copy=False)
+            sq_of_mean += float(np.vdot(m, m))
         k_eff = self.total_weight**2 / self._sum_sq_weights
         return self._weighted_sq_norm / self.total_weight, sq_of_mean, k_eff

@@ -83,6 +83,7 @@ class PowerTripGreedy(SelectionPolicy):
     def __init__(self, config: GreedyConfig | None = None, name: str = "powertrip"):
         self.config = config or GreedyConfig()
         self.name = name
+        self.wants_split_half = self.config.gain is GainModel.SPLIT_HALF
         self.k: int | None = None
         self.k_history: list[int] = []
         self._shrink_votes = 0

@@ -82,6 +82,8 @@ class SelectionPolicy(ABC):
     name: str = "policy"
     #: set for the centralized baselines: one co-located site at this power fraction, no network.
     centralized_power: float | None = None
+    #: ask the executor for the split-half probe (a second, half-size FedAvg) in the feedback
+    wants_split_half: bool = False
 
     @abstractmethod
     def select(self, ctx: RoundContext) -> NDArray[np.int64]: ...

@@ -10,17 +10,25 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from services.aggregator.fedavg import StreamingFedAvg
-from services.aggregator.selection import RoundContext, RoundFeedback, SelectionPolicy
+from services.aggregator.rounds import (
+    RoundOutcome,
+    RoundRecord,
+    RunResult,
+    TimeModel,
+    run_rounds,
+)
+from services.aggregator.selection import SelectionPolicy
 from services.common.clock import EmulatedClock
 from services.common.sites import LinkSource, PowerSource, SiteSet, profile_at
-from services.common.timing import RoundTimeModel, centralized_round_time_s, round_time_s
 from services.worker.trainer import SiteTrainer
+
+__all__ = ["Emulator", "Federation", "RoundRecord", "RunResult", "TimeModel", "TrajectoryCache"]
 
 
 @dataclass(frozen=True)
@@ -36,56 +44,6 @@ class Federation:
     initial_params: dict[str, torch.Tensor]
 
 
-@dataclass(frozen=True)
-class TimeModel:
-    ideal_compute_s: float  # tau, local training at 100% power
-    update_bytes: float
-    ground_truth: RoundTimeModel = RoundTimeModel.PER_SITE_MAX
-    round_trip: bool = False
-
-
-@dataclass(frozen=True)
-class RoundRecord:
-    round: int
-    time_s: float  # clock at the end of the round
-    duration_s: float
-    sites: int
-    accuracy: float
-    loss: float
-
-
-@dataclass
-class RunResult:
-    policy: str
-    seed: int
-    target_accuracy: float | None
-    rounds: list[RoundRecord] = field(default_factory=list)
-    initial_accuracy: float = 0.0
-
-    def time_to(self, target: float) -> float | None:
-        """Emulated seconds until the first round whose accuracy reaches ``target``."""
-        for r in self.rounds:
-            if r.accuracy >= target:
-                return r.time_s
-        return None
-
-    def rounds_to(self, target: float) -> int | None:
-        for r in self.rounds:
-            if r.accuracy >= target:
-                return r.round
-        return None
-
-
-@dataclass(frozen=True)
-class _TrainedRound:
-    params: dict[str, torch.Tensor]
-    accuracy: float
-    loss: float
-    dispersion: tuple[float, float, float]
-    half_loss: float | None
-    half_sites: float | None
-
-
 class TrajectoryCache:
     """Memo of (selection history -> trained round), valid for one federation and seed.
 
@@ -94,14 +52,14 @@ class TrajectoryCache:
     """
 
     def __init__(self, max_entries: int = 20_000, max_bytes: int = 512 * 2**20) -> None:
-        self._entries: dict[bytes, _TrainedRound] = {}
+        self._entries: dict[bytes, RoundOutcome] = {}
         self.max_entries = max_entries
         self.max_bytes = max_bytes
         self.bytes = 0
         self.hits = 0
         self.misses = 0
 
-    def get(self, key: bytes) -> _TrainedRound | None:
+    def get(self, key: bytes) -> RoundOutcome | None:
         hit = self._entries.get(key)
         if hit is None:
             self.misses += 1
@@ -109,7 +67,7 @@ class TrajectoryCache:
             self.hits += 1
         return hit
 
-    def put(self, key: bytes, value: _TrainedRound) -> None:
+    def put(self, key: bytes, value: RoundOutcome) -> None:
         size = sum(t.numel() * t.element_size() for t in value.params.values())
         if len(self._entries) < self.max_entries and self.bytes + size <= self.max_bytes:
             self._entries[key] = value
@@ -128,6 +86,12 @@ def site_seed(run_seed: int, round_index: int, site: int) -> int:
 
 
 class Emulator:
+    """The in-process executor: all selected sites train in one batched call, then FedAvg.
+
+    Rounds are memoised by selection history (``TrajectoryCache``), so policies that pick the
+    same site sets share their training.
+    """
+
     def __init__(
         self,
         federation: Federation,
@@ -149,7 +113,7 @@ class Emulator:
 
     def _train_round(
         self, params: dict[str, torch.Tensor], selected: np.ndarray, round_index: int
-    ) -> _TrainedRound:
+    ) -> RoundOutcome:
         fed = self.fed
         updates = fed.trainer.train(
             params,
@@ -166,6 +130,7 @@ class Emulator:
             agg.add(delta, float(updates.num_samples[j]))
             if j % 2 == 0:
                 half.add(delta, float(updates.num_samples[j]))
+        dispersion = agg.dispersion()
         new = {k: torch.from_numpy(v) for k, v in agg.apply(template).items()}
         acc, loss = fed.trainer.evaluate(new, fed.x_test, fed.y_test)
         half_loss, half_sites = None, None
@@ -173,7 +138,7 @@ class Emulator:
             half_model = {k: torch.from_numpy(v) for k, v in half.apply(template).items()}
             half_loss = fed.trainer.evaluate(half_model, fed.x_test, fed.y_test)[1]
             half_sites = half.dispersion()[2]
-        return _TrainedRound(new, acc, loss, agg.dispersion(), half_loss, half_sites)
+        return RoundOutcome(acc, loss, dispersion, len(selected), half_loss, half_sites, params=new)
 
     def run(
         self,
@@ -183,71 +148,49 @@ class Emulator:
         on_round: Callable[[RoundRecord], None] | None = None,
     ) -> RunResult:
         """Run until the target accuracy (if any) or the round budget."""
-        clock = EmulatedClock()
-        rng = np.random.default_rng([self.seed, int.from_bytes(policy.name.encode()[:8], "big")])
-        params = self.fed.initial_params
-        if self._initial is None:
-            self._initial = self.fed.trainer.evaluate(params, self.fed.x_test, self.fed.y_test)
-        accuracy, loss = self._initial
-        result = RunResult(policy.name, self.seed, target_accuracy, initial_accuracy=accuracy)
-        key = b"root"
-        for r in range(1, max_rounds + 1):
-            profile = profile_at(
+        executor = _CachedExecutor(self)
+        return run_rounds(
+            policy,
+            executor,
+            lambda t: profile_at(
                 self.sites,
                 self.power,
                 self.links,
-                clock.now(),
+                t,
                 self.time.update_bytes,
                 self.time.round_trip,
-            )
-            ctx = RoundContext(
-                r, clock.now(), profile, self.time.ideal_compute_s, self.time.update_bytes, rng
-            )
-            selected = np.asarray(policy.select(ctx), dtype=np.int64)
-            if selected.size == 0:
-                raise RuntimeError(f"policy {policy.name} selected no site in round {r}")
-            key = _chain(key, selected)
-            trained = self.cache.get(key)
-            if trained is None:
-                trained = self._train_round(params, selected, r)
-                self.cache.put(key, trained)
-            if policy.centralized_power is not None:
-                duration = centralized_round_time_s(
-                    self.time.ideal_compute_s, policy.centralized_power
-                )
-            else:
-                duration = round_time_s(
-                    self.time.ground_truth,
-                    self.time.ideal_compute_s,
-                    profile.power[selected],
-                    profile.comm_s[selected],
-                    total_sites=profile.size,
-                )
-            clock.advance(duration)
-            mean_sq, sq_mean, k_eff = trained.dispersion
-            policy.observe(
-                RoundFeedback(
-                    r,
-                    selected,
-                    duration,
-                    trained.accuracy,
-                    accuracy,
-                    mean_sq_norm=mean_sq,
-                    sq_norm_of_mean=sq_mean,
-                    effective_sites=k_eff,
-                    loss=trained.loss,
-                    previous_loss=loss,
-                    half_loss=trained.half_loss,
-                    half_sites=trained.half_sites,
-                )
-            )
-            record = RoundRecord(
-                r, clock.now(), duration, int(selected.size), trained.accuracy, trained.loss
-            )
-            result.rounds.append(record)
-            if on_round is not None:
-                on_round(record)
-            params, accuracy, loss = trained.params, trained.accuracy, trained.loss
-            if target_accuracy is not None and accuracy >= target_accuracy:
-                break
-        return result
+            ),
+            self.time,
+            EmulatedClock(),
+            self.seed,
+            target_accuracy,
+            max_rounds,
+            on_round=on_round,
+        )
+
+
+class _CachedExecutor:
+    """One run's view of an Emulator: current params plus the selection-history cache key.
+
+    Always computes the split-half probe so a cached round serves every policy.
+    """
+
+    def __init__(self, emulator: Emulator) -> None:
+        self.em = emulator
+        self.params = emulator.fed.initial_params
+        self.key = b"root"
+
+    def evaluate_initial(self) -> tuple[float, float]:
+        em = self.em
+        if em._initial is None:
+            em._initial = em.fed.trainer.evaluate(self.params, em.fed.x_test, em.fed.y_test)
+        return em._initial
+
+    def execute(self, round_index: int, selected: np.ndarray, split_half: bool) -> RoundOutcome:
+        self.key = _chain(self.key, selected)
+        trained = self.em.cache.get(self.key)
+        if trained is None:
+            trained = self.em._train_round(self.params, selected, round_index)
+            self.em.cache.put(self.key, trained)
+        self.params = trained.params
+        return trained

@@ -1,0 +1,185 @@
+"""The round loop, shared by the emulator and the aggregator service.
+
+Each round: read site profiles at the clock's time, let the policy pick sites, have an executor
+train them and fold their updates, advance the clock, feed the outcome back to the policy. The
+executor is the only thing that differs: in-process training in the emulator, a fan-out over gRPC
+to real workers in the aggregator service. Both therefore make the same decisions for the same
+seed, and time-to-accuracy is read from whichever clock the run uses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+from numpy.typing import NDArray
+
+from services.aggregator.selection import RoundContext, RoundFeedback, SelectionPolicy
+from services.common.clock import Clock, EmulatedClock
+from services.common.sites import SiteProfile
+from services.common.timing import RoundTimeModel, centralized_round_time_s, round_time_s
+
+
+@dataclass(frozen=True)
+class TimeModel:
+    ideal_compute_s: float  # tau, local training at 100% power
+    update_bytes: float
+    ground_truth: RoundTimeModel = RoundTimeModel.PER_SITE_MAX
+    round_trip: bool = False
+
+
+@dataclass(frozen=True)
+class RoundRecord:
+    round: int
+    time_s: float  # clock at the end of the round
+    duration_s: float
+    sites: int
+    accuracy: float
+    loss: float
+    selected: tuple[int, ...] = ()
+    contributions: int = 0  # updates folded; < sites when a worker failed or was rejected
+    outcome: str = "completed"  # or "failed": nothing arrived, the model is unchanged
+
+
+@dataclass
+class RunResult:
+    policy: str
+    seed: int
+    target_accuracy: float | None
+    rounds: list[RoundRecord] = field(default_factory=list)
+    initial_accuracy: float = 0.0
+
+    def time_to(self, target: float) -> float | None:
+        """Clock seconds until the first round whose accuracy reaches ``target``."""
+        for r in self.rounds:
+            if r.accuracy >= target:
+                return r.time_s
+        return None
+
+    def rounds_to(self, target: float) -> int | None:
+        for r in self.rounds:
+            if r.accuracy >= target:
+                return r.round
+        return None
+
+
+@dataclass(frozen=True)
+class RoundOutcome:
+    """What an executor reports after training and folding one round."""
+
+    accuracy: float
+    loss: float
+    dispersion: tuple[float, float, float]  # StreamingFedAvg.dispersion()
+    contributions: int
+    half_loss: float | None = None  # split-half probe, when requested
+    half_sites: float | None = None
+    params: Any = None  # the new global model, in the executor's own representation
+
+
+class RoundExecutor(Protocol):
+    def evaluate_initial(self) -> tuple[float, float]:
+        """(accuracy, loss) of the starting model."""
+        ...
+
+    def execute(
+        self, round_index: int, selected: NDArray[np.int64], split_half: bool
+    ) -> RoundOutcome | None:
+        """Train ``selected`` from the current global model and commit the FedAvg result.
+
+        None means the round failed (no update arrived): the global model is unchanged.
+        """
+        ...
+
+
+def policy_rng(seed: int, policy: SelectionPolicy) -> np.random.Generator:
+    """The policy's own random stream (random-k), fixed by the run seed and the policy name."""
+    return np.random.default_rng([seed, int.from_bytes(policy.name.encode()[:8], "big")])
+
+
+def round_duration_s(
+    time_model: TimeModel, policy: SelectionPolicy, profile: SiteProfile, selected: NDArray
+) -> float:
+    """The emulated clock's length of a round (spec §4.2 ground truth)."""
+    if policy.centralized_power is not None:
+        return centralized_round_time_s(time_model.ideal_compute_s, policy.centralized_power)
+    return round_time_s(
+        time_model.ground_truth,
+        time_model.ideal_compute_s,
+        profile.power[selected],
+        profile.comm_s[selected],
+        total_sites=profile.size,
+    )
+
+
+def run_rounds(
+    policy: SelectionPolicy,
+    executor: RoundExecutor,
+    profile_at: Callable[[float], SiteProfile],
+    time_model: TimeModel,
+    clock: Clock,
+    seed: int,
+    target_accuracy: float | None,
+    max_rounds: int,
+    on_round: Callable[[RoundRecord], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    first_round: int = 1,
+) -> RunResult:
+    """Run until the target accuracy (if any), the round budget, or ``should_stop()``.
+
+    With an ``EmulatedClock`` a round lasts its modelled time; with any other clock it lasts
+    what the clock measured while the executor worked.
+    """
+    rng = policy_rng(seed, policy)
+    accuracy, loss = executor.evaluate_initial()
+    result = RunResult(policy.name, seed, target_accuracy, initial_accuracy=accuracy)
+    split_half = policy.wants_split_half
+    for r in range(first_round, max_rounds + 1):
+        if should_stop is not None and should_stop():
+            break
+        started = clock.now()
+        profile = profile_at(started)
+        ctx = RoundContext(
+            r, started, profile, time_model.ideal_compute_s, time_model.update_bytes, rng
+        )
+        selected = np.asarray(policy.select(ctx), dtype=np.int64)
+        if selected.size == 0:
+            raise RuntimeError(f"policy {policy.name} selected no site in round {r}")
+        outcome = executor.execute(r, selected, split_half)
+        if isinstance(clock, EmulatedClock):
+            clock.advance(round_duration_s(time_model, policy, profile, selected))
+        duration = clock.now() - started
+        ids = tuple(int(i) for i in selected)
+        if outcome is None:
+            record = RoundRecord(
+                r, clock.now(), duration, len(ids), accuracy, loss, ids, 0, "failed"
+            )
+        else:
+            mean_sq, sq_mean, k_eff = outcome.dispersion
+            policy.observe(
+                RoundFeedback(
+                    r,
+                    selected,
+                    duration,
+                    outcome.accuracy,
+                    accuracy,
+                    mean_sq_norm=mean_sq,
+                    sq_norm_of_mean=sq_mean,
+                    effective_sites=k_eff,
+                    loss=outcome.loss,
+                    previous_loss=loss,
+                    half_loss=outcome.half_loss,
+                    half_sites=outcome.half_sites,
+                )
+            )
+            accuracy, loss = outcome.accuracy, outcome.loss
+            record = RoundRecord(
+                r, clock.now(), duration, len(ids), accuracy, loss, ids, outcome.contributions
+            )
+        result.rounds.append(record)
+        if on_round is not None:
+            on_round(record)
+        if target_accuracy is not None and accuracy >= target_accuracy:
+            break
+    return result

@@ -1,0 +1,58 @@
+"""Service configuration from environment variables, parsed once into a frozen object.
+
+Each service declares a pydantic model whose field ``foo_bar`` is read from ``POWERTRIP_FOO_BAR``;
+this module turns a missing or invalid variable into one ``ConfigError`` that names it, so a
+misconfigured container fails at start with a message an operator can act on.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+PREFIX = "POWERTRIP_"
+
+
+class ConfigError(ValueError):
+    """A missing or invalid environment variable."""
+
+
+class ServiceConfig(BaseModel):
+    """Fields shared by every service; subclasses add their own."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    bind_host: str = "0.0.0.0"
+    grpc_port: int = 50051
+    metrics_port: int = 8000
+    log_level: str = "INFO"
+    keepalive_s: float = 10.0  # HTTP/2 ping period; a frozen peer is noticed after this ...
+    keepalive_timeout_s: float = 5.0  # ... plus this
+    rpc_timeout_s: float = 10.0  # deadline for every short call
+    max_message_mib: int = 4  # gRPC per-message limit; big tensors are chunked below it
+
+
+C = TypeVar("C", bound=ServiceConfig)
+
+
+def env_name(field: str) -> str:
+    return PREFIX + field.upper()
+
+
+def load_config(cls: type[C], env: Mapping[str, str] | None = None) -> C:
+    """Build ``cls`` from ``POWERTRIP_*`` variables; unknown ``POWERTRIP_*`` names are ignored
+    (they may belong to another service sharing the same env file)."""
+    env = os.environ if env is None else env
+    values = {name: env[env_name(name)] for name in cls.model_fields if env_name(name) in env}
+    try:
+        return cls.model_validate(values)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = str(err["loc"][0]) if err["loc"] else "?"
+        var = env_name(field)
+        if err["type"] == "missing":
+            raise ConfigError(f"{var} is required but not set") from None
+        raise ConfigError(f"{var}={values.get(field)!r}: {err['msg']}") from None

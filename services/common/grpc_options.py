@@ -1,0 +1,44 @@
+"""Channel and server options shared by every service, derived from one ServiceConfig.
+
+Client and server keepalive are set together (grpc doc/keepalive.md): the server must accept
+pings as often as clients send them, or it answers with GOAWAY "too_many_pings". The ping timeout
+is what makes a frozen (SIGSTOPped) peer visible in seconds instead of about a minute.
+"""
+
+from __future__ import annotations
+
+from services.common.config import ServiceConfig
+
+MiB = 1 << 20
+
+
+def message_limits(cfg: ServiceConfig) -> list[tuple[str, int]]:
+    limit = cfg.max_message_mib * MiB
+    return [
+        ("grpc.max_send_message_length", limit),
+        ("grpc.max_receive_message_length", limit),
+    ]
+
+
+def client_options(cfg: ServiceConfig) -> list[tuple[str, int]]:
+    return [
+        *message_limits(cfg),
+        ("grpc.keepalive_time_ms", int(cfg.keepalive_s * 1000)),
+        ("grpc.keepalive_timeout_ms", int(cfg.keepalive_timeout_s * 1000)),
+        ("grpc.http2.ping_timeout_ms", int(cfg.keepalive_timeout_s * 1000)),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.enable_retries", 0),  # tenacity retries idempotent calls; never both
+    ]
+
+
+def server_options(cfg: ServiceConfig) -> list[tuple[str, int]]:
+    return [
+        *message_limits(cfg),
+        ("grpc.keepalive_time_ms", int(cfg.keepalive_s * 1000)),
+        ("grpc.keepalive_timeout_ms", int(cfg.keepalive_timeout_s * 1000)),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+        # Accept client pings up to twice as often as they are configured to come.
+        ("grpc.http2.min_ping_interval_without_data_ms", int(cfg.keepalive_s * 500)),
+    ]

@@ -1,0 +1,95 @@
+"""Prometheus plumbing shared by the services: the /metrics endpoint and gRPC server metrics.
+
+The gRPC series keep their conventional unprefixed names (``grpc_server_handled_total``,
+``grpc_server_handling_seconds``) so existing dashboards and queries work unchanged.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import grpc
+from prometheus_client import Counter, Histogram, start_http_server
+
+GRPC_HANDLED = Counter(
+    "grpc_server_handled_total",
+    "RPCs completed on the server, by status code.",
+    ["grpc_service", "grpc_method", "grpc_code"],
+)
+GRPC_HANDLING = Histogram(
+    "grpc_server_handling_seconds",
+    "Time from the start of an RPC to its status.",
+    ["grpc_service", "grpc_method"],
+    buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 120),
+)
+
+
+def start_metrics_server(port: int, addr: str = "0.0.0.0") -> int:
+    """Serve /metrics on ``port`` (0 = any free port) and return the bound port."""
+    server, _thread = start_http_server(port, addr=addr)
+    return int(server.server_port)
+
+
+def _split(method: str) -> tuple[str, str]:
+    service, _, name = method.lstrip("/").rpartition("/")
+    return service or "unknown", name or "unknown"
+
+
+def _code(context: grpc.ServicerContext, failed: bool) -> str:
+    code = context.code()
+    if code is None:
+        return "UNKNOWN" if failed else "OK"
+    return code.name
+
+
+class GrpcMetricsInterceptor(grpc.ServerInterceptor):
+    """Counts and times every RPC, including streaming ones, by service, method and code."""
+
+    def intercept_service(
+        self, continuation: Callable[[Any], Any], handler_call_details: grpc.HandlerCallDetails
+    ) -> Any:
+        handler = continuation(handler_call_details)
+        if handler is None:
+            return None
+        service, method = _split(handler_call_details.method)
+
+        def observe(context: grpc.ServicerContext, start: float, failed: bool) -> None:
+            GRPC_HANDLED.labels(service, method, _code(context, failed)).inc()
+            GRPC_HANDLING.labels(service, method).observe(time.perf_counter() - start)
+
+        def wrap_unary_response(behavior: Callable[..., Any]) -> Callable[..., Any]:
+            def wrapped(request: Any, context: grpc.ServicerContext) -> Any:
+                start = time.perf_counter()
+                failed = True
+                try:
+                    response = behavior(request, context)
+                    failed = False
+                    return response
+                finally:
+                    observe(context, start, failed)
+
+            return wrapped
+
+        def wrap_stream_response(behavior: Callable[..., Any]) -> Callable[..., Any]:
+            def wrapped(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+                start = time.perf_counter()
+                failed = True
+                try:
+                    yield from behavior(request, context)
+                    failed = False
+                finally:
+                    observe(context, start, failed)
+
+            return wrapped
+
+        if handler.unary_unary:
+            return handler._replace(unary_unary=wrap_unary_response(handler.unary_unary))
+        if handler.stream_unary:
+            return handler._replace(stream_unary=wrap_unary_response(handler.stream_unary))
+        if handler.unary_stream:
+            return handler._replace(unary_stream=wrap_stream_response(handler.unary_stream))
+        if handler.stream_stream:
+            return handler._replace(stream_stream=wrap_stream_response(handler.stream_stream))
+        return handler

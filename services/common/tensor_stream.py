@@ -1,0 +1,236 @@
+"""Chunked tensor streams: how models and updates cross the wire below gRPC's message limit.
+
+A stream is a header (tensor specs and total size), chunks of the concatenated raw little-endian
+bytes (C order, header order), and a trailer carrying the SHA-256 of everything sent. The
+receiver checks every chunk as it arrives (offset continuity, size, finiteness of the values)
+and spools it — in memory while small, on disk beyond ``spool_bytes`` — so a stream that dies
+half-way or fails its checksum leaves nothing behind, and memory stays bounded whatever the
+model size or the number of concurrent senders. Never pickles: dtypes come from an allow-list.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tempfile
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from powertrip.v1 import common_pb2
+
+MiB = 1 << 20
+DEFAULT_CHUNK_BYTES = 2 * MiB  # well under the 4 MiB message limit, with room for framing
+ALLOWED_DTYPES = ("float16", "float32", "float64", "int32", "int64")
+
+
+class StreamError(ValueError):
+    """A stream that cannot be accepted; ``reason`` is a bounded metric label."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+
+def specs_of(params: Mapping[str, NDArray]) -> list[TensorSpec]:
+    return [TensorSpec(n, tuple(int(s) for s in a.shape), a.dtype.name) for n, a in params.items()]
+
+
+def encode(
+    params: Mapping[str, NDArray], chunk_bytes: int = DEFAULT_CHUNK_BYTES
+) -> Iterator[
+    common_pb2.TensorStreamHeader | common_pb2.TensorChunk | common_pb2.TensorStreamTrailer
+]:
+    """Header, chunks, trailer. Chunks are cut lazily, so sending needs one chunk of memory."""
+    specs = specs_of(params)
+    yield common_pb2.TensorStreamHeader(
+        tensors=[common_pb2.TensorSpec(name=s.name, shape=s.shape, dtype=s.dtype) for s in specs],
+        total_bytes=sum(s.nbytes for s in specs),
+    )
+    digest = hashlib.sha256()
+    offset = 0
+    pending: list[memoryview] = []
+    pending_bytes = 0
+    for spec in specs:
+        arr = np.ascontiguousarray(params[spec.name], dtype=np.dtype(spec.dtype).newbyteorder("<"))
+        view = memoryview(arr.reshape(-1).view(np.uint8))
+        pos = 0
+        while pos < len(view):
+            take = min(chunk_bytes - pending_bytes, len(view) - pos)
+            pending.append(view[pos : pos + take])
+            pending_bytes += take
+            pos += take
+            if pending_bytes == chunk_bytes:
+                data = b"".join(pending)
+                digest.update(data)
+                yield common_pb2.TensorChunk(offset_bytes=offset, data=data)
+                offset += len(data)
+                pending, pending_bytes = [], 0
+    if pending:
+        data = b"".join(pending)
+        digest.update(data)
+        yield common_pb2.TensorChunk(offset_bytes=offset, data=data)
+    yield common_pb2.TensorStreamTrailer(sha256=digest.hexdigest())
+
+
+class TensorStreamReceiver:
+    """Validates and spools one incoming stream; ``pieces()`` replays it once it is complete.
+
+    ``expected`` pins the tensor set, shapes and dtypes (an update must match the model); without
+    it any allowed spec up to ``max_total_bytes`` is accepted (a worker receiving the model).
+    """
+
+    def __init__(
+        self,
+        expected: list[TensorSpec] | None = None,
+        max_total_bytes: int = 8 << 30,
+        max_chunk_bytes: int = 4 * MiB,
+        spool_bytes: int = 8 * MiB,
+    ) -> None:
+        self._expected = expected
+        self._max_total = max_total_bytes
+        self._max_chunk = max_chunk_bytes
+        # Closed by close()/__exit__: the spool outlives this call by design.
+        self._spool = tempfile.SpooledTemporaryFile(max_size=spool_bytes)  # noqa: SIM115
+        self._digest = hashlib.sha256()
+        self.specs: list[TensorSpec] = []
+        self.total_bytes = 0
+        self.received = 0
+        self.complete = False
+        self._bounds: list[tuple[int, int, np.dtype]] = []  # (start, end, dtype) per tensor
+        self._carry = b""
+
+    def close(self) -> None:
+        self._spool.close()
+
+    def __enter__(self) -> TensorStreamReceiver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def header(self, msg: common_pb2.TensorStreamHeader) -> None:
+        if self.specs:
+            raise StreamError("sequence", "a second tensor header in one stream")
+        specs = [TensorSpec(t.name, tuple(int(d) for d in t.shape), t.dtype) for t in msg.tensors]
+        if not specs:
+            raise StreamError("tensor_set", "the tensor header lists no tensors")
+        for s in specs:
+            if s.dtype not in ALLOWED_DTYPES:
+                raise StreamError("dtype", f"tensor {s.name!r} has unsupported dtype {s.dtype!r}")
+            if any(d < 0 for d in s.shape):
+                raise StreamError("shape", f"tensor {s.name!r} has a negative dimension")
+        if self._expected is not None:
+            _match(specs, self._expected)
+        total = sum(s.nbytes for s in specs)
+        if total != msg.total_bytes:
+            raise StreamError(
+                "size", f"header says {msg.total_bytes} bytes but the tensors hold {total}"
+            )
+        if total > self._max_total:
+            raise StreamError("size", f"stream of {total} bytes exceeds {self._max_total}")
+        start = 0
+        for s in specs:
+            self._bounds.append((start, start + s.nbytes, np.dtype(s.dtype).newbyteorder("<")))
+            start += s.nbytes
+        self.specs, self.total_bytes = specs, total
+
+    def chunk(self, msg: common_pb2.TensorChunk) -> None:
+        if not self.specs:
+            raise StreamError("sequence", "a chunk arrived before the tensor header")
+        if msg.offset_bytes != self.received:
+            raise StreamError(
+                "sequence",
+                f"chunk at offset {msg.offset_bytes}, expected {self.received} "
+                "(missing, duplicated or out-of-order chunk)",
+            )
+        data = msg.data
+        if not data or len(data) > self._max_chunk:
+            raise StreamError("size", f"chunk of {len(data)} bytes (limit {self._max_chunk})")
+        if self.received + len(data) > self.total_bytes:
+            raise StreamError("size", "chunks exceed the size announced in the header")
+        self._check_finite(self.received, data)
+        self._digest.update(data)
+        self._spool.write(data)
+        self.received += len(data)
+
+    def trailer(self, msg: common_pb2.TensorStreamTrailer) -> None:
+        if self.received != self.total_bytes:
+            raise StreamError(
+                "truncated", f"stream ended after {self.received} of {self.total_bytes} bytes"
+            )
+        if msg.sha256 != self._digest.hexdigest():
+            raise StreamError("checksum", "SHA-256 of the received bytes does not match")
+        self.complete = True
+
+    def _check_finite(self, offset: int, data: bytes) -> None:
+        """Scan the values in ``data``, carrying a partial element across chunk boundaries."""
+        end = offset + len(data)
+        for (lo, hi, dtype), spec in zip(self._bounds, self.specs, strict=True):
+            if hi <= offset or lo >= end:
+                continue
+            part = self._carry + data[max(lo, offset) - offset : min(hi, end) - offset]
+            usable = len(part) - len(part) % dtype.itemsize
+            self._carry = part[usable:]
+            if dtype.kind == "f" and usable:
+                values = np.frombuffer(part[:usable], dtype=dtype)
+                if not np.isfinite(values).all():
+                    raise StreamError("non_finite", f"tensor {spec.name!r} contains NaN or Inf")
+
+    def pieces(self, piece_bytes: int = 4 * MiB) -> Iterator[tuple[str, int, NDArray]]:
+        """(tensor name, first flat element index, values) covering every tensor in order."""
+        if not self.complete:
+            raise RuntimeError("stream is not complete")
+        self._spool.seek(0)
+        for (lo, hi, dtype), spec in zip(self._bounds, self.specs, strict=True):
+            step = max(dtype.itemsize, piece_bytes - piece_bytes % dtype.itemsize)
+            pos = lo
+            while pos < hi:
+                n = min(step, hi - pos)
+                values = np.frombuffer(self._spool.read(n), dtype=dtype)
+                yield (
+                    spec.name,
+                    (pos - lo) // dtype.itemsize,
+                    values.astype(dtype.newbyteorder("="), copy=False),
+                )
+                pos += n
+            if lo == hi:
+                yield spec.name, 0, np.empty(0, dtype=dtype)
+
+    def arrays(self) -> dict[str, NDArray]:
+        """The whole stream as arrays (for a model the receiver must hold anyway)."""
+        out = {s.name: np.empty(s.shape, dtype=np.dtype(s.dtype)) for s in self.specs}
+        for name, start, values in self.pieces():
+            flat = out[name].reshape(-1)
+            flat[start : start + values.size] = values
+        return out
+
+
+def _match(got: list[TensorSpec], expected: list[TensorSpec]) -> None:
+    want = {s.name: s for s in expected}
+    names = {s.name for s in got}
+    if names != want.keys() or len(got) != len(expected):
+        missing = sorted(want.keys() - names)
+        extra = sorted(names - want.keys())
+        raise StreamError(
+            "tensor_set",
+            f"update tensors differ from the model: missing {missing}, unexpected {extra}",
+        )
+    for s in got:
+        w = want[s.name]
+        if s.shape != w.shape:
+            raise StreamError("shape", f"tensor {s.name!r} has shape {s.shape}, expected {w.shape}")
+        if s.dtype != w.dtype:
+            raise StreamError("dtype", f"tensor {s.name!r} has dtype {s.dtype}, expected {w.dtype}")
