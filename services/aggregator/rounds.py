@@ -84,7 +84,11 @@ class RoundExecutor(Protocol):
         ...
 
     def execute(
-        self, round_index: int, selected: NDArray[np.int64], split_half: bool
+        self,
+        round_index: int,
+        selected: NDArray[np.int64],
+        profile: SiteProfile,
+        split_half: bool,
     ) -> RoundOutcome | None:
         """Train ``selected`` from the current global model and commit the FedAvg result.
 
@@ -146,7 +150,7 @@ def run_rounds(
         selected = np.asarray(policy.select(ctx), dtype=np.int64)
         if selected.size == 0:
             raise RuntimeError(f"policy {policy.name} selected no site in round {r}")
-        outcome = executor.execute(r, selected, split_half)
+        outcome = executor.execute(r, selected, profile, split_half)
         if isinstance(clock, EmulatedClock):
             clock.advance(round_duration_s(time_model, policy, profile, selected))
         duration = clock.now() - started

@@ -27,6 +27,10 @@ class StaleRound(RuntimeError):
     """An update or request for a round that is not the open one (or not this site's)."""
 
 
+class Duplicate(RuntimeError):
+    """Something that exists already: a second update from one site in one round."""
+
+
 class Busy(RuntimeError):
     """The peer is occupied (a worker already training)."""
 
@@ -41,6 +45,7 @@ ERROR_CODES: dict[type[BaseException], grpc.StatusCode] = {
     NotFound: grpc.StatusCode.NOT_FOUND,
     StaleRound: grpc.StatusCode.FAILED_PRECONDITION,
     Busy: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    Duplicate: grpc.StatusCode.ALREADY_EXISTS,
 }
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -81,6 +81,39 @@ def generate_sites(
     )
 
 
+def site_id(index: int) -> str:
+    """The stable name of site ``index`` across services, metrics and logs."""
+    return f"site-{index:03d}"
+
+
+def site_index(name: str) -> int:
+    """Inverse of ``site_id``; also accepts a bare index. ValueError names the bad id."""
+    text = name.strip()
+    digits = text.removeprefix("site-")
+    if not digits.isdigit():
+        raise ValueError(f"bad site id {name!r}: expected 'site-NNN' or an index")
+    return int(digits)
+
+
+def parse_site_list(spec: str) -> list[int]:
+    """'site-000,site-004', '0-3' or '0,2,5-7' -> sorted unique indices."""
+    out: set[int] = set()
+    for part in (p.strip() for p in spec.split(",")):
+        if not part:
+            continue
+        lo, sep, hi = part.partition("-") if not part.startswith("site-") else (part, "", "")
+        if sep:
+            a, b = site_index(lo), site_index(hi)
+            if b < a:
+                raise ValueError(f"bad site range {part!r}: end before start")
+            out.update(range(a, b + 1))
+        else:
+            out.add(site_index(part))
+    if not out:
+        raise ValueError(f"no sites in {spec!r}")
+    return sorted(out)
+
+
 class PowerSource(Protocol):
     def power_at(self, t_s: float) -> NDArray[np.float64]:
         """Available power fraction in (0, 1] of every site at time t."""

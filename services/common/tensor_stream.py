@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -83,6 +83,17 @@ def encode(
         digest.update(data)
         yield common_pb2.TensorChunk(offset_bytes=offset, data=data)
     yield common_pb2.TensorStreamTrailer(sha256=digest.hexdigest())
+
+
+def wrap_tensor_stream(parts: Iterable[object], message: type) -> Iterator:
+    """Put each part of a tensor stream into the same-named field of a ``oneof part`` request."""
+    for part in parts:
+        if isinstance(part, common_pb2.TensorChunk):
+            yield message(chunk=part)
+        elif isinstance(part, common_pb2.TensorStreamHeader):
+            yield message(header=part)
+        else:
+            yield message(trailer=part)
 
 
 class TensorStreamReceiver:

@@ -25,7 +25,7 @@ from services.aggregator.rounds import (
 )
 from services.aggregator.selection import SelectionPolicy
 from services.common.clock import EmulatedClock
-from services.common.sites import LinkSource, PowerSource, SiteSet, profile_at
+from services.common.sites import LinkSource, PowerSource, SiteProfile, SiteSet, profile_at
 from services.worker.trainer import SiteTrainer
 
 __all__ = ["Emulator", "Federation", "RoundRecord", "RunResult", "TimeModel", "TrajectoryCache"]
@@ -186,7 +186,9 @@ class _CachedExecutor:
             em._initial = em.fed.trainer.evaluate(self.params, em.fed.x_test, em.fed.y_test)
         return em._initial
 
-    def execute(self, round_index: int, selected: np.ndarray, split_half: bool) -> RoundOutcome:
+    def execute(
+        self, round_index: int, selected: np.ndarray, profile: SiteProfile, split_half: bool
+    ) -> RoundOutcome:
         self.key = _chain(self.key, selected)
         trained = self.em.cache.get(self.key)
         if trained is None:

@@ -1,0 +1,59 @@
+"""Aggregator settings (POWERTRIP_* environment variables).
+
+The training run itself is an experiment configuration (``services.emulator.config``): a preset
+plus the overrides below, so the service and ``powertrip experiment`` share one definition.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from services.aggregator.policies import validate_policy_name
+from services.common.config import ServiceConfig
+from services.emulator.config import ExperimentConfig, build_config
+
+
+class AggregatorConfig(ServiceConfig):
+    profiler_addr: str  # host:port of the profiler
+    policy: str = "powertrip"
+    clock: Literal["emulated", "wall"] = "emulated"
+    preset: str = "quick"
+    num_sites: int | None = Field(None, ge=1)
+    num_samples: int | None = Field(None, ge=100)
+    partition: Literal["iid", "dirichlet", "natural"] | None = None
+    seed: int | None = None
+    target_accuracy: float | None = Field(None, gt=0, le=1)
+    max_rounds: int | None = Field(None, ge=1)
+    update_gb: float | None = Field(None, ge=0)
+    ideal_compute_s: float | None = Field(None, gt=0)
+    k_star: int | None = Field(None, ge=1)  # for static-optimal / random
+    # Wall clock: expected local training time at full power, for ranking before measurement.
+    wall_tau_s: float = Field(1.0, gt=0)
+    round_deadline_s: float = Field(120.0, gt=0)  # wall seconds a round waits for updates
+    registration_timeout_s: float = Field(300.0, gt=0)
+    min_sites: int | None = Field(None, ge=1)  # sites to wait for; default: every site
+    checkpoint_dir: str = "checkpoints"  # "" disables checkpoints
+    exit_when_done: bool = False
+
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, v: str) -> str:
+        validate_policy_name(v)
+        return v
+
+    def experiment(self) -> ExperimentConfig:
+        return build_config(
+            self.preset,
+            num_sites=self.num_sites,
+            num_samples=self.num_samples,
+            partition=self.partition,
+            seed=self.seed,
+            target_accuracy=self.target_accuracy,
+            max_rounds=self.max_rounds,
+            update_gb=self.update_gb,
+            ideal_compute_s=self.ideal_compute_s,
+            policies=(self.policy,),
+            static_sweep=(self.k_star,) if self.k_star else None,
+        )

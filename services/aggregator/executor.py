@@ -1,0 +1,140 @@
+"""The service's RoundExecutor: broadcast the model to the workers of the selected sites, collect
+their streamed updates, commit FedAvg, evaluate. The round loop itself is the emulator's."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import numpy as np
+from numpy.typing import NDArray
+
+from powertrip.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from services.aggregator import metrics
+from services.aggregator.collector import RoundCollector
+from services.aggregator.registry import WorkerRegistry
+from services.aggregator.rounds import RoundOutcome
+from services.common.config import ServiceConfig
+from services.common.grpc_client import make_channel
+from services.common.sites import SiteProfile, site_id
+from services.common.tensor_stream import DEFAULT_CHUNK_BYTES, encode, wrap_tensor_stream
+
+logger = logging.getLogger(__name__)
+Params = dict[str, NDArray]
+Evaluate = Callable[[Params], tuple[float, float]]
+
+
+class GrpcRoundExecutor:
+    def __init__(
+        self,
+        registry: WorkerRegistry,
+        params: Params,
+        evaluate: Evaluate,
+        run_seed: int,
+        deadline_s: float,
+        pace_by_power: bool,
+        channel_cfg: ServiceConfig,
+        initial: tuple[float, float] | None = None,
+    ) -> None:
+        self.registry = registry
+        self.params = params
+        self.evaluate = evaluate
+        self.run_seed = run_seed
+        self.deadline_s = deadline_s
+        self.pace_by_power = pace_by_power
+        self.channel_cfg = channel_cfg
+        self._initial = initial
+        self._channels: dict[str, tuple[str, grpc.Channel]] = {}
+        self._lock = threading.Lock()
+        self.collector: RoundCollector | None = None
+        self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="broadcast")
+
+    def evaluate_initial(self) -> tuple[float, float]:
+        if self._initial is None:
+            self._initial = self.evaluate(self.params)
+        return self._initial
+
+    def _stub(self, worker_id: str) -> worker_pb2_grpc.WorkerServiceStub:
+        worker = self.registry.worker(worker_id)
+        with self._lock:
+            cached = self._channels.get(worker_id)
+            if cached is None or cached[0] != worker.address:  # new or re-registered elsewhere
+                if cached is not None:
+                    cached[1].close()
+                cached = (worker.address, make_channel(worker.address, self.channel_cfg))
+                self._channels[worker_id] = cached
+        return worker_pb2_grpc.WorkerServiceStub(cached[1])
+
+    def _round_stream(self, spec: common_pb2.RoundSpec) -> Iterator[worker_pb2.StartRoundRequest]:
+        yield worker_pb2.StartRoundRequest(spec=spec)
+        yield from wrap_tensor_stream(
+            encode(self.params, DEFAULT_CHUNK_BYTES), worker_pb2.StartRoundRequest
+        )
+
+    def _start_worker(
+        self, collector: RoundCollector, worker_id: str, sites: list[int], profile: SiteProfile
+    ) -> None:
+        spec = common_pb2.RoundSpec(
+            round=collector.round,
+            run_seed=self.run_seed,
+            site_ids=[site_id(s) for s in sites],
+            deadline_seconds=self.deadline_s,
+            pace_by_power=self.pace_by_power,
+            power_fraction={site_id(s): float(profile.power[s]) for s in sites},
+        )
+        try:
+            self._stub(worker_id).StartRound(self._round_stream(spec), timeout=self.deadline_s)
+            metrics.BROADCAST_BYTES.labels(worker_id).inc(
+                sum(int(np.asarray(v).nbytes) for v in self.params.values())
+            )
+        except grpc.RpcError as exc:
+            logger.warning(
+                "round %d: worker %s did not start (%s: %s)",
+                collector.round,
+                worker_id,
+                exc.code().name,
+                exc.details(),
+            )
+            for s in sites:
+                collector.fail(s, f"start_{exc.code().name.lower()}")
+
+    def execute(
+        self,
+        round_index: int,
+        selected: NDArray[np.int64],
+        profile: SiteProfile,
+        split_half: bool,
+    ) -> RoundOutcome | None:
+        collector = RoundCollector(round_index, [int(s) for s in selected], self.params, split_half)
+        self.collector = collector
+        groups, orphans = self.registry.group(collector.selected)
+        for s in orphans:
+            collector.fail(s, "unhosted")
+        for wid, sites in groups.items():  # a hung worker costs its own thread, not the round
+            self._pool.submit(self._start_worker, collector, wid, sites, profile)
+        collector.wait(self.deadline_s)
+        collector.close()
+        for reason in collector.failed.values():
+            metrics.UPDATES.labels(reason).inc()
+        if not collector.accepted:
+            logger.warning("round %d: no update arrived; model unchanged", round_index)
+            return None
+        dispersion = collector.agg.dispersion()
+        half_loss = half_sites = None
+        if collector.half is not None and collector.half.count > 0 and len(selected) >= 2:
+            half_loss = self.evaluate(collector.half.apply(self.params))[1]
+            half_sites = collector.half.dispersion()[2]
+        self.params = collector.agg.apply(self.params, in_place=True)
+        accuracy, loss = self.evaluate(self.params)
+        return RoundOutcome(
+            accuracy, loss, dispersion, len(collector.accepted), half_loss, half_sites, self.params
+        )
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            for _, ch in self._channels.values():
+                ch.close()

@@ -1,0 +1,38 @@
+"""The aggregator's Prometheus series (names per STYLE.md §2.9; no round or request labels)."""
+
+from prometheus_client import Counter, Gauge, Histogram
+
+ROUND_DURATION = Histogram(
+    "powertrip_round_duration_seconds",
+    "Round length on the run's clock (emulated or wall).",
+    ["strategy"],
+    buckets=(1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200),
+)
+ROUND_WALL = Histogram(
+    "powertrip_round_wall_duration_seconds",
+    "Wall time the aggregator spent on a round (broadcast, training, upload, fold, evaluate).",
+    buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+)
+ROUNDS = Counter("powertrip_rounds_total", "Rounds finished, by outcome.", ["outcome"])
+ROUND_CURRENT = Gauge("powertrip_round_current", "The round in progress or last finished.")
+SITES_SELECTED = Gauge("powertrip_round_sites_selected", "Sites selected in the current round.")
+SITE_SELECTED = Counter("powertrip_site_selected_total", "Rounds each site was selected.", ["site"])
+ACCURACY = Gauge("powertrip_model_accuracy_ratio", "Held-out accuracy of the global model.")
+LOSS = Gauge("powertrip_model_loss", "Held-out loss of the global model.")
+TARGET = Gauge("powertrip_target_accuracy_ratio", "The run's target accuracy.")
+TIME_TO_ACCURACY = Gauge(
+    "powertrip_time_to_accuracy_seconds",
+    "Clock seconds until the target accuracy was first reached (NaN until then).",
+)
+CLOCK = Gauge("powertrip_clock_seconds", "The run's clock (emulated or wall) after the last round.")
+UPDATE_BYTES = Counter(
+    "powertrip_update_bytes_total", "Update bytes received from sites.", ["site", "direction"]
+)
+BROADCAST_BYTES = Counter(
+    "powertrip_model_broadcast_bytes_total", "Global-model bytes sent to workers.", ["worker"]
+)
+UPDATES = Counter(
+    "powertrip_updates_total", "Updates received, by outcome (accepted or reason).", ["outcome"]
+)
+REGISTERED_SITES = Gauge("powertrip_registered_sites", "Sites hosted by registered workers.")
+CHECKPOINT_ROUND = Gauge("powertrip_checkpoint_round", "Round of the last checkpoint written.")

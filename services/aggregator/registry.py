@@ -1,0 +1,79 @@
+"""Which worker hosts which site, and where to reach it."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from services.common.errors import BadRequest, Duplicate, NotFound
+from services.common.sites import site_id
+
+
+@dataclass(frozen=True)
+class Worker:
+    worker_id: str
+    address: str
+    sites: tuple[int, ...]
+
+
+class WorkerRegistry:
+    def __init__(self, num_sites: int) -> None:
+        self.num_sites = num_sites
+        self._workers: dict[str, Worker] = {}
+        self._site_owner: dict[int, str] = {}
+        self._lock = threading.Lock()
+
+    def register(self, worker_id: str, address: str, sites: Sequence[int]) -> Worker:
+        """Add or replace a worker (a restarted worker re-registers under its id)."""
+        if not worker_id or not address:
+            raise BadRequest("registration needs worker_id and address")
+        if not sites:
+            raise BadRequest(f"worker {worker_id!r} registered no site")
+        outside = [site_id(s) for s in sites if not 0 <= s < self.num_sites]
+        if outside:
+            raise NotFound(f"sites {outside} are not in this run ({self.num_sites} sites)")
+        with self._lock:
+            for s in sites:
+                owner = self._site_owner.get(s)
+                if owner is not None and owner != worker_id:
+                    raise Duplicate(f"{site_id(s)} is already hosted by worker {owner!r}")
+            old = self._workers.get(worker_id)
+            if old is not None:
+                for s in old.sites:
+                    self._site_owner.pop(s, None)
+            worker = Worker(worker_id, address, tuple(sorted(set(sites))))
+            self._workers[worker_id] = worker
+            for s in worker.sites:
+                self._site_owner[s] = worker_id
+            return worker
+
+    @property
+    def site_count(self) -> int:
+        with self._lock:
+            return len(self._site_owner)
+
+    def owner(self, site: int) -> Worker | None:
+        with self._lock:
+            wid = self._site_owner.get(site)
+            return self._workers.get(wid) if wid is not None else None
+
+    def group(self, sites: Sequence[int]) -> tuple[dict[str, list[int]], list[int]]:
+        """({worker id: its sites, in the given order}, sites no worker hosts)."""
+        groups: dict[str, list[int]] = {}
+        orphans: list[int] = []
+        with self._lock:
+            for s in sites:
+                wid = self._site_owner.get(int(s))
+                if wid is None:
+                    orphans.append(int(s))
+                else:
+                    groups.setdefault(wid, []).append(int(s))
+        return groups, orphans
+
+    def worker(self, worker_id: str) -> Worker:
+        with self._lock:
+            w = self._workers.get(worker_id)
+        if w is None:
+            raise NotFound(f"worker {worker_id!r} is not registered")
+        return w

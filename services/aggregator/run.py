@@ -1,0 +1,270 @@
+"""The aggregator's run: wait for the sites, then drive ``run_rounds`` over the real services.
+
+Owns the clock (emulated or wall), the policy, the profile feed from the profiler (cached when
+the profiler is slow or down), checkpoints, status and metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from enum import IntEnum
+from pathlib import Path
+
+import grpc
+import numpy as np
+import torch
+
+from powertrip.v1 import profiler_pb2, profiler_pb2_grpc
+from services.aggregator import checkpoint, metrics
+from services.aggregator.config import AggregatorConfig
+from services.aggregator.executor import GrpcRoundExecutor, Params
+from services.aggregator.policies import build_policy
+from services.aggregator.registry import WorkerRegistry
+from services.aggregator.rounds import RoundRecord, TimeModel, run_rounds
+from services.common.clock import Clock, EmulatedClock, WallClock
+from services.common.grpc_client import make_channel, retry_idempotent
+from services.common.sites import SiteProfile, site_id, site_index
+from services.common.timing import comm_time_s
+from services.emulator.federation import build_federation, load_workload
+
+logger = logging.getLogger(__name__)
+
+
+class RunState(IntEnum):  # values match powertrip.v1.RunState
+    WAITING_FOR_SITES = 1
+    TRAINING = 2
+    DONE = 3
+    FAILED = 4
+
+
+@dataclass
+class RunStatus:
+    state: RunState = RunState.WAITING_FOR_SITES
+    round: int = 0
+    accuracy: float = 0.0
+    clock_s: float = 0.0
+    time_to_accuracy_s: float | None = None
+    message: str = ""
+    rounds: list[RoundRecord] = field(default_factory=list)
+
+
+class AggregatorRun:
+    def __init__(self, cfg: AggregatorConfig) -> None:
+        self.cfg = cfg
+        self.experiment = cfg.experiment()
+        exp = self.experiment
+        self.run_seed = exp.seed
+        self.target = exp.target_accuracy
+        self.registry = WorkerRegistry(exp.num_sites)
+        self.status = RunStatus()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        data = load_workload(exp, seed=exp.seed)
+        fed = build_federation(exp, data, self.run_seed)
+        self._trainer, self._x_test, self._y_test = fed.trainer, fed.x_test, fed.y_test
+        params: Params = {k: v.numpy().copy() for k, v in fed.initial_params.items()}
+        self.first_round = 1
+        self.clock: Clock = EmulatedClock() if cfg.clock == "emulated" else WallClock()
+        self._checkpoints = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
+        if self._checkpoints is not None:
+            ckpt = checkpoint.load_latest(self._checkpoints)
+            if ckpt is not None:
+                params = ckpt.params
+                self.first_round = ckpt.round + 1
+                if isinstance(self.clock, EmulatedClock):
+                    self.clock.advance(float(ckpt.state.get("clock_s", 0.0)))
+                logger.info("resumed from the checkpoint of round %d", ckpt.round)
+        self.model_bytes = sum(int(v.nbytes) for v in params.values())
+        self.executor = GrpcRoundExecutor(
+            self.registry,
+            params,
+            self._evaluate,
+            self.run_seed,
+            cfg.round_deadline_s,
+            pace_by_power=cfg.clock == "wall",
+            channel_cfg=cfg,
+        )
+        self._profiler = profiler_pb2_grpc.ProfilerServiceStub(make_channel(cfg.profiler_addr, cfg))
+        self._last_profile: SiteProfile | None = None
+        if self.target is not None:
+            metrics.TARGET.set(self.target)
+        metrics.TIME_TO_ACCURACY.set(math.nan)
+
+    # -- pieces the round loop calls -------------------------------------------------------
+    def _evaluate(self, params: Params) -> tuple[float, float]:
+        tensors = {k: torch.from_numpy(v) for k, v in params.items()}
+        return self._trainer.evaluate(tensors, self._x_test, self._y_test)
+
+    @property
+    def time_model(self) -> TimeModel:
+        exp = self.experiment
+        if self.cfg.clock == "emulated":
+            return TimeModel(
+                exp.ideal_compute_s, exp.update_bytes, exp.ground_truth, exp.round_trip
+            )
+        return TimeModel(self.cfg.wall_tau_s, float(self.model_bytes), exp.ground_truth, True)
+
+    def profile_at(self, t_s: float) -> SiteProfile:
+        """Site profiles from the profiler; the last good answer when it does not reply."""
+
+        @retry_idempotent(max_seconds=self.cfg.rpc_timeout_s, max_attempts=3)
+        def fetch() -> profiler_pb2.GetSiteProfilesResponse:
+            return self._profiler.GetSiteProfiles(
+                profiler_pb2.GetSiteProfilesRequest(time_seconds=t_s),
+                timeout=self.cfg.rpc_timeout_s,
+            )
+
+        try:
+            reply = fetch()
+        except grpc.RpcError as exc:
+            if self._last_profile is None:
+                raise
+            logger.warning("profiler unavailable (%s); using the last profile", exc.code())
+            return self._last_profile
+        self._last_profile = self._to_profile(reply)
+        return self._last_profile
+
+    def _to_profile(self, reply: profiler_pb2.GetSiteProfilesResponse) -> SiteProfile:
+        n = self.experiment.num_sites
+        rows = sorted(reply.sites, key=lambda p: site_index(p.site_id))
+        if [site_index(p.site_id) for p in rows] != list(range(n)):
+            raise RuntimeError(
+                f"the profiler serves {len(rows)} sites but this run has {n}: "
+                "set the same POWERTRIP_NUM_SITES for both"
+            )
+        measured = self.cfg.clock == "wall"
+        latency = np.array(
+            [
+                p.rtt_seconds / 2
+                if measured and p.measured_at_seconds > 0
+                else p.modelled_latency_seconds
+                for p in rows
+            ]
+        )
+        bandwidth_bits = 8 * np.array(
+            [
+                p.bandwidth_bytes_per_second
+                if measured and p.measured_at_seconds > 0
+                else p.modelled_bandwidth_bytes_per_second
+                for p in rows
+            ]
+        )
+        tm = self.time_model
+        return SiteProfile(
+            power=np.array([p.power_fraction for p in rows]),
+            comm_s=comm_time_s(latency, bandwidth_bits, tm.update_bytes, round_trip=tm.round_trip),
+            distance_mi=np.array([p.distance_miles for p in rows]),
+        )
+
+    def _on_round(self, rec: RoundRecord) -> None:
+        strategy = self.cfg.policy
+        metrics.ROUNDS.labels(rec.outcome).inc()
+        metrics.ROUND_DURATION.labels(strategy).observe(rec.duration_s)
+        metrics.ROUND_CURRENT.set(rec.round)
+        metrics.SITES_SELECTED.set(rec.sites)
+        for s in rec.selected:
+            metrics.SITE_SELECTED.labels(site_id(s)).inc()
+        metrics.ACCURACY.set(rec.accuracy)
+        metrics.LOSS.set(rec.loss)
+        metrics.CLOCK.set(rec.time_s)
+        with self._lock:
+            st = self.status
+            st.round, st.accuracy, st.clock_s = rec.round, rec.accuracy, rec.time_s
+            st.rounds.append(rec)
+            reached = self.target is not None and rec.accuracy >= self.target
+            if reached and st.time_to_accuracy_s is None:
+                st.time_to_accuracy_s = rec.time_s
+                metrics.TIME_TO_ACCURACY.set(rec.time_s)
+        if self._checkpoints is not None and rec.outcome == "completed":
+            checkpoint.save(
+                self._checkpoints,
+                rec.round,
+                self.executor.params,
+                {"clock_s": rec.time_s, "accuracy": rec.accuracy, "policy": strategy},
+            )
+            metrics.CHECKPOINT_ROUND.set(rec.round)
+        logger.info(
+            "round %d: %d sites, %d updates, accuracy %.4f, clock %.1f s (%s)",
+            rec.round,
+            rec.sites,
+            rec.contributions,
+            rec.accuracy,
+            rec.time_s,
+            rec.outcome,
+        )
+
+    # -- lifecycle -------------------------------------------------------------------------
+    @property
+    def expected_sites(self) -> int:
+        return self.cfg.min_sites or self.experiment.num_sites
+
+    def _wait_for_sites(self) -> bool:
+        end = time.monotonic() + self.cfg.registration_timeout_s
+        while self.registry.site_count < self.expected_sites:
+            if self._stop.is_set():
+                return False
+            if time.monotonic() > end:
+                self._fail(
+                    f"only {self.registry.site_count} of {self.expected_sites} sites registered "
+                    f"within {self.cfg.registration_timeout_s:.0f} s"
+                )
+                return False
+            time.sleep(0.1)
+        return True
+
+    def _fail(self, message: str) -> None:
+        logger.error("run failed: %s", message)
+        with self._lock:
+            self.status.state, self.status.message = RunState.FAILED, message
+
+    def run(self) -> None:
+        try:
+            if not self._wait_for_sites():
+                return
+            with self._lock:
+                self.status.state = RunState.TRAINING
+            exp = self.experiment
+            policy = build_policy(
+                self.cfg.policy,
+                k_star=self.cfg.k_star,
+                greedy_overrides=exp.greedy.overrides(),
+                round_time_model=exp.ground_truth,
+            )
+            run_rounds(
+                policy,
+                self.executor,
+                self.profile_at,
+                self.time_model,
+                self.clock,
+                self.run_seed,
+                self.target,
+                exp.max_rounds,
+                on_round=self._on_round,
+                should_stop=self._stop.is_set,
+                first_round=self.first_round,
+            )
+            with self._lock:
+                self.status.state = RunState.DONE
+                reached = self.status.time_to_accuracy_s
+                self.status.message = (
+                    f"target {self.target} reached at {reached:.1f} s"
+                    if reached is not None
+                    else "round budget exhausted before the target"
+                )
+            logger.info("run done: %s", self.status.message)
+        except Exception as exc:
+            logger.exception("run crashed")
+            self._fail(f"{type(exc).__name__}: {exc}")
+
+    def start(self) -> threading.Thread:
+        thread = threading.Thread(target=self.run, name="aggregator-run", daemon=True)
+        thread.start()
+        return thread
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.executor.close()

@@ -1,0 +1,142 @@
+"""AggregatorService: registration, streamed updates, status. Validation and mapping only."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+
+import grpc
+
+from powertrip.v1 import aggregator_pb2, aggregator_pb2_grpc
+from services.aggregator import metrics
+from services.aggregator.run import AggregatorRun
+from services.common.errors import BadRequest, NotFound, StaleRound, translate_errors
+from services.common.sites import site_id, site_index
+from services.common.tensor_stream import StreamError, TensorStreamReceiver, specs_of
+
+logger = logging.getLogger(__name__)
+
+#: tells the profiler about a worker (worker id, address, site ids); retried by the caller
+TrackWorker = Callable[[str, str, list[str]], None]
+
+
+class AggregatorServicer(aggregator_pb2_grpc.AggregatorServiceServicer):
+    def __init__(self, run: AggregatorRun, track_worker: TrackWorker | None = None) -> None:
+        self.run = run
+        self.track_worker = track_worker
+
+    @translate_errors
+    def RegisterWorker(  # noqa: N802 - gRPC method name
+        self, request: aggregator_pb2.RegisterWorkerRequest, context: grpc.ServicerContext
+    ) -> aggregator_pb2.RegisterWorkerResponse:
+        try:
+            sites = [site_index(s) for s in request.site_ids]
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
+        worker = self.run.registry.register(request.worker_id, request.address, sites)
+        metrics.REGISTERED_SITES.set(self.run.registry.site_count)
+        logger.info(
+            "[AggregatorService.RegisterWorker] worker=%s address=%s sites=%d",
+            worker.worker_id,
+            worker.address,
+            len(worker.sites),
+        )
+        if self.track_worker is not None:
+            threading.Thread(
+                target=self.track_worker,
+                args=(worker.worker_id, worker.address, [site_id(s) for s in worker.sites]),
+                daemon=True,
+            ).start()
+        return aggregator_pb2.RegisterWorkerResponse(
+            run_config_json=self.run.experiment.model_dump_json(), run_seed=self.run.run_seed
+        )
+
+    @translate_errors
+    def SubmitUpdate(  # noqa: N802
+        self,
+        request_iterator: Iterator[aggregator_pb2.SubmitUpdateRequest],
+        context: grpc.ServicerContext,
+    ) -> aggregator_pb2.SubmitUpdateResponse:
+        first = next(request_iterator, None)
+        if first is None or first.WhichOneof("part") != "update":
+            raise BadRequest("an update stream must open with its update header")
+        head = first.update
+        try:
+            site = site_index(head.site_id)
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
+        owner = self.run.registry.owner(site)
+        if owner is None:
+            raise NotFound(f"{head.site_id} is not hosted by any registered worker")
+        if owner.worker_id != head.worker_id:
+            raise BadRequest(
+                f"{head.site_id} is hosted by {owner.worker_id!r}, not {head.worker_id!r}"
+            )
+        collector = self.run.executor.collector
+        if collector is None:
+            raise StaleRound(f"no round is open (update for round {head.round})")
+        collector.admit(site, head.round)
+        expected = specs_of(self.run.executor.params)
+        with TensorStreamReceiver(expected) as rx:
+            try:
+                for msg in request_iterator:
+                    part = msg.WhichOneof("part")
+                    if part == "header":
+                        rx.header(msg.header)
+                    elif part == "chunk":
+                        rx.chunk(msg.chunk)
+                    elif part == "trailer":
+                        rx.trailer(msg.trailer)
+                    else:
+                        raise StreamError("sequence", f"unexpected {part!r} inside the update")
+                if not rx.complete:
+                    raise StreamError("truncated", "the update stream ended without its trailer")
+                if not head.num_samples > 0 or head.num_samples != head.num_samples:
+                    raise StreamError(
+                        "bad_weight", f"num_samples must be > 0, got {head.num_samples}"
+                    )
+                collector.commit(site, rx, head.num_samples)
+            except StreamError as exc:
+                collector.fail(site, exc.reason)
+                metrics.UPDATES.labels(exc.reason).inc()
+                raise BadRequest(f"update from {head.site_id} rejected: {exc}") from None
+            except BaseException:
+                collector.fail(site, "aborted")
+                raise
+            metrics.UPDATE_BYTES.labels(head.site_id, "up").inc(rx.total_bytes)
+        metrics.UPDATES.labels("accepted").inc()
+        return aggregator_pb2.SubmitUpdateResponse(accepted=True)
+
+    def GetStatus(  # noqa: N802
+        self, request: aggregator_pb2.GetStatusRequest, context: grpc.ServicerContext
+    ) -> aggregator_pb2.GetStatusResponse:
+        run = self.run
+        with run._lock:
+            st = run.status
+            return aggregator_pb2.GetStatusResponse(
+                state=int(st.state),
+                round=st.round,
+                accuracy=st.accuracy,
+                clock_seconds=st.clock_s,
+                target_accuracy=run.target or 0.0,
+                time_to_accuracy_seconds=st.time_to_accuracy_s or 0.0,
+                registered_sites=run.registry.site_count,
+                expected_sites=run.expected_sites,
+                policy=run.cfg.policy,
+                clock=run.cfg.clock,
+                message=st.message,
+                rounds=[
+                    aggregator_pb2.RoundSummary(
+                        round=r.round,
+                        clock_seconds=r.time_s,
+                        duration_seconds=r.duration_s,
+                        selected_site_ids=[site_id(s) for s in r.selected],
+                        contributions=r.contributions,
+                        accuracy=r.accuracy,
+                        loss=r.loss,
+                        outcome=r.outcome,
+                    )
+                    for r in st.rounds
+                ],
+            )

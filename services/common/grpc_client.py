@@ -1,0 +1,45 @@
+"""Client-side conventions: one channel factory, and bounded, jittered retries for idempotent
+calls only (UNAVAILABLE is the one transient code; everything else is an answer)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TypeVar
+
+import grpc
+from tenacity import (
+    before_sleep_log,
+    retry,
+    retry_if_exception,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_exponential_jitter,
+)
+
+from services.common.config import ServiceConfig
+from services.common.grpc_options import client_options
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def make_channel(address: str, cfg: ServiceConfig) -> grpc.Channel:
+    return grpc.insecure_channel(address, options=client_options(cfg))
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    return isinstance(exc, grpc.RpcError) and exc.code() is grpc.StatusCode.UNAVAILABLE
+
+
+def retry_idempotent(
+    max_seconds: float = 30.0, max_attempts: int = 10
+) -> Callable[[Callable[..., T]], Callable[..., T]]:
+    """Retry a call that is safe to repeat while the peer is UNAVAILABLE, with full jitter."""
+    return retry(
+        retry=retry_if_exception(is_unavailable),
+        wait=wait_exponential_jitter(initial=0.2, max=5.0),
+        stop=stop_after_attempt(max_attempts) | stop_after_delay(max_seconds),
+        before_sleep=before_sleep_log(logger, logging.WARNING),
+        reraise=True,
+    )

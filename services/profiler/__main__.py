@@ -1,0 +1,54 @@
+"""python -m services.profiler: serve site profiles and probe worker links."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+
+from powertrip.v1 import profiler_pb2_grpc
+from services.common.config import ConfigError, load_config
+from services.common.grpc_server import build_server, set_serving
+from services.common.logging import configure
+from services.common.metrics import start_metrics_server
+from services.profiler.catalogue import SiteCatalogue
+from services.profiler.config import ProfilerConfig
+from services.profiler.servicer import LinkProber, ProfilerServicer
+
+SERVICE = "powertrip.v1.ProfilerService"
+
+
+def main() -> int:
+    try:
+        cfg = load_config(ProfilerConfig)
+    except ConfigError as exc:
+        print(f"powertrip-profiler: {exc}", file=sys.stderr)
+        return 2
+    configure("profiler", cfg.log_level)
+    metrics_port = start_metrics_server(cfg.metrics_port, cfg.bind_host)
+    prober = LinkProber(cfg)
+    servicer = ProfilerServicer(SiteCatalogue(cfg), prober)
+    server, port, health = build_server(
+        [lambda s: profiler_pb2_grpc.add_ProfilerServiceServicer_to_server(servicer, s)],
+        f"{cfg.bind_host}:{cfg.grpc_port}",
+        cfg,
+        [SERVICE],
+    )
+    server.start()
+    threading.Thread(target=prober.run_periodically, name="prober", daemon=True).start()
+    set_serving(health, [SERVICE], True)
+    print(f"READY service=profiler grpc={cfg.bind_host}:{port} metrics={metrics_port}", flush=True)
+
+    def shutdown(signum: int, _frame: object) -> None:
+        set_serving(health, [SERVICE], False)
+        prober.stop()
+        server.stop(grace=2)
+
+    signal.signal(signal.SIGTERM, shutdown)
+    signal.signal(signal.SIGINT, shutdown)
+    server.wait_for_termination()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

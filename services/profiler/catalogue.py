@@ -1,0 +1,54 @@
+"""What the profiler serves: every site's geography, its power now, and its measured link."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from services.common.sites import PowerSource, SiteSet, StaticPower, generate_sites
+from services.profiler.config import ProfilerConfig
+from services.profiler.links import LinkEstimate
+
+
+@dataclass(frozen=True)
+class SiteRow:
+    index: int
+    distance_mi: float
+    power: float
+    modelled_latency_s: float
+    modelled_bandwidth_bytes_per_s: float
+    rtt_s: float
+    bandwidth_bytes_per_s: float
+    measured_at_s: float
+
+
+class SiteCatalogue:
+    """The same site model the emulator builds from the same seed, plus live link estimates."""
+
+    def __init__(self, cfg: ProfilerConfig, power: PowerSource | None = None) -> None:
+        self.sites: SiteSet = generate_sites(
+            cfg.num_sites, np.random.default_rng(cfg.site_seed), cfg.distance_mode
+        )
+        self.power: PowerSource = power or StaticPower(self.sites.base_power)
+        self.power_label = "uniform" if power is None else getattr(power, "label", "trace")
+
+    def rows(self, t_s: float, links: dict[int, LinkEstimate]) -> list[SiteRow]:
+        power = self.power.power_at(t_s)
+        s = self.sites
+        out = []
+        for i in range(s.size):
+            est = links.get(i)
+            out.append(
+                SiteRow(
+                    index=i,
+                    distance_mi=float(s.distance_mi[i]),
+                    power=float(power[i]),
+                    modelled_latency_s=float(s.latency_s[i]),
+                    modelled_bandwidth_bytes_per_s=float(s.bandwidth_bps[i]) / 8,
+                    rtt_s=est.rtt_s if est else 0.0,
+                    bandwidth_bytes_per_s=est.bandwidth_bytes_per_s if est else 0.0,
+                    measured_at_s=est.measured_at_s if est else 0.0,
+                )
+            )
+        return out

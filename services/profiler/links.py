@@ -1,0 +1,44 @@
+"""Link estimates from active probes: RTT as a median, bandwidth from a timed bulk transfer,
+both smoothed so one noisy probe does not reorder the ranking."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+def median_rtt(samples_s: Sequence[float]) -> float:
+    """The median resists the one round trip that hit a GC pause or a queue."""
+    if not samples_s:
+        raise ValueError("no RTT samples")
+    return float(statistics.median(samples_s))
+
+
+def bandwidth_bytes_per_s(nbytes: int, seconds: float, rtt_s: float = 0.0) -> float:
+    """Goodput of a bulk stream; the request's own round trip is not transfer time."""
+    transfer = seconds - rtt_s
+    if nbytes <= 0 or transfer <= 0:
+        raise ValueError(f"cannot derive bandwidth from {nbytes} bytes in {transfer:.6f} s")
+    return nbytes / transfer
+
+
+@dataclass
+class LinkEstimate:
+    """Exponentially smoothed RTT and bandwidth of one worker's link."""
+
+    smoothing: float = 0.5
+    rtt_s: float = 0.0
+    bandwidth_bytes_per_s: float = 0.0
+    measured_at_s: float = 0.0
+    probes: int = 0
+
+    def update(self, rtt_s: float, bandwidth: float, now_s: float) -> None:
+        if self.probes == 0:
+            self.rtt_s, self.bandwidth_bytes_per_s = rtt_s, bandwidth
+        else:
+            a = self.smoothing
+            self.rtt_s = a * rtt_s + (1 - a) * self.rtt_s
+            self.bandwidth_bytes_per_s = a * bandwidth + (1 - a) * self.bandwidth_bytes_per_s
+        self.measured_at_s = now_s
+        self.probes += 1

@@ -1,0 +1,153 @@
+"""ProfilerService: tracks workers, probes their links, serves site profiles."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+import grpc
+
+from powertrip.v1 import common_pb2, profiler_pb2, profiler_pb2_grpc, worker_pb2_grpc
+from services.common.config import ServiceConfig
+from services.common.errors import BadRequest, NotFound, translate_errors
+from services.common.grpc_client import make_channel
+from services.common.sites import site_id, site_index
+from services.profiler import metrics
+from services.profiler.catalogue import SiteCatalogue
+from services.profiler.config import ProfilerConfig
+from services.profiler.links import LinkEstimate
+from services.profiler.probes import probe_worker
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TrackedWorker:
+    address: str
+    sites: list[int]
+    stub: worker_pb2_grpc.WorkerServiceStub
+    channel: grpc.Channel
+    link: LinkEstimate
+
+
+class LinkProber:
+    """Owns the tracked workers and their link estimates; probes on demand or periodically."""
+
+    def __init__(self, cfg: ProfilerConfig, channel_cfg: ServiceConfig | None = None) -> None:
+        self.cfg = cfg
+        self._channel_cfg = channel_cfg or cfg
+        self._workers: dict[str, TrackedWorker] = {}
+        self._lock = threading.Lock()
+        self._started = time.monotonic()
+        self._stop = threading.Event()
+
+    def track(self, worker_id: str, address: str, sites: list[int]) -> None:
+        with self._lock:
+            old = self._workers.pop(worker_id, None)
+            if old is not None:
+                old.channel.close()
+            channel = make_channel(address, self._channel_cfg)
+            self._workers[worker_id] = TrackedWorker(
+                address,
+                sites,
+                worker_pb2_grpc.WorkerServiceStub(channel),
+                channel,
+                LinkEstimate(self.cfg.smoothing),
+            )
+            metrics.TRACKED_WORKERS.set(len(self._workers))
+
+    def links_by_site(self) -> dict[int, LinkEstimate]:
+        with self._lock:
+            return {s: w.link for w in self._workers.values() for s in w.sites if w.link.probes}
+
+    def measure(self, worker_ids: list[str] | None = None) -> None:
+        with self._lock:
+            targets = {k: w for k, w in self._workers.items() if not worker_ids or k in worker_ids}
+        missing = sorted(set(worker_ids or ()) - targets.keys())
+        if missing:
+            raise NotFound(f"workers {missing} are not tracked")
+        for worker_id, w in targets.items():
+            try:
+                r = probe_worker(
+                    w.stub, self.cfg.ping_count, self.cfg.probe_bytes, self.cfg.rpc_timeout_s
+                )
+            except grpc.RpcError as exc:
+                metrics.PROBES.labels("failed").inc()
+                logger.warning("probe of %s at %s failed: %s", worker_id, w.address, exc.code())
+                continue
+            w.link.update(r.rtt_s, r.bandwidth_bytes_per_s, time.monotonic() - self._started)
+            metrics.PROBES.labels("ok").inc()
+            metrics.PROBE_BYTES.inc(r.bytes_moved)
+            for s in w.sites:
+                metrics.SITE_RTT.labels(site_id(s)).set(w.link.rtt_s)
+                metrics.SITE_BANDWIDTH.labels(site_id(s)).set(w.link.bandwidth_bytes_per_s)
+
+    def run_periodically(self) -> None:
+        while not self._stop.wait(self.cfg.probe_interval_s):
+            self.measure()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+class ProfilerServicer(profiler_pb2_grpc.ProfilerServiceServicer):
+    def __init__(self, catalogue: SiteCatalogue, prober: LinkProber) -> None:
+        self.catalogue = catalogue
+        self.prober = prober
+
+    def _profiles(self, t_s: float) -> list[common_pb2.SiteProfile]:
+        rows = self.catalogue.rows(t_s, self.prober.links_by_site())
+        out = []
+        for r in rows:
+            metrics.SITE_POWER.labels(site_id(r.index)).set(r.power)
+            out.append(
+                common_pb2.SiteProfile(
+                    site_id=site_id(r.index),
+                    distance_miles=r.distance_mi,
+                    power_fraction=r.power,
+                    modelled_latency_seconds=r.modelled_latency_s,
+                    modelled_bandwidth_bytes_per_second=r.modelled_bandwidth_bytes_per_s,
+                    rtt_seconds=r.rtt_s,
+                    bandwidth_bytes_per_second=r.bandwidth_bytes_per_s,
+                    measured_at_seconds=r.measured_at_s,
+                    power_source=self.catalogue.power_label,
+                )
+            )
+        return out
+
+    @translate_errors
+    def TrackWorker(  # noqa: N802 - gRPC method name
+        self, request: profiler_pb2.TrackWorkerRequest, context: grpc.ServicerContext
+    ) -> profiler_pb2.TrackWorkerResponse:
+        if not request.worker_id or not request.address:
+            raise BadRequest("TrackWorker needs worker_id and address")
+        try:
+            sites = [site_index(s) for s in request.site_ids]
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
+        n = self.catalogue.sites.size
+        unknown = [site_id(s) for s in sites if s >= n]
+        if unknown:
+            raise NotFound(f"sites {unknown} are not in this profiler's {n}-site model")
+        self.prober.track(request.worker_id, request.address, sites)
+        threading.Thread(
+            target=self.prober.measure, args=([request.worker_id],), daemon=True
+        ).start()
+        return profiler_pb2.TrackWorkerResponse()
+
+    @translate_errors
+    def GetSiteProfiles(  # noqa: N802
+        self, request: profiler_pb2.GetSiteProfilesRequest, context: grpc.ServicerContext
+    ) -> profiler_pb2.GetSiteProfilesResponse:
+        if request.time_seconds < 0:
+            raise BadRequest(f"time_seconds must be >= 0, got {request.time_seconds}")
+        return profiler_pb2.GetSiteProfilesResponse(sites=self._profiles(request.time_seconds))
+
+    @translate_errors
+    def MeasureLinks(  # noqa: N802
+        self, request: profiler_pb2.MeasureLinksRequest, context: grpc.ServicerContext
+    ) -> profiler_pb2.MeasureLinksResponse:
+        self.prober.measure(list(request.worker_ids))
+        return profiler_pb2.MeasureLinksResponse(sites=self._profiles(0.0))

@@ -1,0 +1,86 @@
+"""python -m services.worker: host sites, register with the aggregator, train rounds."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+
+from powertrip.v1 import aggregator_pb2, aggregator_pb2_grpc, worker_pb2_grpc
+from services.common.config import ConfigError, load_config
+from services.common.grpc_client import make_channel, retry_idempotent
+from services.common.grpc_server import build_server, set_serving
+from services.common.logging import configure
+from services.common.metrics import start_metrics_server
+from services.common.sites import site_id
+from services.common.tensor_stream import DEFAULT_CHUNK_BYTES
+from services.emulator.config import ExperimentConfig
+from services.worker.config import WorkerConfig
+from services.worker.rounds import RoundRunner
+from services.worker.servicer import WorkerServicer
+from services.worker.sites_host import SitesHost
+from services.worker.uploader import GrpcUploader
+
+logger = logging.getLogger("services.worker")
+SERVICE = "powertrip.v1.WorkerService"
+
+
+def main() -> int:
+    try:
+        cfg = load_config(WorkerConfig)
+    except ConfigError as exc:
+        print(f"powertrip-worker: {exc}", file=sys.stderr)
+        return 2
+    configure("worker", cfg.log_level)
+    import torch
+
+    torch.set_num_threads(cfg.train_threads)
+    metrics_port = start_metrics_server(cfg.metrics_port, cfg.bind_host)
+    stub = aggregator_pb2_grpc.AggregatorServiceStub(make_channel(cfg.aggregator_addr, cfg))
+    runner = RoundRunner(GrpcUploader(stub, cfg.worker_id, DEFAULT_CHUNK_BYTES))
+    servicer = WorkerServicer(runner, cfg.site_indices)
+    server, port, health = build_server(
+        [lambda s: worker_pb2_grpc.add_WorkerServiceServicer_to_server(servicer, s)],
+        f"{cfg.bind_host}:{cfg.grpc_port}",
+        cfg,
+        [SERVICE],
+    )
+    server.start()
+    address = f"{cfg.advertise_host}:{port}"
+
+    @retry_idempotent(max_seconds=cfg.register_timeout_s, max_attempts=1000)
+    def register() -> aggregator_pb2.RegisterWorkerResponse:
+        return stub.RegisterWorker(
+            aggregator_pb2.RegisterWorkerRequest(
+                worker_id=cfg.worker_id,
+                address=address,
+                site_ids=[site_id(s) for s in cfg.site_indices],
+            ),
+            timeout=cfg.rpc_timeout_s,
+        )
+
+    try:
+        reply = register()
+        run_cfg = ExperimentConfig.model_validate_json(reply.run_config_json)
+        runner.start(SitesHost(run_cfg, reply.run_seed, cfg.site_indices))
+    except Exception as exc:
+        logger.error("cannot join the run at %s: %s", cfg.aggregator_addr, exc)
+        server.stop(grace=None)
+        return 1
+    set_serving(health, [SERVICE], True)
+    print(f"READY service=worker grpc={address} metrics={metrics_port}", flush=True)
+    logger.info("worker %s hosts %d sites at %s", cfg.worker_id, len(cfg.site_indices), address)
+
+    def shutdown(signum: int, _frame: object) -> None:
+        set_serving(health, [SERVICE], False)
+        runner.stop()
+        server.stop(grace=5)
+
+    signal.signal(signal.SIGTERM, shutdown)
+    signal.signal(signal.SIGINT, shutdown)
+    server.wait_for_termination()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,30 @@
+"""Worker settings (POWERTRIP_* environment variables)."""
+
+from __future__ import annotations
+
+import socket
+
+from pydantic import Field, field_validator
+
+from services.common.config import ServiceConfig
+from services.common.sites import parse_site_list
+
+
+class WorkerConfig(ServiceConfig):
+    aggregator_addr: str  # host:port of the aggregator
+    sites: str  # the sites this worker hosts: "site-000,site-001" or "0-3"
+    worker_id: str = Field(default_factory=socket.gethostname)
+    # How the aggregator and profiler reach this worker; default <advertise_host>:<bound port>.
+    advertise_host: str = Field(default_factory=socket.gethostname)
+    train_threads: int = Field(1, ge=1)
+    register_timeout_s: float = Field(120.0, gt=0)  # keep retrying registration this long
+
+    @field_validator("sites")
+    @classmethod
+    def _sites_parse(cls, v: str) -> str:
+        parse_site_list(v)
+        return v
+
+    @property
+    def site_indices(self) -> list[int]:
+        return parse_site_list(self.sites)

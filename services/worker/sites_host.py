@@ -1,0 +1,75 @@
+"""The sites a worker hosts: their data shards, the model, and one round of local training.
+
+Built from the run's experiment configuration, which the aggregator hands out at registration,
+so every worker partitions the same dataset the same way the emulator does and trains each site
+with the same per-(run, round, site) seed: a site's update does not depend on which process
+trains it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from numpy.typing import NDArray
+
+from services.emulator.config import ExperimentConfig
+from services.emulator.engine import Federation, site_seed
+from services.emulator.federation import build_federation, load_workload
+
+
+@dataclass(frozen=True)
+class SiteUpdate:
+    site: int
+    delta: dict[str, NDArray[np.float32]]
+    num_samples: float
+    train_seconds: float  # wall time of the (batched) local training that produced it
+
+
+class SitesHost:
+    def __init__(self, cfg: ExperimentConfig, run_seed: int, sites: Sequence[int]) -> None:
+        bad = [s for s in sites if not 0 <= s < cfg.num_sites]
+        if bad:
+            raise ValueError(
+                f"sites {bad} are outside this run's {cfg.num_sites} sites (0..{cfg.num_sites - 1})"
+            )
+        self.cfg = cfg
+        self.run_seed = run_seed
+        self.sites = sorted(sites)
+        data = load_workload(cfg, seed=cfg.seed)
+        self._fed: Federation = build_federation(cfg, data, run_seed)
+
+    @property
+    def template(self) -> dict[str, NDArray]:
+        return {k: v.numpy() for k, v in self._fed.initial_params.items()}
+
+    def train(
+        self, params: Mapping[str, NDArray], round_index: int, sites: Sequence[int]
+    ) -> list[SiteUpdate]:
+        """Train ``sites`` (all hosted here) for one round from ``params``."""
+        foreign = sorted(set(sites) - set(self.sites))
+        if foreign:
+            raise ValueError(f"sites {foreign} are not hosted by this worker")
+        fed = self._fed
+        torch_params = {k: torch.from_numpy(np.asarray(v)) for k, v in params.items()}
+        started = time.perf_counter()
+        updates = fed.trainer.train(
+            torch_params,
+            fed.x_train,
+            fed.y_train,
+            [fed.partitions[s] for s in sites],
+            [site_seed(self.run_seed, round_index, s) for s in sites],
+        )
+        seconds = time.perf_counter() - started
+        return [
+            SiteUpdate(
+                site=s,
+                delta={k: v[j].numpy() for k, v in updates.deltas.items()},
+                num_samples=float(updates.num_samples[j]),
+                train_seconds=seconds,
+            )
+            for j, s in enumerate(sites)
+        ]
