@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from services.cli_traces import traces
 from services.emulator.config import PRESETS, ExperimentConfig, build_config
 
 err = Console(stderr=True, soft_wrap=True)
@@ -27,6 +28,7 @@ FLAG_FOR_FIELD = {
     "static_sweep": "--sweep",
     "dirichlet_alpha": "--dirichlet-alpha",
     "max_rounds": "--max-rounds",
+    "power_trace_path": "--power-trace",
 }
 
 
@@ -83,6 +85,8 @@ def main() -> None:
     """PowerTrip: power- and network-aware federated training across datacenters."""
 
 
+main.add_command(traces)
+
 PRESET_HELP = "; ".join(f"{k}: {v['description']}" for k, v in PRESETS.items())
 
 
@@ -104,6 +108,17 @@ PRESET_HELP = "; ".join(f"{k}: {v['description']}" for k, v in PRESETS.items())
 @click.option("--policies", type=CommaList(str), help="Comma-separated policy names.")
 @click.option("--sites", "num_sites", type=int, help="Number of emulated sites.")
 @click.option("--update-gb", type=float, help="Model update size in decimal GB.")
+@click.option(
+    "--power-model",
+    type=click.Choice(["uniform", "synthetic-trace", "google-trace"]),
+    help="Site power: static U(0.1, 1), the embedded synthetic trace, or --power-trace files.",
+)
+@click.option(
+    "--power-trace",
+    "power_trace_path",
+    type=click.Path(path_type=Path),
+    help="Google powerdata_2019 file or folder (with --power-model google-trace).",
+)
 @click.option("--repeats", type=int, help="Training seeds per policy.")
 @click.option("--seed", type=int, help="First training seed.")
 @click.option("--site-seed", type=int, help="Seed of the site profiles (fixed across repeats).")
@@ -236,7 +251,7 @@ def _print_table(result) -> None:  # noqa: ANN001 - StudyResult, imported lazily
         f"time to accuracy {result.target_accuracy:.3f} — {c.workload}"
         f"{' (synthetic)' if c.workload == 'mnist1d' else ''}, {c.partition}, "
         f"{c.num_sites} sites, {c.update_gb:g} GB, tau {c.ideal_compute_s:g} s, "
-        f"{c.ground_truth}; k* = {result.k_star}"
+        f"{c.ground_truth}, {result.power_label} power; k* = {result.k_star}"
     )
     table = Table(title=title, title_justify="left")
     for col in (

@@ -14,6 +14,8 @@ from services.common.timing import RoundTimeModel
 
 Workload = Literal["mnist1d", "mnist", "emnist", "shakespeare"]
 Partition = Literal["iid", "dirichlet", "natural"]
+#: spec §4.4: static U(0.1, 1) draws, the embedded synthetic trace, or Google trace files
+PowerModel = Literal["uniform", "synthetic-trace", "google-trace"]
 
 #: spec §4.5 learning rates and batch sizes; mnist1d per docs/calibration-findings.md.
 WORKLOAD_DEFAULTS: dict[str, dict[str, float]] = {
@@ -66,6 +68,8 @@ class ExperimentConfig(BaseModel):
     num_sites: int = Field(100, ge=1)
     distance_mode: DistanceMode = DistanceMode.STRATIFIED
     update_gb: float = Field(1.5, ge=0, description="model update size in decimal GB")
+    power_model: PowerModel = "uniform"
+    power_trace_path: Path | None = None
     ideal_compute_s: float = Field(50.0, gt=0, description="tau: local training at 100% power")
     ground_truth: RoundTimeModel = RoundTimeModel.PER_SITE_MAX
     round_trip: bool = False
@@ -110,6 +114,10 @@ class ExperimentConfig(BaseModel):
             raise ValueError(f"workload {self.workload!r} needs --dataset-path (no download here)")
         if self.dataset_path is not None and not self.dataset_path.exists():
             raise ValueError(f"dataset path {self.dataset_path} does not exist")
+        if (self.power_model == "google-trace") != (self.power_trace_path is not None):
+            raise ValueError("--power-model google-trace and --power-trace go together")
+        if self.power_trace_path is not None and not self.power_trace_path.exists():
+            raise ValueError(f"--power-trace {self.power_trace_path} does not exist")
         if self.target_accuracy is None and not self.static_sweep:
             raise ValueError("the automatic target needs a static sweep; give --target")
         needs_sweep = {"static-optimal", "random"} & set(self.policies)
@@ -178,6 +186,17 @@ PRESETS: dict[str, dict[str, object]] = {
         "max_rounds": 100,
         "target_accuracy": 0.45,
     },
+    "paper-traces": {
+        "description": "spec §4.4/§4.9 Fig. 12: paper-uniform with trace-driven power (the "
+        "embedded synthetic-trace; --power-model google-trace --power-trace DIR for real files); "
+        "--update-gb 1/1.5/2 gives Fig. 13",
+        "partition": "dirichlet",
+        "policies": ALL_POLICIES,
+        "repeats": 10,
+        "max_rounds": 100,
+        "target_accuracy": 0.45,
+        "power_model": "synthetic-trace",
+    },
 }
 
 
@@ -188,7 +207,10 @@ def build_config(preset: str | None = None, **overrides: object) -> ExperimentCo
         if preset not in PRESETS:
             raise ValueError(f"unknown preset {preset!r}; known presets: {', '.join(PRESETS)}")
         values.update(PRESETS[preset], name=preset)
-    values.update({k: v for k, v in overrides.items() if v is not None})
+    given = {k: v for k, v in overrides.items() if v is not None}
+    if "power_trace_path" in given and "power_model" not in given:  # a trace file says it all
+        given["power_model"] = "google-trace"
+    values.update(given)
     if values.get("target_accuracy") == "auto":  # the spec's rule, decided after the sweep
         values["target_accuracy"] = None
     return ExperimentConfig(**values)

@@ -26,6 +26,7 @@ RESULT_FIELDS = [
     "max_sites",
     "final_accuracy",
     "best_accuracy",
+    "power_model",
 ]
 
 
@@ -128,6 +129,7 @@ def write_outputs(result: StudyResult, out_dir: Path) -> dict[str, Path]:
                     "max_sites": s.max_sites,
                     "final_accuracy": f"{s.final_accuracy:.4f}",
                     "best_accuracy": f"{s.best_accuracy:.4f}",
+                    "power_model": result.power_label,
                 }
             )
     with paths["rounds"].open("w", newline="") as f:
@@ -164,7 +166,7 @@ def write_outputs(result: StudyResult, out_dir: Path) -> dict[str, Path]:
         "target_accuracy": result.target_accuracy,
         "k_star": result.k_star,
         "data_label": "synthetic (mnist1d)" if result.config.workload == "mnist1d" else "real",
-        "power_model": "uniform U(0.1, 1)",
+        "power_model": result.power_label,
         "wall_seconds": round(result.wall_seconds, 2),
         # float reduction order depends on it: a seed reproduces bit-for-bit at a fixed count
         "torch_threads": torch.get_num_threads(),

@@ -17,10 +17,18 @@ import numpy as np
 
 from services.aggregator.policies import build_policy
 from services.aggregator.selection import StaticTopK
-from services.common.sites import ModelledLinks, SiteSet, StaticPower, generate_sites
+from services.common.sites import (
+    ModelledLinks,
+    PowerSource,
+    SiteSet,
+    StaticPower,
+    generate_sites,
+)
 from services.emulator.config import ExperimentConfig
 from services.emulator.engine import Emulator, RoundRecord, RunResult, TimeModel, TrajectoryCache
 from services.emulator.federation import build_federation, load_workload
+from services.profiler.power_traces import TracePower, read_power_trace
+from services.profiler.synthetic_power import synthetic_power_trace
 
 #: progress hook: (finished runs, total runs, label of the run in progress)
 Progress = Callable[[int, int, str], None]
@@ -55,6 +63,7 @@ class StudyResult:
     wall_seconds: float = 0.0
     cache_hits: int = 0
     cache_misses: int = 0
+    power_label: str = "uniform U(0.1, 1)"  # "synthetic-trace" must reach every output
 
 
 def summarise(run: RunResult, repeat: int, target: float) -> RunSummary:
@@ -88,6 +97,20 @@ def choose_k_star(summaries: list[RunSummary], sweep: tuple[int, ...]) -> int:
     return min(sweep, key=cost)
 
 
+def build_power(cfg: ExperimentConfig, sites: SiteSet) -> tuple[PowerSource, str]:
+    """The study's PowerSource and its label. Trace offsets come from the site seed, so every
+    policy and repeat sees the same power over emulated time (spec §4.7)."""
+    if cfg.power_model == "uniform":
+        return StaticPower(sites.base_power), "uniform U(0.1, 1)"
+    if cfg.power_model == "synthetic-trace":
+        trace = synthetic_power_trace(seed=cfg.site_seed)
+        label = trace.label
+    else:
+        trace = read_power_trace(cfg.power_trace_path)
+        label = f"{trace.label} ({trace.column}, {len(trace.series)} domains)"
+    return TracePower(trace, cfg.num_sites, np.random.default_rng([cfg.site_seed, 1])), label
+
+
 def run_study(
     cfg: ExperimentConfig,
     progress: Progress | None = None,
@@ -96,6 +119,7 @@ def run_study(
     started = time.perf_counter()
     data = load_workload(cfg, seed=cfg.seed)
     sites = generate_sites(cfg.num_sites, np.random.default_rng(cfg.site_seed), cfg.distance_mode)
+    power, power_label = build_power(cfg, sites)
     time_model = TimeModel(cfg.ideal_compute_s, cfg.update_bytes, cfg.ground_truth, cfg.round_trip)
 
     sweep = cfg.effective_sweep
@@ -118,7 +142,7 @@ def run_study(
             Emulator(
                 fed,
                 sites,
-                StaticPower(sites.base_power),
+                power,
                 ModelledLinks(sites),
                 time_model,
                 seed,
@@ -152,7 +176,7 @@ def run_study(
     sweep_summaries = [summarise(run, rep, target) for rep, run in sweep_runs]
     k_star = choose_k_star(sweep_summaries, sweep) if sweep else None
 
-    result = StudyResult(cfg, sites, target, k_star)
+    result = StudyResult(cfg, sites, target, k_star, power_label=power_label)
     result.runs.extend(sweep_runs)
     result.summaries.extend(sweep_summaries)
     if "static-optimal" in cfg.policies and k_star is not None:

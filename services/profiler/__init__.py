@@ -1,0 +1,1 @@
+"""The profiler: what each site can offer over time (power and carbon traces; links later)."""
