@@ -13,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from services.cli_traces import traces
+from services.cli_up import up
 from services.emulator.config import PRESETS, ExperimentConfig, build_config
 
 err = Console(stderr=True, soft_wrap=True)
@@ -86,6 +87,7 @@ def main() -> None:
 
 
 main.add_command(traces)
+main.add_command(up)
 
 PRESET_HELP = "; ".join(f"{k}: {v['description']}" for k, v in PRESETS.items())
 

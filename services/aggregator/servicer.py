@@ -78,33 +78,33 @@ class AggregatorServicer(aggregator_pb2_grpc.AggregatorServiceServicer):
             raise StaleRound(f"no round is open (update for round {head.round})")
         collector.admit(site, head.round)
         expected = specs_of(self.run.executor.params)
-        with TensorStreamReceiver(expected) as rx:
-            try:
-                for msg in request_iterator:
-                    part = msg.WhichOneof("part")
-                    if part == "header":
-                        rx.header(msg.header)
-                    elif part == "chunk":
-                        rx.chunk(msg.chunk)
-                    elif part == "trailer":
-                        rx.trailer(msg.trailer)
-                    else:
-                        raise StreamError("sequence", f"unexpected {part!r} inside the update")
-                if not rx.complete:
-                    raise StreamError("truncated", "the update stream ended without its trailer")
-                if not head.num_samples > 0 or head.num_samples != head.num_samples:
-                    raise StreamError(
-                        "bad_weight", f"num_samples must be > 0, got {head.num_samples}"
-                    )
-                collector.commit(site, rx, head.num_samples)
-            except StreamError as exc:
-                collector.fail(site, exc.reason)
-                metrics.UPDATES.labels(exc.reason).inc()
-                raise BadRequest(f"update from {head.site_id} rejected: {exc}") from None
-            except BaseException:
-                collector.fail(site, "aborted")
-                raise
-            metrics.UPDATE_BYTES.labels(head.site_id, "up").inc(rx.total_bytes)
+        rx = TensorStreamReceiver(expected)
+        try:
+            for msg in request_iterator:
+                part = msg.WhichOneof("part")
+                if part == "header":
+                    rx.header(msg.header)
+                elif part == "chunk":
+                    rx.chunk(msg.chunk)
+                elif part == "trailer":
+                    rx.trailer(msg.trailer)
+                else:
+                    raise StreamError("sequence", f"unexpected {part!r} inside the update")
+            if not rx.complete:
+                raise StreamError("truncated", "the update stream ended without its trailer")
+            if not head.num_samples > 0 or head.num_samples != head.num_samples:
+                raise StreamError("bad_weight", f"num_samples must be > 0, got {head.num_samples}")
+        except StreamError as exc:
+            rx.close()
+            collector.fail(site, exc.reason)
+            metrics.UPDATES.labels(exc.reason).inc()
+            raise BadRequest(f"update from {head.site_id} rejected: {exc}") from None
+        except BaseException:
+            rx.close()
+            collector.fail(site, "aborted")
+            raise
+        collector.commit(site, rx, head.num_samples)  # the collector owns rx from here
+        metrics.UPDATE_BYTES.labels(head.site_id, "up").inc(rx.total_bytes)
         metrics.UPDATES.labels("accepted").inc()
         return aggregator_pb2.SubmitUpdateResponse(accepted=True)
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from services.common.sites import site_id
 from services.emulator.study import RunSummary, StudyResult
 
 RESULT_FIELDS = [
@@ -144,6 +145,7 @@ def write_outputs(result: StudyResult, out_dir: Path) -> dict[str, Path]:
                 "sites",
                 "accuracy",
                 "loss",
+                "selected",
             ]
         )
         for rep, run in result.runs:
@@ -158,6 +160,7 @@ def write_outputs(result: StudyResult, out_dir: Path) -> dict[str, Path]:
                         r.sites,
                         f"{r.accuracy:.4f}",
                         f"{r.loss:.4f}",
+                        " ".join(site_id(s) for s in r.selected),
                     ]
                 )
     summary = {

@@ -1,0 +1,141 @@
+"""``powertrip up``: run the real services locally and train to the target."""
+
+from __future__ import annotations
+
+import csv
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from powertrip.v1 import aggregator_pb2
+from services.aggregator.policies import validate_policy_name
+from services.launcher import ClusterPlan, LaunchError, LocalCluster
+
+err = Console(stderr=True, soft_wrap=True)
+out = Console(width=None if sys.stdout.isatty() else 140)
+
+
+def write_rounds_csv(path: Path, policy: str, rounds: list[aggregator_pb2.RoundSummary]) -> None:
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(
+            ["policy", "round", "time_seconds", "duration_seconds", "sites", "contributions",
+             "accuracy", "loss", "outcome", "selected"]
+        )  # fmt: skip
+        for r in rounds:
+            w.writerow(
+                [policy, r.round, f"{r.clock_seconds:.3f}", f"{r.duration_seconds:.3f}",
+                 len(r.selected_site_ids), r.contributions, f"{r.accuracy:.4f}", f"{r.loss:.4f}",
+                 r.outcome, " ".join(r.selected_site_ids)]
+            )  # fmt: skip
+
+
+@click.command()
+@click.option("--workers", default=3, show_default=True, help="Worker processes.")
+@click.option("--sites", default=12, show_default=True, help="Sites, split evenly over workers.")
+@click.option("--policy", default="powertrip", show_default=True, help="Selection policy.")
+@click.option(
+    "--clock",
+    type=click.Choice(["emulated", "wall"]),
+    default="emulated",
+    show_default=True,
+    help="emulated: the emulator's time model while the bytes really move; wall: real time, "
+    "with each site's update released at compute time / power.",
+)
+@click.option("--preset", default="quick", show_default=True, help="Experiment preset.")
+@click.option("--target", type=float, help="Target accuracy (default: the preset's).")
+@click.option("--max-rounds", type=int, help="Round budget (default: the preset's).")
+@click.option("--seed", type=int, help="Training seed.")
+@click.option("--samples", "num_samples", type=int, help="Dataset size (mnist1d).")
+@click.option("--k-star", type=int, help="k for static-optimal / random policies.")
+@click.option("--deadline", default=60.0, show_default=True, help="Round deadline, wall seconds.")
+@click.option("--timeout", default=1800.0, show_default=True, help="Give up after this long.")
+@click.option(
+    "--output",
+    type=click.Path(path_type=Path),
+    default=Path("results/up"),
+    show_default=True,
+    help="Logs, checkpoints and rounds.csv go here.",
+)
+def up(
+    workers: int,
+    sites: int,
+    policy: str,
+    clock: str,
+    preset: str,
+    target: float | None,
+    max_rounds: int | None,
+    seed: int | None,
+    num_samples: int | None,
+    k_star: int | None,
+    deadline: float,
+    timeout: float,
+    output: Path,
+) -> None:
+    """Start the profiler, the aggregator and W workers on loopback, train to the target,
+    print the summary and the metrics endpoints, then stop exactly those processes."""
+    try:
+        validate_policy_name(policy)
+        plan = ClusterPlan(
+            workers=workers,
+            sites=sites,
+            policy=policy,
+            clock=clock,
+            preset=preset,
+            target=target,
+            max_rounds=max_rounds,
+            seed=seed,
+            num_samples=num_samples,
+            round_deadline_s=deadline,
+            log_dir=output / "logs",
+            checkpoint_dir=output / "checkpoints",
+            extra_env={"POWERTRIP_K_STAR": str(k_star)} if k_star else {},
+        )
+        plan.site_ranges()
+    except ValueError as exc:
+        err.print(f"[bold red]error:[/] {exc}", highlight=False)
+        sys.exit(2)
+    output.mkdir(parents=True, exist_ok=True)
+    last = [0]
+
+    def show(st: aggregator_pb2.GetStatusResponse) -> None:
+        for r in st.rounds[last[0] :]:
+            out.print(
+                f"round {r.round:3d}  sites {len(r.selected_site_ids):3d}  updates "
+                f"{r.contributions:3d}  accuracy {r.accuracy:.4f}  clock {r.clock_seconds:9.1f} s"
+                f"  {r.outcome}",
+                highlight=False,
+            )
+        last[0] = len(st.rounds)
+
+    with LocalCluster(plan) as cluster:
+        try:
+            cluster.start(
+                lambda s: err.print(f"started {s.name} (pid {s.process.pid}) at {s.grpc_addr}")
+            )
+            err.print(f"training: policy={policy} clock={clock} workers={workers} sites={sites}")
+            st = cluster.wait_done(timeout, show)
+        except LaunchError as exc:
+            err.print(f"[bold red]error:[/] {exc} (logs: {plan.log_dir})", highlight=False)
+            sys.exit(1)
+        except KeyboardInterrupt:
+            err.print("interrupted; stopping the services")
+            sys.exit(130)
+        write_rounds_csv(output / "rounds.csv", policy, list(st.rounds))
+        table = Table(title=f"powertrip up: {st.message}")
+        for col in ("policy", "clock", "rounds", "final accuracy", "target", "time to accuracy"):
+            table.add_column(col)
+        tta = f"{st.time_to_accuracy_seconds:.1f} s" if st.time_to_accuracy_seconds else "—"
+        table.add_row(
+            policy, clock, str(st.round), f"{st.accuracy:.4f}", f"{st.target_accuracy:.2f}", tta
+        )
+        out.print(table)
+        for s in cluster.services:
+            out.print(f"  {s.name:<11} grpc {s.grpc_addr:<22} metrics {s.metrics_url}")
+        out.print(f"rounds: {output / 'rounds.csv'}  logs: {plan.log_dir}")
+        err.print("stopping the services")
+    if st.state != aggregator_pb2.RUN_STATE_DONE:
+        sys.exit(1)
