@@ -1,0 +1,134 @@
+"""End to end over real processes and sockets: profiler, aggregator and 3 workers hosting 12
+sites train to the target; every /metrics endpoint is scraped; the run makes the same decisions
+as ``powertrip experiment`` with the same seed and configuration."""
+
+from __future__ import annotations
+
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from powertrip.v1 import aggregator_pb2
+from services.common.sites import site_id
+from services.emulator.config import build_config
+from services.emulator.study import run_study
+from services.launcher import ClusterPlan, LocalCluster
+
+pytestmark = pytest.mark.slow
+
+TARGET = 0.45
+SITES = 12
+
+
+def scrape(url: str) -> dict[str, list]:
+    """{sample name: [(labels, value), ...]} from a live /metrics endpoint."""
+    with urllib.request.urlopen(url, timeout=5) as r:
+        text = r.read().decode()
+    out: dict[str, list] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out.setdefault(s.name, []).append((s.labels, s.value))
+    return out
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("up")
+    plan = ClusterPlan(
+        workers=3,
+        sites=SITES,
+        policy="powertrip",
+        clock="emulated",
+        preset="quick",
+        target=TARGET,
+        max_rounds=40,
+        seed=0,
+        log_dir=out / "logs",
+        checkpoint_dir=out / "checkpoints",
+    )
+    with LocalCluster(plan) as cluster:
+        cluster.start()
+        status = cluster.wait_done(timeout_s=300)
+        metrics = {s.name: scrape(s.metrics_url) for s in cluster.services}
+        pids = [s.process.pid for s in cluster.services]
+    yield status, metrics, cluster, out, pids
+
+
+def test_three_workers_hosting_twelve_sites_train_to_the_target(finished_run):
+    status, _, _, _, _ = finished_run
+    assert status.state == aggregator_pb2.RUN_STATE_DONE, status.message
+    assert status.registered_sites == SITES
+    assert status.accuracy >= TARGET
+    assert status.time_to_accuracy_seconds > 0
+    assert all(r.contributions == len(r.selected_site_ids) for r in status.rounds)
+
+
+def test_every_service_exposes_round_accuracy_site_and_grpc_series(finished_run):
+    status, metrics, _, _, _ = finished_run
+    agg = metrics["aggregator"]
+    assert agg["powertrip_round_current"][0][1] == status.round
+    assert agg["powertrip_rounds_total"] == [({"outcome": "completed"}, status.round)]
+    assert agg["powertrip_model_accuracy_ratio"][0][1] == pytest.approx(status.accuracy, abs=1e-6)
+    assert agg["powertrip_time_to_accuracy_seconds"][0][1] == pytest.approx(
+        status.time_to_accuracy_seconds
+    )
+    selected_sites = {labels["site"] for labels, _ in agg["powertrip_site_selected_total"]}
+    assert selected_sites <= {site_id(i) for i in range(SITES)} and selected_sites
+    assert any(v > 0 for _, v in agg["powertrip_update_bytes_total"])
+    handled = {
+        (lab["grpc_method"], lab["grpc_code"]) for lab, _ in agg["grpc_server_handled_total"]
+    }
+    assert {("RegisterWorker", "OK"), ("SubmitUpdate", "OK"), ("GetStatus", "OK")} <= handled
+
+    prof = metrics["profiler"]
+    assert {lab["site"] for lab, _ in prof["powertrip_site_power_ratio"]} == {
+        site_id(i) for i in range(SITES)
+    }
+    assert len(prof["powertrip_site_rtt_seconds"]) == SITES  # every worker's link probed
+    assert all(v > 0 for _, v in prof["powertrip_site_bandwidth_bytes_per_second"])
+    assert any(
+        lab["grpc_method"] == "GetSiteProfiles" for lab, _ in prof["grpc_server_handled_total"]
+    )
+
+    for w in ("worker-0", "worker-1", "worker-2"):
+        series = metrics[w]
+        trained = {
+            lab["site"] for lab, _ in series["powertrip_worker_train_duration_seconds_count"]
+        }
+        assert trained, f"{w} trained no site"
+        assert any(
+            lab["grpc_method"] == "StartRound" for lab, _ in series["grpc_server_handled_total"]
+        )
+
+
+def test_launcher_stops_exactly_the_processes_it_started(finished_run):
+    _, _, cluster, _, pids = finished_run
+    assert len(pids) == 5
+    assert all(s.process.poll() is not None for s in cluster.services)
+
+
+def test_a_checkpoint_is_written_after_every_round(finished_run):
+    status, _, _, out, _ = finished_run
+    manifests = sorted((out / "checkpoints").glob("round-*.json"))
+    assert manifests[-1].name == f"round-{status.round:06d}.json"
+
+
+def test_emulated_clock_run_matches_powertrip_experiment(finished_run):
+    """Same code, same seed: the same sites every round, and the same time-to-accuracy within
+    one round (site updates differ in the last float bit because the emulator trains all
+    selected sites in one batch and a worker only its own; folds are in selection order)."""
+    status, _, _, _, _ = finished_run
+    cfg = build_config(
+        "quick", num_sites=SITES, policies=("powertrip",), target_accuracy=TARGET, max_rounds=40
+    )
+    study = run_study(cfg)
+    ((_, emulated),) = study.runs
+    service_rounds = list(status.rounds)
+    n = min(len(service_rounds), len(emulated.rounds))
+    for svc, emu in zip(service_rounds[:n], emulated.rounds[:n], strict=True):
+        assert list(svc.selected_site_ids) == [site_id(s) for s in emu.selected], svc.round
+        assert svc.clock_seconds == pytest.approx(emu.time_s, rel=1e-9)
+    emulated_tta = emulated.time_to(TARGET)
+    one_round = max(r.duration_s for r in emulated.rounds)
+    assert abs(status.time_to_accuracy_seconds - emulated_tta) <= one_round
