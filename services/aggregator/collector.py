@@ -55,8 +55,8 @@ class RoundCollector:
                 raise StaleRound(f"{site_id(site)} was not selected in round {self.round}")
             if site in self.accepted or site in self._in_flight or site in self._ready:
                 raise Duplicate(f"{site_id(site)} already submitted round {self.round}")
-            if site in self.failed:
-                raise StaleRound(f"{site_id(site)} was dropped from round {self.round}")
+            # A rejected stream may be sent again whole while the round is open (R9).
+            self.failed.pop(site, None)
             self._in_flight.add(site)
 
     def commit(self, site: int, rx: TensorStreamReceiver, weight: float) -> None:
@@ -79,7 +79,8 @@ class RoundCollector:
             self._cv.notify_all()
 
     def _drain(self) -> None:
-        """Fold every update whose predecessors in selection order are folded or failed."""
+        """Fold every update whose predecessors in selection order are folded (or, once the
+        round is closed, failed: until then a rejected site may still resend)."""
         while self._next < len(self.selected):
             s = int(self.selected[self._next])
             if s in self._ready:
@@ -91,7 +92,7 @@ class RoundCollector:
                 finally:
                     rx.close()
                 self.accepted.append(s)
-            elif s not in self.failed:
+            elif not (self.closed and s in self.failed):
                 return
             self._next += 1
 

@@ -1,0 +1,91 @@
+"""The aggregator's open round: folds happen in selection order whatever the arrival order."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from services.aggregator.collector import RoundCollector
+from services.aggregator.fedavg import StreamingFedAvg
+from services.common.errors import Duplicate, StaleRound
+from services.common.tensor_stream import TensorStreamReceiver, encode, specs_of
+
+TEMPLATE = {"w": np.zeros((4, 3), np.float32), "b": np.zeros(3, np.float32)}
+SELECTED = [5, 2, 9]
+
+
+def update(site: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(site)
+    return {k: rng.standard_normal(v.shape).astype(np.float32) for k, v in TEMPLATE.items()}
+
+
+def stream(site: int) -> TensorStreamReceiver:
+    rx = TensorStreamReceiver(specs_of(TEMPLATE))
+    parts = list(encode(update(site), 8))
+    rx.header(parts[0])
+    for c in parts[1:-1]:
+        rx.chunk(c)
+    rx.trailer(parts[-1])
+    return rx
+
+
+def deliver(col: RoundCollector, site: int) -> None:
+    col.admit(site, col.round)
+    col.commit(site, stream(site), weight=float(site))
+
+
+@pytest.mark.parametrize("arrival", list(itertools.permutations(SELECTED)))
+def test_the_sum_is_bit_identical_to_folding_in_selection_order(arrival):
+    col = RoundCollector(1, SELECTED, TEMPLATE)
+    for s in arrival:
+        deliver(col, s)
+    col.close()
+    ref = StreamingFedAvg(TEMPLATE)
+    for s in SELECTED:
+        ref.add(update(s), float(s))
+    got, want = col.agg.apply(TEMPLATE), ref.apply(TEMPLATE)
+    assert col.accepted == SELECTED
+    assert all(np.array_equal(got[k], want[k]) for k in TEMPLATE)
+
+
+def test_a_failed_site_is_skipped_once_the_round_closes():
+    col = RoundCollector(1, SELECTED, TEMPLATE)
+    deliver(col, 9)
+    col.fail(5, "start_unavailable")
+    deliver(col, 2)
+    assert col.done and col.accepted == []  # 5 might still resend until the round closes
+    col.close()
+    assert col.accepted == [2, 9] and col.failed == {5: "start_unavailable"}
+
+
+def test_missing_sites_fail_with_deadline_when_the_round_closes():
+    col = RoundCollector(1, SELECTED, TEMPLATE)
+    deliver(col, 5)
+    assert not col.wait(0.05)
+    col.close()
+    assert col.failed == {2: "deadline", 9: "deadline"} and col.accepted == [5]
+
+
+def test_stale_duplicate_and_unselected_updates_are_refused():
+    col = RoundCollector(4, SELECTED, TEMPLATE)
+    with pytest.raises(StaleRound, match="not open"):
+        col.admit(5, 3)
+    with pytest.raises(StaleRound, match="not selected"):
+        col.admit(1, 4)
+    deliver(col, 5)
+    with pytest.raises(Duplicate):
+        col.admit(5, 4)
+    col.close()
+    with pytest.raises(StaleRound, match="closed"):
+        col.admit(2, 4)
+
+
+def test_the_split_half_sum_takes_every_other_selected_site():
+    col = RoundCollector(1, SELECTED, TEMPLATE, split_half=True)
+    for s in SELECTED:
+        deliver(col, s)
+    col.close()
+    assert col.half is not None and col.half.count == 2  # sites 5 and 9
+    assert col.half.total_weight == 5.0 + 9.0

@@ -1,0 +1,55 @@
+"""Service configuration: parsed once from POWERTRIP_* variables, errors name the variable."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.aggregator.config import AggregatorConfig
+from services.common.config import ConfigError, load_config
+from services.common.grpc_options import client_options, server_options
+from services.worker.config import WorkerConfig
+
+WORKER = {"POWERTRIP_AGGREGATOR_ADDR": "agg:50051", "POWERTRIP_SITES": "0-3,site-007"}
+
+
+def test_worker_sites_accept_ranges_and_ids():
+    cfg = load_config(WorkerConfig, WORKER)
+    assert cfg.site_indices == [0, 1, 2, 3, 7]
+    assert cfg.grpc_port == 50051 and cfg.metrics_port == 8000
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({}, "POWERTRIP_PROFILER_ADDR is required"),
+        ({"POWERTRIP_PROFILER_ADDR": "p:1", "POWERTRIP_GRPC_PORT": "x"}, "POWERTRIP_GRPC_PORT='x'"),
+        ({"POWERTRIP_PROFILER_ADDR": "p:1", "POWERTRIP_POLICY": "nope"}, "POWERTRIP_POLICY"),
+        ({"POWERTRIP_PROFILER_ADDR": "p:1", "POWERTRIP_CLOCK": "sundial"}, "POWERTRIP_CLOCK"),
+        ({"POWERTRIP_PROFILER_ADDR": "p:1", "POWERTRIP_TARGET_ACCURACY": "2"}, "TARGET_ACCURACY"),
+    ],
+)
+def test_bad_aggregator_settings_name_the_variable(env, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(AggregatorConfig, env)
+
+
+def test_bad_site_lists_name_the_site():
+    with pytest.raises(ConfigError, match="POWERTRIP_SITES.*bad site id 'x'"):
+        load_config(WorkerConfig, {**WORKER, "POWERTRIP_SITES": "x-3"})
+
+
+def test_config_is_frozen():
+    cfg = load_config(WorkerConfig, WORKER)
+    with pytest.raises(ValueError):
+        cfg.grpc_port = 1  # type: ignore[misc]
+
+
+def test_server_accepts_pings_as_often_as_clients_send_them():
+    cfg = load_config(WorkerConfig, WORKER)
+    client = dict(client_options(cfg))
+    server = dict(server_options(cfg))
+    assert (
+        server["grpc.http2.min_ping_interval_without_data_ms"] <= client["grpc.keepalive_time_ms"]
+    )
+    assert client["grpc.max_receive_message_length"] == 4 << 20  # chunks, never a raised limit
+    assert client["grpc.http2.ping_timeout_ms"] > 0  # a frozen peer is noticed in seconds
