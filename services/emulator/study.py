@@ -17,7 +17,7 @@ import numpy as np
 
 from services.aggregator.policies import build_policy
 from services.aggregator.selection import StaticTopK
-from services.common.sites import ModelledLinks, SiteSet, generate_sites
+from services.common.sites import ModelledLinks, PowerSource, SiteSet, generate_sites
 from services.emulator.config import ExperimentConfig
 from services.emulator.engine import Emulator, RoundRecord, RunResult, TimeModel, TrajectoryCache
 from services.emulator.federation import build_federation, load_workload
@@ -90,6 +90,14 @@ def choose_k_star(summaries: list[RunSummary], sweep: tuple[int, ...]) -> int:
     return min(sweep, key=cost)
 
 
+def study_sites(cfg: ExperimentConfig) -> tuple[SiteSet, PowerSource, str]:
+    """The study's fixed sites and their power over time (and its label): from the site seed
+    alone, so a profiler service with the same seed and power model serves the same power."""
+    sites = generate_sites(cfg.num_sites, np.random.default_rng(cfg.site_seed), cfg.distance_mode)
+    power, label = build_power(cfg, sites)
+    return sites, power, label
+
+
 def run_study(
     cfg: ExperimentConfig,
     progress: Progress | None = None,
@@ -97,8 +105,7 @@ def run_study(
 ) -> StudyResult:
     started = time.perf_counter()
     data = load_workload(cfg, seed=cfg.seed)
-    sites = generate_sites(cfg.num_sites, np.random.default_rng(cfg.site_seed), cfg.distance_mode)
-    power, power_label = build_power(cfg, sites)
+    sites, power, power_label = study_sites(cfg)
     time_model = TimeModel(cfg.ideal_compute_s, cfg.update_bytes, cfg.ground_truth, cfg.round_trip)
 
     sweep = cfg.effective_sweep
