@@ -51,7 +51,9 @@ def load_config(cls: type[C], env: Mapping[str, str] | None = None) -> C:
         return cls.model_validate(values)
     except ValidationError as exc:
         err = exc.errors()[0]
-        field = str(err["loc"][0]) if err["loc"] else "?"
+        if not err["loc"]:  # a rule across fields: its message names the variables itself
+            raise ConfigError(str(err["msg"]).removeprefix("Value error, ")) from None
+        field = str(err["loc"][0])
         var = env_name(field)
         if err["type"] == "missing":
             raise ConfigError(f"{var} is required but not set") from None

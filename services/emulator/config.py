@@ -11,11 +11,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from services.aggregator.policies import validate_policy_name
 from services.common.sites import DistanceMode
 from services.common.timing import RoundTimeModel
+from services.profiler.power_model import PowerModel
 
 Workload = Literal["mnist1d", "mnist", "emnist", "shakespeare"]
 Partition = Literal["iid", "dirichlet", "natural"]
-#: spec §4.4: static U(0.1, 1) draws, the embedded synthetic trace, or Google trace files
-PowerModel = Literal["uniform", "synthetic-trace", "google-trace"]
 
 #: spec §4.5 learning rates and batch sizes; mnist1d per docs/calibration-findings.md.
 WORKLOAD_DEFAULTS: dict[str, dict[str, float]] = {

@@ -17,18 +17,11 @@ import numpy as np
 
 from services.aggregator.policies import build_policy
 from services.aggregator.selection import StaticTopK
-from services.common.sites import (
-    ModelledLinks,
-    PowerSource,
-    SiteSet,
-    StaticPower,
-    generate_sites,
-)
+from services.common.sites import ModelledLinks, PowerSource, SiteSet, generate_sites
 from services.emulator.config import ExperimentConfig
 from services.emulator.engine import Emulator, RoundRecord, RunResult, TimeModel, TrajectoryCache
 from services.emulator.federation import build_federation, load_workload
-from services.profiler.power_traces import TracePower, read_power_trace
-from services.profiler.synthetic_power import synthetic_power_trace
+from services.profiler.power_model import UNIFORM_LABEL, build_power
 
 #: progress hook: (finished runs, total runs, label of the run in progress)
 Progress = Callable[[int, int, str], None]
@@ -63,7 +56,7 @@ class StudyResult:
     wall_seconds: float = 0.0
     cache_hits: int = 0
     cache_misses: int = 0
-    power_label: str = "uniform U(0.1, 1)"  # "synthetic-trace" must reach every output
+    power_label: str = UNIFORM_LABEL  # "synthetic-trace" must reach every output
 
 
 def summarise(run: RunResult, repeat: int, target: float) -> RunSummary:
@@ -97,18 +90,12 @@ def choose_k_star(summaries: list[RunSummary], sweep: tuple[int, ...]) -> int:
     return min(sweep, key=cost)
 
 
-def build_power(cfg: ExperimentConfig, sites: SiteSet) -> tuple[PowerSource, str]:
-    """The study's PowerSource and its label. Trace offsets come from the site seed, so every
-    policy and repeat sees the same power over emulated time (spec §4.7)."""
-    if cfg.power_model == "uniform":
-        return StaticPower(sites.base_power), "uniform U(0.1, 1)"
-    if cfg.power_model == "synthetic-trace":
-        trace = synthetic_power_trace(seed=cfg.site_seed)
-        label = trace.label
-    else:
-        trace = read_power_trace(cfg.power_trace_path)
-        label = f"{trace.label} ({trace.column}, {len(trace.series)} domains)"
-    return TracePower(trace, cfg.num_sites, np.random.default_rng([cfg.site_seed, 1])), label
+def study_sites(cfg: ExperimentConfig) -> tuple[SiteSet, PowerSource, str]:
+    """The study's fixed sites and their power over time (and its label): from the site seed
+    alone, so a profiler service with the same seed and power model serves the same power."""
+    sites = generate_sites(cfg.num_sites, np.random.default_rng(cfg.site_seed), cfg.distance_mode)
+    power, label = build_power(cfg, sites)
+    return sites, power, label
 
 
 def run_study(
@@ -118,8 +105,7 @@ def run_study(
 ) -> StudyResult:
     started = time.perf_counter()
     data = load_workload(cfg, seed=cfg.seed)
-    sites = generate_sites(cfg.num_sites, np.random.default_rng(cfg.site_seed), cfg.distance_mode)
-    power, power_label = build_power(cfg, sites)
+    sites, power, power_label = study_sites(cfg)
     time_model = TimeModel(cfg.ideal_compute_s, cfg.update_bytes, cfg.ground_truth, cfg.round_trip)
 
     sweep = cfg.effective_sweep

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import signal
 import sys
 import threading
@@ -9,6 +10,7 @@ import threading
 from powertrip.v1 import profiler_pb2_grpc
 from services.common.config import ConfigError, load_config
 from services.common.grpc_server import build_server, set_serving
+from services.common.latency import log_latency_path
 from services.common.logging import configure
 from services.common.metrics import start_metrics_server
 from services.profiler.catalogue import SiteCatalogue
@@ -16,6 +18,7 @@ from services.profiler.config import ProfilerConfig
 from services.profiler.servicer import LinkProber, ProfilerServicer
 
 SERVICE = "powertrip.v1.ProfilerService"
+logger = logging.getLogger("services.profiler")
 
 
 def main() -> int:
@@ -26,8 +29,25 @@ def main() -> int:
         return 2
     configure("profiler", cfg.log_level)
     metrics_port = start_metrics_server(cfg.metrics_port, cfg.bind_host)
+    try:
+        catalogue = SiteCatalogue(cfg)
+    except (OSError, ValueError) as exc:  # an unreadable or invalid power trace
+        print(f"powertrip-profiler: power model {cfg.power_model}: {exc}", file=sys.stderr)
+        return 2
+    logger.info(
+        "power: %s over %d sites (site seed %d); probes: %d pings + %d bytes every %g s, "
+        "at most %d probe bytes per hour",
+        catalogue.power_label,
+        cfg.num_sites,
+        cfg.site_seed,
+        cfg.ping_count,
+        cfg.probe_bytes,
+        cfg.probe_interval_s,
+        cfg.probe_budget_bytes_per_hour,
+    )
+    log_latency_path(logger)
     prober = LinkProber(cfg)
-    servicer = ProfilerServicer(SiteCatalogue(cfg), prober)
+    servicer = ProfilerServicer(catalogue, prober)
     server, port, health = build_server(
         [lambda s: profiler_pb2_grpc.add_ProfilerServiceServicer_to_server(servicer, s)],
         f"{cfg.bind_host}:{cfg.grpc_port}",

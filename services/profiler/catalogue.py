@@ -6,9 +6,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from services.common.sites import PowerSource, SiteSet, StaticPower, generate_sites
+from services.common.sites import PowerSource, SiteSet, generate_sites
 from services.profiler.config import ProfilerConfig
 from services.profiler.links import LinkEstimate
+from services.profiler.power_model import build_power
 
 
 @dataclass(frozen=True)
@@ -24,14 +25,27 @@ class SiteRow:
 
 
 class SiteCatalogue:
-    """The same site model the emulator builds from the same seed, plus live link estimates."""
+    """The same site model and power over time that the emulator builds from the same seed and
+    power model, plus live link estimates.
 
-    def __init__(self, cfg: ProfilerConfig, power: PowerSource | None = None) -> None:
+    ``power`` replaces the configured power model (tests, or a source fed from elsewhere); its
+    label is ``power_label`` or, failing that, the source's own ``label`` attribute.
+    """
+
+    def __init__(
+        self,
+        cfg: ProfilerConfig,
+        power: PowerSource | None = None,
+        power_label: str | None = None,
+    ) -> None:
         self.sites: SiteSet = generate_sites(
             cfg.num_sites, np.random.default_rng(cfg.site_seed), cfg.distance_mode
         )
-        self.power: PowerSource = power or StaticPower(self.sites.base_power)
-        self.power_label = "uniform" if power is None else getattr(power, "label", "trace")
+        if power is None:
+            self.power, self.power_label = build_power(cfg, self.sites)
+        else:
+            self.power = power
+            self.power_label = power_label or getattr(power, "label", "custom")
 
     def rows(self, t_s: float, links: dict[int, LinkEstimate]) -> list[SiteRow]:
         power = self.power.power_at(t_s)

@@ -32,13 +32,17 @@ class LinkEstimate:
     bandwidth_bytes_per_s: float = 0.0
     measured_at_s: float = 0.0
     probes: int = 0
+    bandwidth_probes: int = 0
 
-    def update(self, rtt_s: float, bandwidth: float, now_s: float) -> None:
-        if self.probes == 0:
-            self.rtt_s, self.bandwidth_bytes_per_s = rtt_s, bandwidth
-        else:
-            a = self.smoothing
-            self.rtt_s = a * rtt_s + (1 - a) * self.rtt_s
-            self.bandwidth_bytes_per_s = a * bandwidth + (1 - a) * self.bandwidth_bytes_per_s
+    def update(self, rtt_s: float, bandwidth: float | None, now_s: float) -> None:
+        """Fold in one probe; ``bandwidth=None`` (a probe the byte budget cut to pings) keeps the
+        bandwidth estimate as it was."""
+        a = self.smoothing
+        self.rtt_s = rtt_s if self.probes == 0 else a * rtt_s + (1 - a) * self.rtt_s
+        if bandwidth is not None:
+            old = self.bandwidth_bytes_per_s
+            first = self.bandwidth_probes == 0
+            self.bandwidth_bytes_per_s = bandwidth if first else a * bandwidth + (1 - a) * old
+            self.bandwidth_probes += 1
         self.measured_at_s = now_s
         self.probes += 1

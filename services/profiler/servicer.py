@@ -18,7 +18,8 @@ from services.profiler import metrics
 from services.profiler.catalogue import SiteCatalogue
 from services.profiler.config import ProfilerConfig
 from services.profiler.links import LinkEstimate
-from services.profiler.probes import probe_worker
+from services.profiler.probe_budget import ProbeBudget
+from services.profiler.probes import measure_bandwidth, measure_rtt
 
 logger = logging.getLogger(__name__)
 
@@ -33,15 +34,27 @@ class TrackedWorker:
 
 
 class LinkProber:
-    """Owns the tracked workers and their link estimates; probes on demand or periodically."""
+    """Owns the tracked workers and their link estimates; probes on demand or periodically.
 
-    def __init__(self, cfg: ProfilerConfig, channel_cfg: ServiceConfig | None = None) -> None:
+    Every probe measures the RTT (median of ``ping_count`` pings); the bulk bandwidth stream of
+    ``probe_bytes`` runs only while it fits in the hourly probe budget, otherwise the previous
+    bandwidth estimate stands and the probe counts as ``over_budget``.
+    """
+
+    def __init__(
+        self,
+        cfg: ProfilerConfig,
+        channel_cfg: ServiceConfig | None = None,
+        budget: ProbeBudget | None = None,
+    ) -> None:
         self.cfg = cfg
         self._channel_cfg = channel_cfg or cfg
         self._workers: dict[str, TrackedWorker] = {}
         self._lock = threading.Lock()
+        self._probe_lock = threading.Lock()  # one probe at a time: probes share the links
         self._started = time.monotonic()
         self._stop = threading.Event()
+        self.budget = budget or ProbeBudget(cfg.probe_budget_bytes_per_hour)
 
     def track(self, worker_id: str, address: str, sites: list[int]) -> None:
         with self._lock:
@@ -62,31 +75,66 @@ class LinkProber:
         with self._lock:
             return {s: w.link for w in self._workers.values() for s in w.sites if w.link.probes}
 
+    def link(self, worker_id: str) -> LinkEstimate:
+        with self._lock:
+            if worker_id not in self._workers:
+                raise NotFound(f"worker {worker_id!r} is not tracked")
+            return self._workers[worker_id].link
+
     def measure(self, worker_ids: list[str] | None = None) -> None:
         with self._lock:
             targets = {k: w for k, w in self._workers.items() if not worker_ids or k in worker_ids}
         missing = sorted(set(worker_ids or ()) - targets.keys())
         if missing:
             raise NotFound(f"workers {missing} are not tracked")
-        for worker_id, w in targets.items():
-            try:
-                r = probe_worker(
-                    w.stub, self.cfg.ping_count, self.cfg.probe_bytes, self.cfg.rpc_timeout_s
+        with self._probe_lock:
+            for worker_id, w in targets.items():
+                self._probe(worker_id, w)
+
+    def _probe(self, worker_id: str, w: TrackedWorker) -> None:
+        cfg = self.cfg
+        try:
+            rtt, moved = measure_rtt(w.stub, cfg.ping_count, cfg.rpc_timeout_s)
+            bandwidth = None
+            if self.budget.try_spend(cfg.probe_bytes):
+                bandwidth, received = measure_bandwidth(
+                    w.stub, cfg.probe_bytes, rtt, cfg.probe_timeout_s
                 )
-            except grpc.RpcError as exc:
-                metrics.PROBES.labels("failed").inc()
-                logger.warning("probe of %s at %s failed: %s", worker_id, w.address, exc.code())
-                continue
-            w.link.update(r.rtt_s, r.bandwidth_bytes_per_s, time.monotonic() - self._started)
-            metrics.PROBES.labels("ok").inc()
-            metrics.PROBE_BYTES.inc(r.bytes_moved)
-            for s in w.sites:
-                metrics.SITE_RTT.labels(site_id(s)).set(w.link.rtt_s)
-                metrics.SITE_BANDWIDTH.labels(site_id(s)).set(w.link.bandwidth_bytes_per_s)
+                moved += received
+            else:
+                logger.warning(
+                    "probe budget: %d of %d bytes used in the last hour; %s keeps its bandwidth "
+                    "estimate and gets pings only",
+                    self.budget.used(),
+                    self.budget.limit,
+                    worker_id,
+                )
+        except (grpc.RpcError, ValueError) as exc:
+            metrics.PROBES.labels("failed").inc()
+            why = exc.code() if isinstance(exc, grpc.RpcError) else exc
+            logger.warning("probe of %s at %s failed: %s", worker_id, w.address, why)
+            return
+        w.link.update(rtt, bandwidth, time.monotonic() - self._started)
+        metrics.PROBES.labels("ok" if bandwidth is not None else "over_budget").inc()
+        metrics.PROBE_BYTES.inc(moved)
+        logger.info(
+            "probe %s: rtt %.2f ms, bandwidth %s (smoothed: %.2f ms, %.2f Mbit/s)",
+            worker_id,
+            rtt * 1e3,
+            "skipped" if bandwidth is None else f"{bandwidth * 8e-6:.2f} Mbit/s",
+            w.link.rtt_s * 1e3,
+            w.link.bandwidth_bytes_per_s * 8e-6,
+        )
+        for s in w.sites:
+            metrics.SITE_RTT.labels(site_id(s)).set(w.link.rtt_s)
+            metrics.SITE_BANDWIDTH.labels(site_id(s)).set(w.link.bandwidth_bytes_per_s)
 
     def run_periodically(self) -> None:
         while not self._stop.wait(self.cfg.probe_interval_s):
-            self.measure()
+            try:
+                self.measure()
+            except Exception:  # the periodic prober must outlive one bad round of probes
+                logger.exception("periodic link probes failed")
 
     def stop(self) -> None:
         self._stop.set()
@@ -149,5 +197,7 @@ class ProfilerServicer(profiler_pb2_grpc.ProfilerServiceServicer):
     def MeasureLinks(  # noqa: N802
         self, request: profiler_pb2.MeasureLinksRequest, context: grpc.ServicerContext
     ) -> profiler_pb2.MeasureLinksResponse:
+        if request.time_seconds < 0:
+            raise BadRequest(f"time_seconds must be >= 0, got {request.time_seconds}")
         self.prober.measure(list(request.worker_ids))
-        return profiler_pb2.MeasureLinksResponse(sites=self._profiles(0.0))
+        return profiler_pb2.MeasureLinksResponse(sites=self._profiles(request.time_seconds))

@@ -12,7 +12,8 @@ from pydantic import ValidationError
 from services.common.sites import StaticPower, generate_sites
 from services.emulator.config import PRESETS, build_config
 from services.emulator.results import write_outputs
-from services.emulator.study import StudyResult, build_power
+from services.emulator.study import StudyResult
+from services.profiler.power_model import build_power
 from services.profiler.power_traces import SYNTHETIC_LABEL, PowerTrace, TracePower
 from services.profiler.synthetic_power import DAY_S, synthetic_power_trace
 

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from powertrip.v1 import common_pb2 as powertrip_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bpowertrip/v1/profiler.proto\x12\x0cpowertrip.v1\x1a\x19powertrip/v1/common.proto\"J\n\x12TrackWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x10\n\x08site_ids\x18\x03 \x03(\t\"\x15\n\x13TrackWorkerResponse\".\n\x16GetSiteProfilesRequest\x12\x14\n\x0ctime_seconds\x18\x01 \x01(\x01\"C\n\x17GetSiteProfilesResponse\x12(\n\x05sites\x18\x01 \x03(\x0b\x32\x19.powertrip.v1.SiteProfile\")\n\x13MeasureLinksRequest\x12\x12\n\nworker_ids\x18\x01 \x03(\t\"@\n\x14MeasureLinksResponse\x12(\n\x05sites\x18\x01 \x03(\x0b\x32\x19.powertrip.v1.SiteProfile2\x9c\x02\n\x0fProfilerService\x12R\n\x0bTrackWorker\x12 .powertrip.v1.TrackWorkerRequest\x1a!.powertrip.v1.TrackWorkerResponse\x12^\n\x0fGetSiteProfiles\x12$.powertrip.v1.GetSiteProfilesRequest\x1a%.powertrip.v1.GetSiteProfilesResponse\x12U\n\x0cMeasureLinks\x12!.powertrip.v1.MeasureLinksRequest\x1a\".powertrip.v1.MeasureLinksResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bpowertrip/v1/profiler.proto\x12\x0cpowertrip.v1\x1a\x19powertrip/v1/common.proto\"J\n\x12TrackWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x10\n\x08site_ids\x18\x03 \x03(\t\"\x15\n\x13TrackWorkerResponse\".\n\x16GetSiteProfilesRequest\x12\x14\n\x0ctime_seconds\x18\x01 \x01(\x01\"C\n\x17GetSiteProfilesResponse\x12(\n\x05sites\x18\x01 \x03(\x0b\x32\x19.powertrip.v1.SiteProfile\"?\n\x13MeasureLinksRequest\x12\x12\n\nworker_ids\x18\x01 \x03(\t\x12\x14\n\x0ctime_seconds\x18\x02 \x01(\x01\"@\n\x14MeasureLinksResponse\x12(\n\x05sites\x18\x01 \x03(\x0b\x32\x19.powertrip.v1.SiteProfile2\x9c\x02\n\x0fProfilerService\x12R\n\x0bTrackWorker\x12 .powertrip.v1.TrackWorkerRequest\x1a!.powertrip.v1.TrackWorkerResponse\x12^\n\x0fGetSiteProfiles\x12$.powertrip.v1.GetSiteProfilesRequest\x1a%.powertrip.v1.GetSiteProfilesResponse\x12U\n\x0cMeasureLinks\x12!.powertrip.v1.MeasureLinksRequest\x1a\".powertrip.v1.MeasureLinksResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -41,9 +41,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETSITEPROFILESRESPONSE']._serialized_start=219
   _globals['_GETSITEPROFILESRESPONSE']._serialized_end=286
   _globals['_MEASURELINKSREQUEST']._serialized_start=288
-  _globals['_MEASURELINKSREQUEST']._serialized_end=329
-  _globals['_MEASURELINKSRESPONSE']._serialized_start=331
-  _globals['_MEASURELINKSRESPONSE']._serialized_end=395
-  _globals['_PROFILERSERVICE']._serialized_start=398
-  _globals['_PROFILERSERVICE']._serialized_end=682
+  _globals['_MEASURELINKSREQUEST']._serialized_end=351
+  _globals['_MEASURELINKSRESPONSE']._serialized_start=353
+  _globals['_MEASURELINKSRESPONSE']._serialized_end=417
+  _globals['_PROFILERSERVICE']._serialized_start=420
+  _globals['_PROFILERSERVICE']._serialized_end=704
 # @@protoc_insertion_point(module_scope)

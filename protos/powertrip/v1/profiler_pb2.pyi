@@ -34,10 +34,12 @@ class GetSiteProfilesResponse(_message.Message):
     def __init__(self, sites: _Optional[_Iterable[_Union[_common_pb2.SiteProfile, _Mapping]]] = ...) -> None: ...
 
 class MeasureLinksRequest(_message.Message):
-    __slots__ = ("worker_ids",)
+    __slots__ = ("worker_ids", "time_seconds")
     WORKER_IDS_FIELD_NUMBER: _ClassVar[int]
+    TIME_SECONDS_FIELD_NUMBER: _ClassVar[int]
     worker_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, worker_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    time_seconds: float
+    def __init__(self, worker_ids: _Optional[_Iterable[str]] = ..., time_seconds: _Optional[float] = ...) -> None: ...
 
 class MeasureLinksResponse(_message.Message):
     __slots__ = ("sites",)
