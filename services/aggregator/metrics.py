@@ -2,6 +2,8 @@
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from services.common.metrics import UPDATE_BYTES  # noqa: F401 - re-exported: one definition
+
 ROUND_DURATION = Histogram(
     "powertrip_round_duration_seconds",
     "Round length on the run's clock (emulated or wall).",
@@ -25,9 +27,6 @@ TIME_TO_ACCURACY = Gauge(
     "Clock seconds until the target accuracy was first reached (NaN until then).",
 )
 CLOCK = Gauge("powertrip_clock_seconds", "The run's clock (emulated or wall) after the last round.")
-UPDATE_BYTES = Counter(
-    "powertrip_update_bytes_total", "Update bytes received from sites.", ["site", "direction"]
-)
 BROADCAST_BYTES = Counter(
     "powertrip_model_broadcast_bytes_total", "Global-model bytes sent to workers.", ["worker"]
 )

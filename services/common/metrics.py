@@ -13,6 +13,11 @@ from typing import Any
 import grpc
 from prometheus_client import Counter, Histogram, start_http_server
 
+# Both the worker (bytes it sends) and the aggregator (bytes it accepts) count updates; one
+# definition lets them share a process (tests, a single-process deployment).
+UPDATE_BYTES = Counter(
+    "powertrip_update_bytes_total", "Update bytes per site and direction.", ["site", "direction"]
+)
 GRPC_HANDLED = Counter(
     "grpc_server_handled_total",
     "RPCs completed on the server, by status code.",
