@@ -26,13 +26,7 @@ SHARED_ENV = K8S / "base" / "powertrip.env"
 COMPOSE = REPO / "compose.yaml"
 DOCKERFILE = REPO / "Dockerfile"
 
-# Until this branch is merged with main, the service modules (config.py, metrics.py) exist only
-# in the main worktree; the first candidate that has them wins. TODO(merge): drop the fallback.
-_SERVICES_CANDIDATES = (REPO / "services", Path("/work/main/services"))
-SERVICES_SRC = next(
-    (p for p in _SERVICES_CANDIDATES if (p / "common" / "metrics.py").is_file()),
-    _SERVICES_CANDIDATES[0],
-)
+SERVICES_SRC = REPO / "services"
 SERVICES = ("aggregator", "profiler", "worker")
 ENV_PREFIX = "POWERTRIP_"
 

@@ -104,7 +104,8 @@ def test_compose_env_is_valid_config_for_every_service():
         pytest.skip(f"service config modules not importable from this checkout: {exc}")
     for name, service in COMPOSE_SERVICES.items():
         spec = load_yaml(COMPOSE)["services"][name]
-        env = {**read_env_file(SHARED_ENV), **{k: str(v) for k, v in spec["environment"].items()}}
+        own = {k: str(v) for k, v in spec.get("environment", {}).items()}
+        env = {**read_env_file(SHARED_ENV), **own}
         load_config(classes[service], env)  # raises ConfigError naming the bad variable
 
 
