@@ -181,11 +181,13 @@ class LocalCluster:
         timeout_s: float,
         on_status: Callable[[aggregator_pb2.GetStatusResponse], None] | None = None,
     ) -> aggregator_pb2.GetStatusResponse:
+        """Poll the aggregator until the run ends. Only the aggregator exiting is fatal: a dead
+        worker's sites fail their rounds and a dead profiler leaves the last profiles in use."""
         end = time.monotonic() + timeout_s
         while True:
-            for s in self.services:
-                if s.process.poll() is not None:
-                    raise LaunchError(f"{s.name} exited with code {s.process.returncode}")
+            agg = self.aggregator.process
+            if agg.poll() is not None:
+                raise LaunchError(f"aggregator exited with code {agg.returncode}")
             st = self.status()
             if on_status:
                 on_status(st)

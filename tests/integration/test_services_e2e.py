@@ -4,6 +4,7 @@ as ``powertrip experiment`` with the same seed and configuration."""
 
 from __future__ import annotations
 
+import time
 import urllib.request
 
 import pytest
@@ -132,3 +133,27 @@ def test_emulated_clock_run_matches_powertrip_experiment(finished_run):
     emulated_tta = emulated.time_to(TARGET)
     one_round = max(r.duration_s for r in emulated.rounds)
     assert abs(status.time_to_accuracy_seconds - emulated_tta) <= one_round
+
+
+def test_a_worker_killed_mid_run_costs_its_sites_not_the_round(tmp_path):
+    plan = ClusterPlan(
+        workers=3,
+        sites=6,
+        policy="select-all",
+        target=0.99,  # unreachable: the run goes through its whole round budget
+        max_rounds=8,
+        log_dir=tmp_path / "logs",
+        round_deadline_s=10,
+    )
+    with LocalCluster(plan) as cluster:
+        cluster.start()
+        victim = next(s for s in cluster.services if s.name == "worker-1")
+        while cluster.status().round < 2:
+            time.sleep(0.05)
+        victim.process.kill()
+        status = cluster.wait_done(timeout_s=120)
+        assert cluster.aggregator.process.poll() is None  # still serving
+    assert status.state == aggregator_pb2.RUN_STATE_DONE
+    assert [r.outcome for r in status.rounds] == ["completed"] * 8
+    assert status.rounds[-1].contributions == 4  # worker-1 hosted sites 2 and 3
+    assert all(r.contributions >= 4 for r in status.rounds)
