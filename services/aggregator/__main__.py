@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import signal
 import sys
 
 from powertrip.v1 import aggregator_pb2_grpc, profiler_pb2, profiler_pb2_grpc
@@ -12,7 +11,7 @@ from services.aggregator.run import AggregatorRun, RunState
 from services.aggregator.servicer import AggregatorServicer
 from services.common.config import ConfigError, load_config
 from services.common.grpc_client import make_channel, retry_idempotent
-from services.common.grpc_server import build_server, set_serving
+from services.common.grpc_server import build_server, serve
 from services.common.logging import configure
 from services.common.metrics import start_metrics_server
 
@@ -56,25 +55,15 @@ def main() -> int:
         [SERVICE],
     )
     server.start()
-    set_serving(health, [SERVICE], True)
-    print(
-        f"READY service=aggregator grpc={cfg.bind_host}:{port} metrics={metrics_port}", flush=True
-    )
     thread = run.start()
-
-    def shutdown(signum: int, _frame: object) -> None:
-        set_serving(health, [SERVICE], False)
-        run.stop()
-        server.stop(grace=5)
-
-    signal.signal(signal.SIGTERM, shutdown)
-    signal.signal(signal.SIGINT, shutdown)
-    if cfg.exit_when_done:
-        thread.join()
-        server.stop(grace=2)
-        return 0 if run.status.state is RunState.DONE else 1
-    server.wait_for_termination()
-    return 0
+    grpc_addr = f"{cfg.bind_host}:{port}"
+    block = not cfg.exit_when_done
+    serve("aggregator", server, health, [SERVICE], grpc_addr, metrics_port, run.stop, block=block)
+    if block:
+        return 0
+    thread.join()
+    server.stop(grace=2)
+    return 0 if run.status.state is RunState.DONE else 1
 
 
 if __name__ == "__main__":

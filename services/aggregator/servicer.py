@@ -80,18 +80,7 @@ class AggregatorServicer(aggregator_pb2_grpc.AggregatorServiceServicer):
         expected = specs_of(self.run.executor.params)
         rx = TensorStreamReceiver(expected)
         try:
-            for msg in request_iterator:
-                part = msg.WhichOneof("part")
-                if part == "header":
-                    rx.header(msg.header)
-                elif part == "chunk":
-                    rx.chunk(msg.chunk)
-                elif part == "trailer":
-                    rx.trailer(msg.trailer)
-                else:
-                    raise StreamError("sequence", f"unexpected {part!r} inside the update")
-            if not rx.complete:
-                raise StreamError("truncated", "the update stream ended without its trailer")
+            rx.consume(request_iterator)
             if not head.num_samples > 0 or head.num_samples != head.num_samples:
                 raise StreamError("bad_weight", f"num_samples must be > 0, got {head.num_samples}")
         except StreamError as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable, Sequence
 from concurrent import futures
 
@@ -51,3 +52,30 @@ def set_serving(health_servicer: health.HealthServicer, names: Sequence[str], up
     )
     for name in ("", *names):
         health_servicer.set(name, status)
+
+
+def serve(
+    service: str,
+    server: grpc.Server,
+    health_servicer: health.HealthServicer,
+    names: Sequence[str],
+    grpc_addr: str,
+    metrics_port: int,
+    on_stop: Callable[[], None] = lambda: None,
+    grace_s: float = 5.0,
+    block: bool = True,
+) -> None:
+    """Report SERVING, print the READY line launchers parse, and on SIGTERM/SIGINT go
+    NOT_SERVING at once, stop the service's own work, then drain the server."""
+    set_serving(health_servicer, names, True)
+    print(f"READY service={service} grpc={grpc_addr} metrics={metrics_port}", flush=True)
+
+    def shutdown(_signum: int, _frame: object) -> None:
+        set_serving(health_servicer, names, False)
+        on_stop()
+        server.stop(grace=grace_s)
+
+    signal.signal(signal.SIGTERM, shutdown)
+    signal.signal(signal.SIGINT, shutdown)
+    if block:
+        server.wait_for_termination()

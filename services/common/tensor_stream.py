@@ -14,6 +14,7 @@ import hashlib
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -185,6 +186,21 @@ class TensorStreamReceiver:
         if msg.sha256 != self._digest.hexdigest():
             raise StreamError("checksum", "SHA-256 of the received bytes does not match")
         self.complete = True
+
+    def consume(self, messages: Iterable[Any]) -> None:
+        """Feed a request stream whose ``oneof part`` carries header / chunk / trailer."""
+        for msg in messages:
+            part = msg.WhichOneof("part")
+            if part == "header":
+                self.header(msg.header)
+            elif part == "chunk":
+                self.chunk(msg.chunk)
+            elif part == "trailer":
+                self.trailer(msg.trailer)
+            else:
+                raise StreamError("sequence", f"unexpected {part!r} inside a tensor stream")
+        if not self.complete:
+            raise StreamError("truncated", "the tensor stream ended without its trailer")
 
     def _check_finite(self, offset: int, data: bytes) -> None:
         """Scan the values in ``data``, carrying a partial element across chunk boundaries."""

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import logging
-import signal
 import sys
 import threading
 
 from powertrip.v1 import profiler_pb2_grpc
 from services.common.config import ConfigError, load_config
-from services.common.grpc_server import build_server, set_serving
+from services.common.grpc_server import build_server, serve
 from services.common.latency import log_latency_path
 from services.common.logging import configure
 from services.common.metrics import start_metrics_server
@@ -56,17 +55,8 @@ def main() -> int:
     )
     server.start()
     threading.Thread(target=prober.run_periodically, name="prober", daemon=True).start()
-    set_serving(health, [SERVICE], True)
-    print(f"READY service=profiler grpc={cfg.bind_host}:{port} metrics={metrics_port}", flush=True)
-
-    def shutdown(signum: int, _frame: object) -> None:
-        set_serving(health, [SERVICE], False)
-        prober.stop()
-        server.stop(grace=2)
-
-    signal.signal(signal.SIGTERM, shutdown)
-    signal.signal(signal.SIGINT, shutdown)
-    server.wait_for_termination()
+    serve("profiler", server, health, [SERVICE], f"{cfg.bind_host}:{port}", metrics_port,
+          on_stop=prober.stop, grace_s=2)  # fmt: skip
     return 0
 
 

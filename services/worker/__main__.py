@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import logging
-import signal
 import sys
 
 from powertrip.v1 import aggregator_pb2, aggregator_pb2_grpc, worker_pb2_grpc
 from services.common.config import ConfigError, load_config
 from services.common.grpc_client import make_channel, retry_idempotent
-from services.common.grpc_server import build_server, set_serving
+from services.common.grpc_server import build_server, serve
 from services.common.logging import configure
 from services.common.metrics import start_metrics_server
 from services.common.sites import site_id
@@ -67,18 +66,8 @@ def main() -> int:
         logger.error("cannot join the run at %s: %s", cfg.aggregator_addr, exc)
         server.stop(grace=None)
         return 1
-    set_serving(health, [SERVICE], True)
-    print(f"READY service=worker grpc={address} metrics={metrics_port}", flush=True)
     logger.info("worker %s hosts %d sites at %s", cfg.worker_id, len(cfg.site_indices), address)
-
-    def shutdown(signum: int, _frame: object) -> None:
-        set_serving(health, [SERVICE], False)
-        runner.stop()
-        server.stop(grace=5)
-
-    signal.signal(signal.SIGTERM, shutdown)
-    signal.signal(signal.SIGINT, shutdown)
-    server.wait_for_termination()
+    serve("worker", server, health, [SERVICE], address, metrics_port, on_stop=runner.stop)
     return 0
 
 

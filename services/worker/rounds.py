@@ -63,6 +63,10 @@ class RoundRunner:
             self._stopped = True
             self._cv.notify_all()
 
+    @property
+    def ready(self) -> bool:
+        return self._host is not None
+
     def submit(self, job: RoundJob) -> None:
         if self._host is None:
             raise Busy("the worker is still loading its sites; retry shortly")

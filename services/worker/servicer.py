@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import grpc
 
 from powertrip.v1 import worker_pb2, worker_pb2_grpc
-from services.common.errors import BadRequest, NotFound, translate_errors
+from services.common.errors import BadRequest, Busy, NotFound, translate_errors
 from services.common.sites import site_id, site_index
 from services.common.tensor_stream import StreamError, TensorStreamReceiver
 from services.worker import metrics
@@ -33,6 +33,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         request_iterator: Iterator[worker_pb2.StartRoundRequest],
         context: grpc.ServicerContext,
     ) -> worker_pb2.StartRoundResponse:
+        if not self.runner.ready:  # refuse before reading a possibly large model
+            raise Busy("the worker is still loading its sites; retry shortly")
         first = next(request_iterator, None)
         if first is None or first.WhichOneof("part") != "spec":
             raise BadRequest("a StartRound stream must open with the round spec")
@@ -48,18 +50,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             raise NotFound(f"sites {unknown} are not hosted by this worker")
         with TensorStreamReceiver() as rx:
             try:
-                for msg in request_iterator:
-                    part = msg.WhichOneof("part")
-                    if part == "header":
-                        rx.header(msg.header)
-                    elif part == "chunk":
-                        rx.chunk(msg.chunk)
-                    elif part == "trailer":
-                        rx.trailer(msg.trailer)
-                    else:
-                        raise BadRequest(f"unexpected {part!r} inside the model stream")
-                if not rx.complete:
-                    raise BadRequest("the model stream ended without its trailer")
+                rx.consume(request_iterator)
             except StreamError as exc:
                 raise BadRequest(f"global model rejected: {exc}") from None
             params = rx.arrays()
