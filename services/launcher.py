@@ -95,7 +95,7 @@ class LocalCluster:
 
     def _spawn(self, name: str, module: str, env: dict[str, str], timeout_s: float) -> Service:
         self.plan.log_dir.mkdir(parents=True, exist_ok=True)
-        log = (self.plan.log_dir / f"{name}.log").open("w")
+        log = (self.plan.log_dir / f"{name}.log").open("a")  # a restart appends
         proc = subprocess.Popen(
             [sys.executable, "-m", module],
             env=env,
@@ -130,24 +130,21 @@ class LocalCluster:
         prof = self._spawn("profiler", "services.profiler", self._env(), 60)
         if on_started:
             on_started(prof)
-        agg = self._spawn(
-            "aggregator",
-            "services.aggregator",
-            self._env(
-                profiler_addr=prof.grpc_addr,
-                policy=p.policy,
-                clock=p.clock,
-                preset=p.preset,
-                target_accuracy=p.target,
-                max_rounds=p.max_rounds,
-                seed=p.seed,
-                num_samples=p.num_samples,
-                round_deadline_s=p.round_deadline_s,
-                checkpoint_dir=p.checkpoint_dir or "",
-                registration_timeout_s=300,
-            ),
-            300,
+        agg_env = self._env(
+            profiler_addr=prof.grpc_addr,
+            policy=p.policy,
+            clock=p.clock,
+            preset=p.preset,
+            target_accuracy=p.target,
+            max_rounds=p.max_rounds,
+            seed=p.seed,
+            num_samples=p.num_samples,
+            round_deadline_s=p.round_deadline_s,
+            checkpoint_dir=p.checkpoint_dir or "",
+            registration_timeout_s=300,
         )
+        agg = self._spawn("aggregator", "services.aggregator", agg_env, 300)
+        self._aggregator_env = agg_env
         if on_started:
             on_started(agg)
         for i, sites in enumerate(p.site_ranges()):
@@ -164,6 +161,17 @@ class LocalCluster:
             )
             if on_started:
                 on_started(w)
+
+    def restart_aggregator(self) -> Service:
+        """SIGKILL the aggregator and start it again on the same port (workers find it by their
+        heartbeat; it resumes from its last checkpoint)."""
+        old = self.aggregator
+        old.process.kill()
+        old.process.wait()
+        self.services.remove(old)
+        port = old.grpc_addr.rsplit(":", 1)[1]
+        env = {**self._aggregator_env, "POWERTRIP_GRPC_PORT": port}
+        return self._spawn("aggregator", "services.aggregator", env, 300)
 
     # -- watch -----------------------------------------------------------------------------
     @property

@@ -13,6 +13,7 @@ from services.common.config import ConfigError, load_config
 from services.common.grpc_client import make_channel, retry_idempotent
 from services.common.grpc_server import build_server, serve
 from services.common.logging import configure
+from services.common.memory import pin_mmap_threshold
 from services.common.metrics import start_metrics_server
 
 logger = logging.getLogger("services.aggregator")
@@ -27,6 +28,7 @@ def main() -> int:
         print(f"powertrip-aggregator: {exc}", file=sys.stderr)
         return 2
     configure("aggregator", cfg.log_level)
+    pin_mmap_threshold()  # bounded RSS under many concurrent large uploads
     import torch
 
     torch.set_num_threads(1)

@@ -24,8 +24,12 @@ class WorkerRegistry:
         self._site_owner: dict[int, str] = {}
         self._lock = threading.Lock()
 
-    def register(self, worker_id: str, address: str, sites: Sequence[int]) -> Worker:
-        """Add or replace a worker (a restarted worker re-registers under its id)."""
+    def register(self, worker_id: str, address: str, sites: Sequence[int]) -> tuple[Worker, bool]:
+        """Add or replace a worker (a restarted worker re-registers under its id).
+
+        Returns (worker, changed): workers re-register periodically as a heartbeat, so that an
+        aggregator restarted from a checkpoint finds them again; ``changed`` is False for those.
+        """
         if not worker_id or not address:
             raise BadRequest("registration needs worker_id and address")
         if not sites:
@@ -39,14 +43,16 @@ class WorkerRegistry:
                 if owner is not None and owner != worker_id:
                     raise Duplicate(f"{site_id(s)} is already hosted by worker {owner!r}")
             old = self._workers.get(worker_id)
+            worker = Worker(worker_id, address, tuple(sorted(set(sites))))
+            if old == worker:
+                return old, False
             if old is not None:
                 for s in old.sites:
                     self._site_owner.pop(s, None)
-            worker = Worker(worker_id, address, tuple(sorted(set(sites))))
             self._workers[worker_id] = worker
             for s in worker.sites:
                 self._site_owner[s] = worker_id
-            return worker
+            return worker, True
 
     @property
     def site_count(self) -> int:

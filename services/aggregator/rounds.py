@@ -10,7 +10,7 @@ seed, and time-to-accuracy is read from whichever clock the run uses.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -128,7 +128,6 @@ def run_rounds(
     max_rounds: int,
     on_round: Callable[[RoundRecord], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
-    first_round: int = 1,
 ) -> RunResult:
     """Run until the target accuracy (if any), the round budget, or ``should_stop()``.
 
@@ -139,7 +138,7 @@ def run_rounds(
     accuracy, loss = executor.evaluate_initial()
     result = RunResult(policy.name, seed, target_accuracy, initial_accuracy=accuracy)
     split_half = policy.wants_split_half
-    for r in range(first_round, max_rounds + 1):
+    for r in range(1, max_rounds + 1):
         if should_stop is not None and should_stop():
             break
         started = clock.now()
@@ -187,3 +186,93 @@ def run_rounds(
         if target_accuracy is not None and accuracy >= target_accuracy:
             break
     return result
+
+
+@dataclass(frozen=True)
+class JournalEntry:
+    """One round as the policy saw it: enough to replay the policy's state after a restart."""
+
+    round: int
+    selected: tuple[int, ...]
+    outcome: RoundOutcome | None  # params dropped: the checkpoint holds the model
+
+    def to_json(self) -> dict[str, Any]:
+        o = self.outcome
+        return {
+            "round": self.round,
+            "selected": list(self.selected),
+            "outcome": None
+            if o is None
+            else {
+                "accuracy": o.accuracy,
+                "loss": o.loss,
+                "dispersion": list(o.dispersion),
+                "contributions": o.contributions,
+                "half_loss": o.half_loss,
+                "half_sites": o.half_sites,
+            },
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> JournalEntry:
+        o = data["outcome"]
+        outcome = None
+        if o is not None:
+            outcome = RoundOutcome(
+                o["accuracy"],
+                o["loss"],
+                tuple(o["dispersion"]),
+                o["contributions"],
+                o["half_loss"],
+                o["half_sites"],
+            )
+        return cls(int(data["round"]), tuple(data["selected"]), outcome)
+
+
+class JournaledExecutor:
+    """Wraps an executor: records every round, and replays recorded rounds without training.
+
+    Restarting from a checkpoint replays the journal through the same loop, so the policy (and
+    its random stream) reaches exactly the state it had when the checkpoint was written; with
+    deterministic training the resumed run then equals an uninterrupted one.
+    """
+
+    def __init__(
+        self,
+        live: RoundExecutor,
+        journal: list[JournalEntry] | None = None,
+        initial: tuple[float, float] | None = None,
+    ) -> None:
+        self.live = live
+        self.journal = list(journal or [])
+        self._replay = len(self.journal)
+        self.initial = initial
+
+    def replaying(self, round_index: int) -> bool:
+        return round_index <= self._replay
+
+    def evaluate_initial(self) -> tuple[float, float]:
+        if self.initial is None:
+            self.initial = self.live.evaluate_initial()
+        return self.initial
+
+    def execute(
+        self,
+        round_index: int,
+        selected: NDArray[np.int64],
+        profile: SiteProfile,
+        split_half: bool,
+    ) -> RoundOutcome | None:
+        ids = tuple(int(s) for s in selected)
+        if self.replaying(round_index):
+            entry = self.journal[round_index - 1]
+            if entry.selected != ids:
+                raise RuntimeError(
+                    f"cannot resume: round {round_index} selects {list(ids)} now but "
+                    f"{list(entry.selected)} before the restart (configuration changed?)"
+                )
+            return entry.outcome
+        outcome = self.live.execute(round_index, selected, profile, split_half)
+        kept = None if outcome is None else replace(outcome, params=None)
+        self.journal.append(JournalEntry(round_index, ids, kept))
+        return outcome

@@ -24,7 +24,13 @@ from services.aggregator.config import AggregatorConfig
 from services.aggregator.executor import GrpcRoundExecutor, Params
 from services.aggregator.policies import build_policy
 from services.aggregator.registry import WorkerRegistry
-from services.aggregator.rounds import RoundRecord, TimeModel, run_rounds
+from services.aggregator.rounds import (
+    JournaledExecutor,
+    JournalEntry,
+    RoundRecord,
+    TimeModel,
+    run_rounds,
+)
 from services.common.clock import Clock, EmulatedClock, WallClock
 from services.common.grpc_client import make_channel, retry_idempotent
 from services.common.sites import SiteProfile, site_id, site_index
@@ -67,17 +73,19 @@ class AggregatorRun:
         fed = build_federation(exp, data, self.run_seed)
         self._trainer, self._x_test, self._y_test = fed.trainer, fed.x_test, fed.y_test
         params: Params = {k: v.numpy().copy() for k, v in fed.initial_params.items()}
-        self.first_round = 1
         self.clock: Clock = EmulatedClock() if cfg.clock == "emulated" else WallClock()
         self._checkpoints = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
+        journal: list[JournalEntry] = []
+        initial: tuple[float, float] | None = None
         if self._checkpoints is not None:
             ckpt = checkpoint.load_latest(self._checkpoints)
             if ckpt is not None:
                 params = ckpt.params
-                self.first_round = ckpt.round + 1
-                if isinstance(self.clock, EmulatedClock):
-                    self.clock.advance(float(ckpt.state.get("clock_s", 0.0)))
-                logger.info("resumed from the checkpoint of round %d", ckpt.round)
+                journal = [JournalEntry.from_json(e) for e in ckpt.state.get("journal", [])]
+                initial = tuple(ckpt.state["initial"]) if "initial" in ckpt.state else None
+                logger.info(
+                    "resuming after round %d: replaying %d rounds", ckpt.round, len(journal)
+                )
         self.model_bytes = sum(int(v.nbytes) for v in params.values())
         self.executor = GrpcRoundExecutor(
             self.registry,
@@ -88,6 +96,8 @@ class AggregatorRun:
             pace_by_power=cfg.clock == "wall",
             channel_cfg=cfg,
         )
+        # Restarts replay the journal through the round loop, so the policy resumes exactly.
+        self.journaled = JournaledExecutor(self.executor, journal, initial)
         self._profiler = profiler_pb2_grpc.ProfilerServiceStub(make_channel(cfg.profiler_addr, cfg))
         self._last_profile: SiteProfile | None = None
         if self.target is not None:
@@ -179,22 +189,30 @@ class AggregatorRun:
             if reached and st.time_to_accuracy_s is None:
                 st.time_to_accuracy_s = rec.time_s
                 metrics.TIME_TO_ACCURACY.set(rec.time_s)
-        if self._checkpoints is not None and rec.outcome == "completed":
+        replayed = self.journaled.replaying(rec.round)
+        if self._checkpoints is not None and rec.outcome == "completed" and not replayed:
             checkpoint.save(
                 self._checkpoints,
                 rec.round,
                 self.executor.params,
-                {"clock_s": rec.time_s, "accuracy": rec.accuracy, "policy": strategy},
+                {
+                    "clock_s": rec.time_s,
+                    "accuracy": rec.accuracy,
+                    "policy": strategy,
+                    "initial": list(self.journaled.evaluate_initial()),
+                    "journal": [e.to_json() for e in self.journaled.journal],
+                },
             )
             metrics.CHECKPOINT_ROUND.set(rec.round)
         logger.info(
-            "round %d: %d sites, %d updates, accuracy %.4f, clock %.1f s (%s)",
+            "round %d: %d sites, %d updates, accuracy %.4f, clock %.1f s (%s%s)",
             rec.round,
             rec.sites,
             rec.contributions,
             rec.accuracy,
             rec.time_s,
             rec.outcome,
+            ", replayed" if replayed else "",
         )
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -236,7 +254,7 @@ class AggregatorRun:
             )
             run_rounds(
                 policy,
-                self.executor,
+                self.journaled,
                 self.profile_at,
                 self.time_model,
                 self.clock,
@@ -245,7 +263,6 @@ class AggregatorRun:
                 exp.max_rounds,
                 on_round=self._on_round,
                 should_stop=self._stop.is_set,
-                first_round=self.first_round,
             )
             with self._lock:
                 self.status.state = RunState.DONE

@@ -34,8 +34,10 @@ class AggregatorServicer(aggregator_pb2_grpc.AggregatorServiceServicer):
             sites = [site_index(s) for s in request.site_ids]
         except ValueError as exc:
             raise BadRequest(str(exc)) from None
-        worker = self.run.registry.register(request.worker_id, request.address, sites)
+        worker, changed = self.run.registry.register(request.worker_id, request.address, sites)
         metrics.REGISTERED_SITES.set(self.run.registry.site_count)
+        if not changed:  # a heartbeat from a worker we know
+            return self._registration_reply()
         logger.info(
             "[AggregatorService.RegisterWorker] worker=%s address=%s sites=%d",
             worker.worker_id,
@@ -48,6 +50,9 @@ class AggregatorServicer(aggregator_pb2_grpc.AggregatorServiceServicer):
                 args=(worker.worker_id, worker.address, [site_id(s) for s in worker.sites]),
                 daemon=True,
             ).start()
+        return self._registration_reply()
+
+    def _registration_reply(self) -> aggregator_pb2.RegisterWorkerResponse:
         return aggregator_pb2.RegisterWorkerResponse(
             run_config_json=self.run.experiment.model_dump_json(), run_seed=self.run.run_seed
         )

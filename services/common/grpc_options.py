@@ -41,4 +41,6 @@ def server_options(cfg: ServiceConfig) -> list[tuple[str, int]]:
         ("grpc.http2.max_pings_without_data", 0),
         # Accept client pings up to twice as often as they are configured to come.
         ("grpc.http2.min_ping_interval_without_data_ms", int(cfg.keepalive_s * 500)),
+        ("grpc.http2.bdp_probe", 0),
+        ("grpc.http2.lookahead_bytes", cfg.stream_window_mib * MiB),
     ]

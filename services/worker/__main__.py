@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 
 from powertrip.v1 import aggregator_pb2, aggregator_pb2_grpc, worker_pb2_grpc
 from services.common.config import ConfigError, load_config
@@ -67,7 +68,22 @@ def main() -> int:
         server.stop(grace=None)
         return 1
     logger.info("worker %s hosts %d sites at %s", cfg.worker_id, len(cfg.site_indices), address)
-    serve("worker", server, health, [SERVICE], address, metrics_port, on_stop=runner.stop)
+    stopping = threading.Event()
+
+    def heartbeat() -> None:
+        while not stopping.wait(cfg.heartbeat_s):
+            try:
+                register()
+            except Exception as exc:  # keep beating: the aggregator may come back
+                logger.warning("heartbeat to %s failed: %s", cfg.aggregator_addr, exc)
+
+    threading.Thread(target=heartbeat, name="heartbeat", daemon=True).start()
+
+    def stop() -> None:
+        stopping.set()
+        runner.stop()
+
+    serve("worker", server, health, [SERVICE], address, metrics_port, on_stop=stop)
     return 0
 
 

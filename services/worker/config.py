@@ -18,6 +18,8 @@ class WorkerConfig(ServiceConfig):
     advertise_host: str = Field(default_factory=socket.gethostname)
     train_threads: int = Field(1, ge=1)
     register_timeout_s: float = Field(120.0, gt=0)  # keep retrying registration this long
+    # Re-register this often: a heartbeat that lets a restarted aggregator find us again.
+    heartbeat_s: float = Field(2.0, gt=0)
 
     @field_validator("sites")
     @classmethod

@@ -33,10 +33,8 @@ def scrape(url: str) -> dict[str, list]:
     return out
 
 
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("up")
-    plan = ClusterPlan(
+def e2e_plan(out) -> ClusterPlan:
+    return ClusterPlan(
         workers=3,
         sites=SITES,
         policy="powertrip",
@@ -48,6 +46,12 @@ def finished_run(tmp_path_factory):
         log_dir=out / "logs",
         checkpoint_dir=out / "checkpoints",
     )
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("up")
+    plan = e2e_plan(out)
     with LocalCluster(plan) as cluster:
         cluster.start()
         status = cluster.wait_done(timeout_s=300)
@@ -157,3 +161,24 @@ def test_a_worker_killed_mid_run_costs_its_sites_not_the_round(tmp_path):
     assert [r.outcome for r in status.rounds] == ["completed"] * 8
     assert status.rounds[-1].contributions == 4  # worker-1 hosted sites 2 and 3
     assert all(r.contributions >= 4 for r in status.rounds)
+
+
+def test_an_aggregator_killed_mid_run_resumes_to_the_identical_result(finished_run, tmp_path):
+    """SIGKILL after a few rounds, restart from the checkpoint: the journal replays the policy's
+    state, workers re-register by heartbeat, and every round equals the uninterrupted run's."""
+    uninterrupted, _, _, _, _ = finished_run
+    with LocalCluster(e2e_plan(tmp_path)) as cluster:
+        cluster.start()
+        while cluster.status().round < 4:
+            time.sleep(0.05)
+        cluster.restart_aggregator()
+        status = cluster.wait_done(timeout_s=300)
+    assert status.state == aggregator_pb2.RUN_STATE_DONE
+    got = [(r.round, list(r.selected_site_ids), r.accuracy, r.clock_seconds) for r in status.rounds]
+    want = [
+        (r.round, list(r.selected_site_ids), r.accuracy, r.clock_seconds)
+        for r in uninterrupted.rounds
+    ]
+    assert got == want
+    log = (tmp_path / "logs" / "aggregator.log").read_text()
+    assert "resuming after round" in log and "replayed" in log
