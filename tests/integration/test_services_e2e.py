@@ -4,6 +4,7 @@ as ``powertrip experiment`` with the same seed and configuration."""
 
 from __future__ import annotations
 
+import signal
 import time
 import urllib.request
 
@@ -182,3 +183,38 @@ def test_an_aggregator_killed_mid_run_resumes_to_the_identical_result(finished_r
     assert got == want
     log = (tmp_path / "logs" / "aggregator.log").read_text()
     assert "resuming after round" in log and "replayed" in log
+
+
+def test_a_frozen_worker_costs_one_deadline_then_rejoins(tmp_path):
+    """SIGSTOP: the round closes at its deadline with the other sites; after SIGCONT the
+    worker's sites deliver again."""
+    deadline = 4.0
+    plan = ClusterPlan(
+        workers=2,
+        sites=4,
+        policy="select-all",
+        target=0.99,
+        max_rounds=60,
+        log_dir=tmp_path / "logs",
+        round_deadline_s=deadline,
+    )
+    with LocalCluster(plan) as cluster:
+        cluster.start()
+        frozen = next(s for s in cluster.services if s.name == "worker-1")
+        while cluster.status().round < 2:
+            time.sleep(0.05)
+        frozen.process.send_signal(signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        while not any(r.contributions == 2 for r in cluster.status().rounds):
+            assert time.monotonic() - stopped_at < 3 * deadline, "round stuck on a frozen worker"
+            time.sleep(0.1)
+        partial_round = max(r.round for r in cluster.status().rounds if r.contributions == 2)
+        frozen.process.send_signal(signal.SIGCONT)
+        end = time.monotonic() + 60
+        while True:
+            rounds = cluster.status().rounds
+            if any(r.round > partial_round and r.contributions == 4 for r in rounds):
+                break
+            assert time.monotonic() < end, "the thawed worker never delivered again"
+            time.sleep(0.1)
+        assert cluster.aggregator.process.poll() is None
