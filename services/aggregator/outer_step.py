@@ -24,14 +24,18 @@ class NesterovOuter:
         self.momentum = momentum
         self._m: dict[str, NDArray[np.floating]] | None = None
 
-    def step(self, previous: Arrays, averaged: Arrays) -> dict[str, NDArray[np.floating]]:
-        if self._m is None:
-            self._m = {k: np.zeros_like(v) for k, v in previous.items()}
+    def step(
+        self, previous: Arrays, averaged: Arrays, commit: bool = True
+    ) -> dict[str, NDArray[np.floating]]:
+        """The new global model; ``commit=False`` previews it without advancing the momentum."""
+        before = self._m or {k: np.zeros_like(v) for k, v in previous.items()}
+        momentum: dict[str, NDArray[np.floating]] = {}
         out = {}
         for k, w_prev in previous.items():
             delta = w_prev - averaged[k]
-            self._m[k] = self.momentum * self._m[k] + delta
-            out[k] = (w_prev - self.lr * (self.momentum * self._m[k] + delta)).astype(
-                w_prev.dtype, copy=False
-            )
+            momentum[k] = self.momentum * before[k] + delta
+            step = self.lr * (self.momentum * momentum[k] + delta)
+            out[k] = (w_prev - step).astype(w_prev.dtype, copy=False)
+        if commit:
+            self._m = momentum
         return out

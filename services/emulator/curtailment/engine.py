@@ -64,11 +64,20 @@ class SiteWork:
 
 
 @dataclass(frozen=True)
+class Checkpoints:
+    """Evaluate while ``site`` trains on alone (every other site of the round is done): after
+    each of its step counts, the model the server would get if it stopped the round then."""
+
+    site: int
+    steps: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class LearnOutcome:
     accuracy: float
     loss: float
     dispersion: tuple[float, float, float] | None = None
-    checkpoints: tuple[tuple[int, float, float], ...] = ()  # (steps, accuracy, loss), solo only
+    checkpoints: tuple[tuple[float, float], ...] = ()  # (accuracy, loss) per checkpoint
 
 
 class Learner(Protocol):
@@ -76,10 +85,11 @@ class Learner(Protocol):
         """(accuracy, loss) of the current global model."""
         ...
 
-    def train_round(self, work: Sequence[SiteWork], checkpoints: Sequence[int]) -> LearnOutcome:
-        """Train every site with steps > 0 on its rows from the global model and aggregate them
-        weighted by steps. With a single such site, also evaluate after each checkpoint's step
-        count (its local model is then the only model there is)."""
+    def train_round(
+        self, work: Sequence[SiteWork], checkpoints: Checkpoints | None
+    ) -> LearnOutcome:
+        """Train every site with steps > 0 on its rows from the global model, aggregate them
+        weighted by steps, and evaluate the checkpoints on the way."""
         ...
 
 
@@ -208,9 +218,9 @@ class ElasticEngine:
             index = len(run.rounds) + 1
             chosen = self._select(policy, pool, t, index, rng)
             work, stop, end = self._play(t, chosen, cursor)
-            checkpoints = self._checkpoints(work)
-            outcome = learner.train_round(work, [k for k, _ in checkpoints])
-            for (_, at), (_, acc, lss) in zip(checkpoints, outcome.checkpoints, strict=True):
+            checkpoints, times = self._checkpoints(work)
+            outcome = learner.train_round(work, checkpoints)
+            for at, (acc, lss) in zip(times, outcome.checkpoints, strict=True):
                 run.evaluations.append((at, acc, lss))
             run.evaluations.append((end, outcome.accuracy, outcome.loss))
             run.rounds.append(
@@ -334,15 +344,23 @@ class ElasticEngine:
                 return t
         return min(nobody_left, self.horizon_s)
 
-    def _checkpoints(self, work: list[SiteWork]) -> list[tuple[int, float]]:
-        """(steps, time) at which a lone site's model is evaluated during a solo round."""
+    def _checkpoints(self, work: list[SiteWork]) -> tuple[Checkpoints | None, list[float]]:
+        """Every ``eval_every_s`` of solo training (a solo round, or the remainder of a round
+        after its other sites left): the checkpoints and their times."""
         active = [w for w in work if w.steps > 0]
-        if len(active) != 1:
-            return []
-        w = active[0]
-        step = self.rounds.step_time_s(self.sites[w.site].power)
+        if not active:
+            return None, []
+        last = max(active, key=lambda w: w.finish_s)
+        others_done = max((w.finish_s for w in active if w is not last), default=0.0)
+        step = self.rounds.step_time_s(self.sites[last.site].power)
         every = max(1, math.ceil(self.eval_every_s / step - 1e-9))
-        return [(k, w.train_start_s + k * step) for k in range(every, w.steps, every)]
+        steps = [
+            k
+            for k in range(every, last.steps, every)
+            if last.train_start_s + k * step >= others_done
+        ]
+        times = [last.train_start_s + k * step for k in steps]
+        return (Checkpoints(last.site, tuple(steps)) if steps else None), times
 
     # -- energy --------------------------------------------------------------------------------
     def _power_logs(self, run: ElasticRun) -> list[SitePowerLog]:

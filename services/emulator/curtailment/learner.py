@@ -11,7 +11,7 @@ from numpy.typing import NDArray
 
 from services.aggregator.fedavg import StreamingFedAvg
 from services.aggregator.outer_step import NesterovOuter
-from services.emulator.curtailment.engine import LearnOutcome, SiteWork
+from services.emulator.curtailment.engine import Checkpoints, LearnOutcome, SiteWork
 from services.worker.trainer import SiteTrainer
 
 
@@ -54,33 +54,49 @@ class StreamLearner:
             params, self.x, self.y, [self.order[r] for r in rows], [0] * len(rows)
         )
 
-    def train_round(self, work: Sequence[SiteWork], checkpoints: Sequence[int]) -> LearnOutcome:
+    def train_round(
+        self, work: Sequence[SiteWork], checkpoints: Checkpoints | None
+    ) -> LearnOutcome:
         active = [w for w in work if w.steps > 0]
         if not active:
             acc, loss = self.evaluate()
             return LearnOutcome(acc, loss)
-        b = self.trainer.config.batch_size
         template = {k: v.numpy() for k, v in self.params.items()}
-        agg = StreamingFedAvg(template)
-        evals: list[tuple[int, float, float]] = []
-        if len(active) == 1:  # solo: train in chunks to evaluate along the way (plain SGD, so
-            w = active[0]  # chunking does not change the trajectory)
+        lone = next((w for w in active if checkpoints and w.site == checkpoints.site), None)
+        batched = [w for w in active if w is not lone]
+        done: list[tuple[dict[str, np.ndarray], float]] = []  # (delta, batches)
+        if batched:
+            upd = self._train(self.params, [w.rows for w in batched])
+            for j, w in enumerate(batched):
+                done.append(({k: v[j].numpy() for k, v in upd.deltas.items()}, float(w.steps)))
+        evals: list[tuple[float, float]] = []
+        if lone is not None:  # train on alone in chunks (plain SGD: the same trajectory)
+            b = self.trainer.config.batch_size
             local = self.params
-            cuts = [0, *checkpoints, w.steps]
+            cuts = [0, *checkpoints.steps, lone.steps]
             for k0, k1 in zip(cuts[:-1], cuts[1:], strict=True):
-                upd = self._train(local, [w.rows[k0 * b : k1 * b]])
+                upd = self._train(local, [lone.rows[k0 * b : k1 * b]])
                 local = {k: local[k] + upd.deltas[k][0] for k in local}
-                if k1 != w.steps:
-                    evals.append((k1, *self._eval(local)))
-            agg.add({k: (local[k] - self.params[k]).numpy() for k in local}, float(w.steps))
-        else:
-            upd = self._train(self.params, [w.rows for w in active])
-            for j, w in enumerate(active):
-                agg.add({k: v[j].numpy() for k, v in upd.deltas.items()}, float(w.steps))
+                delta = {k: (local[k] - self.params[k]).numpy() for k in local}
+                if k1 != lone.steps:
+                    model = self._aggregate(template, [*done, (delta, float(k1))], commit=False)
+                    evals.append(self._eval(model))
+            done.append((delta, float(lone.steps)))
+        agg = StreamingFedAvg(template)
+        for delta, weight in done:
+            agg.add(delta, weight)
         dispersion = agg.dispersion()
-        new = agg.apply(template)
-        if self.outer is not None:
-            new = self.outer.step(template, new)
-        self.params = {k: torch.from_numpy(v) for k, v in new.items()}
+        self.params = self._aggregate(template, done, commit=True)
         self._current = self._eval(self.params)
         return LearnOutcome(*self._current, dispersion, tuple(evals))
+
+    def _aggregate(self, template, updates, commit: bool) -> dict[str, torch.Tensor]:  # noqa: ANN001
+        """Work-weighted FedAvg of ``updates``, then the outer step if any; ``commit=False``
+        leaves the outer optimizer's momentum untouched (a checkpoint, not a round)."""
+        agg = StreamingFedAvg(template)
+        for delta, weight in updates:
+            agg.add(delta, weight)
+        new = agg.apply(template)
+        if self.outer is not None:
+            new = self.outer.step(template, new, commit=commit)
+        return {k: torch.from_numpy(v) for k, v in new.items()}
