@@ -95,9 +95,8 @@ def test_a_site_joining_mid_round_waits_for_the_next_round_and_idles_meanwhile()
     b = run.power_logs[1]
     assert b.on[0][0] == 60.0 and b.training[0][0] == 680.0
     energy = account([b], _flat_trace(), grid_s=1.0)
-    idle_s = 680.0 - 60.0 + sum(  # plus the load overhead of every later round
-        r.train_start_s - r.start_s for r in run.rounds[2:]
-    )
+    later_loads = sum(r.train_start_s - r.start_s for r in run.rounds[2:])
+    idle_s = (680.0 - 60.0) + later_loads
     assert energy.idle_kwh == pytest.approx(idle_s / 3600 * b.idle_kw, rel=1e-6)
 
 
