@@ -95,7 +95,9 @@ def load_carbon(cfg: CurtailmentConfig) -> CarbonTrace:
 
 
 def build_sites(cfg: CurtailmentConfig, trace: CarbonTrace) -> tuple[ElasticSite, ...]:
-    """One site per region (or several), links from the distance model of spec §4.3."""
+    """One site per region (or several), links from the distance model of spec §4.3. A site at
+    power fraction P draws idle + P·(train - idle) while training: a power cap idles GPUs
+    (Eq. 6) but the node's idle draw remains."""
     regions = cfg.regions or trace.regions
     unknown = [r for r in regions if r not in trace.regions]
     if unknown:
@@ -120,7 +122,7 @@ def build_sites(cfg: CurtailmentConfig, trace: CarbonTrace) -> tuple[ElasticSite
                 float(power[k]),
                 float(comm[k]),
                 float(geo.distance_mi[k]),
-                cfg.train_kw,
+                cfg.idle_kw + float(power[k]) * (cfg.train_kw - cfg.idle_kw),
                 cfg.idle_kw,
             )
         )
@@ -186,7 +188,7 @@ def run_curtailment_study(cfg: CurtailmentConfig, progress: Progress | None = No
         else:
             plan.append((name, "always-on", sites, WallClockGreedy(rounds, 0.0, name=name)))
     plan.append(("always-on-fl", "always-on", sites[: cfg.always_on_sites], SelectAll()))
-    single = replace(sites[0], power=1.0, comm_s=0.0)
+    single = replace(sites[0], power=1.0, comm_s=0.0, train_kw=cfg.train_kw)
     plan.append(("single-site", "always-on", (single,), SelectAll()))
 
     for done, (name, kind, members, policy) in enumerate(plan):
