@@ -42,17 +42,17 @@ def plot_availability(study: CurtailmentStudy, path: Path) -> Path:
     for y, avail in enumerate(study.availability):
         for e in avail.episodes:
             a, r, b = e.provisioned_s / HOURS, e.ready_s / HOURS, min(e.end_s / HOURS, end_h)
-            bottom.barh(y, min(r, b) - a, left=a, height=0.6, color="lightsteelblue")
+            bottom.barh(y, min(r, b) - a, left=a, height=0.6, color="tab:orange")
             if r < b:
-                bottom.barh(y, b - r, left=r, height=0.6, color="tab:blue", alpha=0.45)
+                bottom.barh(y, b - r, left=r, height=0.6, color="lightsteelblue")
         if trained is not None:
             for a, b in trained.run.power_logs[y].training:
                 bottom.barh(y, (b - a) / HOURS, left=a / HOURS, height=0.3, color="tab:blue")
     bottom.set_yticks(range(len(study.sites)), [s.name for s in study.sites], fontsize=8)
     bottom.set_xlabel("hours from trace start")
     handles = [
+        plt.Rectangle((0, 0), 1, 1, color="tab:orange"),
         plt.Rectangle((0, 0), 1, 1, color="lightsteelblue"),
-        plt.Rectangle((0, 0), 1, 1, color="tab:blue", alpha=0.45),
         plt.Rectangle((0, 0), 1, 1, color="tab:blue"),
     ]
     run_name = trained.name if trained else "-"
