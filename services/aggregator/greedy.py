@@ -102,14 +102,15 @@ class PowerTripGreedy(SelectionPolicy):
         if self.k is None:
             self.k = min(max(self.config.k0, self.config.min_sites), n)
         elif self._feedback is not None:
-            times = prefix_round_times(
-                ctx.profile, order, ctx.ideal_compute_s, self.config.estimator
-            )
-            self.k = self._next_k(min(self.k, n), times, self._feedback)
+            self.k = self._next_k(min(self.k, n), self.prefix_times(ctx, order), self._feedback)
         self.k = min(self.k, n)
         self._feedback = None
         self.k_history.append(self.k)
         return order[: self.k]
+
+    def prefix_times(self, ctx: RoundContext, order: NDArray[np.int64]) -> NDArray[np.float64]:
+        """T_hat(k) for the first k sites of ``order``; a subclass may model rounds otherwise."""
+        return prefix_round_times(ctx.profile, order, ctx.ideal_compute_s, self.config.estimator)
 
     def observe(self, feedback: RoundFeedback) -> None:
         if not self._accuracy:

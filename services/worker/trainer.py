@@ -28,6 +28,7 @@ class LocalTrainingConfig:
     batch_size: int
     local_epochs: int = 1
     max_local_steps: int | None = None  # cap per round, for very large partitions
+    shuffle: bool = True  # False: batches in the given row order (the elastic data cursor's)
 
     def __post_init__(self) -> None:
         if self.lr <= 0 or self.batch_size < 1 or self.local_epochs < 1:
@@ -88,7 +89,7 @@ class SiteTrainer:
         rows = []
         for _ in range(self.config.local_epochs):
             perm = np.full(per_epoch * b, -1, dtype=np.int64)
-            perm[:n] = rng.permutation(n)
+            perm[:n] = rng.permutation(n) if self.config.shuffle else np.arange(n)
             rows.append(perm.reshape(per_epoch, b))
         sched = np.concatenate(rows)
         if self.config.max_local_steps is not None:
