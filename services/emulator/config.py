@@ -4,14 +4,24 @@ overrides. pydantic gives every bad value an error that names its field."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from services.aggregator.policies import validate_policy_name
 from services.common.sites import DistanceMode
 from services.common.timing import RoundTimeModel
 from services.profiler.power_model import PowerModel
+
+
+def _target_in_unit_interval(v: float | None) -> float | None:
+    if v is not None and not 0 < v <= 1:
+        raise ValueError(f"target accuracy must be in (0, 1], got {v}")
+    return v
+
+
+#: an accuracy to reach, in (0, 1]; None where a rule picks it after the fact
+TargetAccuracy = Annotated[float | None, AfterValidator(_target_in_unit_interval)]
 
 Workload = Literal["mnist1d", "mnist", "emnist", "shakespeare"]
 Partition = Literal["iid", "dirichlet", "natural"]
@@ -78,18 +88,11 @@ class ExperimentConfig(BaseModel):
     repeats: int = Field(1, ge=1)
     seed: int = 0
     site_seed: int = 0
-    target_accuracy: float | None = Field(
+    target_accuracy: TargetAccuracy = Field(
         None, description="None applies the spec rule: the lowest best accuracy of the sweep"
     )
     max_rounds: int = Field(120, ge=1)
     greedy: GreedyParams = GreedyParams()
-
-    @field_validator("target_accuracy")
-    @classmethod
-    def _target_in_unit_interval(cls, v: float | None) -> float | None:
-        if v is not None and not 0 < v <= 1:
-            raise ValueError(f"target accuracy must be in (0, 1], got {v}")
-        return v
 
     @field_validator("policies")
     @classmethod

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from services.aggregator.availability import PROVISIONING_S
 from services.aggregator.emissions import IDLE_KW, TRAIN_KW
-from services.emulator.config import Workload
+from services.emulator.config import TargetAccuracy, Workload
 from services.profiler.carbon import HOLD_S, THRESHOLD
 
 #: curtailment: curtailed sites only, all of them; combined: curtailed sites chosen by PowerTrip's
@@ -65,7 +65,7 @@ class CurtailmentConfig(BaseModel):
     policies: tuple[str, ...] = CURTAIL_POLICIES
     carbon_weight: float = Field(0.5, ge=0, le=1, description="γ of the combined policy's score")
     always_on_sites: int = Field(2, ge=1, description="sites of the always-on federated baseline")
-    target_accuracy: float | None = None  # None: the lowest best accuracy of any run
+    target_accuracy: TargetAccuracy = None  # None: the lowest best accuracy of any run
     seed: int = 0
     site_seed: int = 0
 
@@ -80,13 +80,6 @@ class CurtailmentConfig(BaseModel):
                 f"unknown policy {bad[0]!r}; known policies: {', '.join(CURTAIL_POLICIES)}"
             )
         return tuple(dict.fromkeys(v))
-
-    @field_validator("target_accuracy")
-    @classmethod
-    def _target_in_unit_interval(cls, v: float | None) -> float | None:
-        if v is not None and not 0 < v <= 1:
-            raise ValueError(f"target accuracy must be in (0, 1], got {v}")
-        return v
 
     @field_validator("site_power")
     @classmethod
