@@ -1,0 +1,83 @@
+"""Faults from the reliability matrix that a service must survive (R8, R10, R23)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from powertrip.v1 import profiler_pb2, profiler_pb2_grpc
+from services.launcher import READY, REPO_ROOT
+
+
+def serving(channel: grpc.Channel) -> bool:
+    reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+    return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+@pytest.fixture(scope="module")
+def profiler():
+    """A real profiler process (any service will do: they share the server builder)."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{REPO_ROOT}{os.pathsep}{REPO_ROOT / 'protos'}",
+        "POWERTRIP_BIND_HOST": "127.0.0.1",
+        "POWERTRIP_GRPC_PORT": "0",
+        "POWERTRIP_METRICS_PORT": "0",
+        "POWERTRIP_NUM_SITES": "4",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "services.profiler"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    line = proc.stdout.readline()
+    match = READY.search(line)
+    assert match, f"profiler did not start: {line!r}"
+    yield proc, match.group(2)
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+def test_an_oversized_message_is_refused_and_the_server_keeps_serving(profiler):
+    _, addr = profiler
+    with grpc.insecure_channel(addr) as ch:
+        stub = profiler_pb2_grpc.ProfilerServiceStub(ch)
+        big = profiler_pb2.MeasureLinksRequest(worker_ids=["x" * 1000] * 6000)  # ~6 MB > 4 MiB
+        with pytest.raises(grpc.RpcError) as exc:
+            stub.MeasureLinks(big, timeout=5)
+        assert exc.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert serving(ch)
+
+
+def test_garbage_bytes_fail_before_any_handler_and_the_server_keeps_serving(profiler):
+    _, addr = profiler
+    with grpc.insecure_channel(addr) as ch:
+        raw = ch.unary_unary(
+            "/powertrip.v1.ProfilerService/GetSiteProfiles",
+            request_serializer=lambda b: b,
+            response_deserializer=lambda b: b,
+        )
+        for garbage in (b"\xff" * 7, b"\x0a\xff\xff\xff\xff\x0f", os.urandom(64)):
+            try:
+                raw(garbage, timeout=5)
+            except grpc.RpcError as exc:
+                assert exc.code() in (grpc.StatusCode.INTERNAL, grpc.StatusCode.INVALID_ARGUMENT)
+        assert serving(ch)
+
+
+def test_sigterm_stops_a_service_cleanly_and_promptly(profiler):
+    proc, addr = profiler
+    started = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=15) == 0
+    assert time.monotonic() - started < 10
