@@ -34,6 +34,7 @@ class AggregatorConfig(ServiceConfig):
     round_deadline_s: float = Field(120.0, gt=0)  # wall seconds a round waits for updates
     registration_timeout_s: float = Field(300.0, gt=0)
     min_sites: int | None = Field(None, ge=1)  # sites to wait for; default: every site
+    max_failed_rounds: int = Field(3, ge=1)  # this many rounds in a row with no update: FAILED
     checkpoint_dir: str = "checkpoints"  # "" disables checkpoints
     exit_when_done: bool = False
 

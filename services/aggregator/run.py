@@ -69,6 +69,8 @@ class AggregatorRun:
         self.status = RunStatus()
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._failed_in_a_row = 0
+        self._quorum_lost = False
         data = load_workload(exp, seed=exp.seed)
         fed = build_federation(exp, data, self.run_seed)
         self._trainer, self._x_test, self._y_test = fed.trainer, fed.x_test, fed.y_test
@@ -181,6 +183,10 @@ class AggregatorRun:
         metrics.ACCURACY.set(rec.accuracy)
         metrics.LOSS.set(rec.loss)
         metrics.CLOCK.set(rec.time_s)
+        self._failed_in_a_row = self._failed_in_a_row + 1 if rec.outcome == "failed" else 0
+        if self._failed_in_a_row >= self.cfg.max_failed_rounds:
+            self._quorum_lost = True
+            self._stop.set()
         with self._lock:
             st = self.status
             st.round, st.accuracy, st.clock_s = rec.round, rec.accuracy, rec.time_s
@@ -264,6 +270,9 @@ class AggregatorRun:
                 on_round=self._on_round,
                 should_stop=self._stop.is_set,
             )
+            if self._quorum_lost:
+                self._fail(f"{self.cfg.max_failed_rounds} rounds in a row without any update")
+                return
             with self._lock:
                 self.status.state = RunState.DONE
                 reached = self.status.time_to_accuracy_s

@@ -218,3 +218,28 @@ def test_a_frozen_worker_costs_one_deadline_then_rejoins(tmp_path):
             assert time.monotonic() < end, "the thawed worker never delivered again"
             time.sleep(0.1)
         assert cluster.aggregator.process.poll() is None
+
+
+def test_losing_every_worker_fails_the_run_cleanly(tmp_path):
+    plan = ClusterPlan(
+        workers=2,
+        sites=4,
+        policy="select-all",
+        target=0.99,
+        max_rounds=50,
+        log_dir=tmp_path / "logs",
+        round_deadline_s=5,
+        extra_env={"POWERTRIP_MAX_FAILED_ROUNDS": "2"},
+    )
+    with LocalCluster(plan) as cluster:
+        cluster.start()
+        while cluster.status().round < 1:
+            time.sleep(0.05)
+        for s in cluster.services:
+            if s.name.startswith("worker"):
+                s.process.kill()
+        status = cluster.wait_done(timeout_s=60)
+        assert cluster.aggregator.process.poll() is None  # failed run, live process
+    assert status.state == aggregator_pb2.RUN_STATE_FAILED
+    assert "2 rounds in a row without any update" in status.message
+    assert [r.outcome for r in status.rounds[-2:]] == ["failed", "failed"]
