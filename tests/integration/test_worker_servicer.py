@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 
 import grpc
 import numpy as np
@@ -15,7 +16,7 @@ from services.common.config import ServiceConfig
 from services.common.grpc_server import build_server
 from services.common.tensor_stream import encode, wrap_tensor_stream
 from services.emulator.config import build_config
-from services.worker.rounds import RoundRunner, release_delays
+from services.worker.rounds import RoundJob, RoundRunner, release_delays
 from services.worker.servicer import WorkerServicer
 from services.worker.sites_host import SitesHost, SiteUpdate
 
@@ -131,3 +132,25 @@ def test_ping_echoes_and_bandwidth_probes_are_bounded(worker):
         )
     )
     assert code == C.INVALID_ARGUMENT
+
+
+def test_in_wall_clock_mode_a_half_power_site_is_released_after_twice_its_compute(host):
+    released: dict[int, float] = {}
+    done = threading.Event()
+
+    def record(round_index, update, timeout_s):
+        released[update.site] = time.monotonic()
+        if len(released) == 2:
+            done.set()
+
+    runner = RoundRunner(record)
+    runner.start(host)
+    start = time.monotonic()
+    runner.submit(
+        RoundJob(1, [0, 1], host.template, 60.0, pace_by_power=True, power={0: 0.5, 1: 1.0})
+    )
+    assert done.wait(60)
+    runner.stop()
+    compute = min(released.values()) - start  # the full-power site leaves right after training
+    assert released[1] < released[0]
+    assert released[0] - start >= 2 * compute * 0.95
