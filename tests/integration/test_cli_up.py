@@ -1,0 +1,40 @@
+"""`powertrip up` as a user runs it: the whole cluster from one command, and clear errors."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+
+from tests.integration.test_cli_experiment import powertrip
+
+pytestmark = pytest.mark.slow
+
+
+def test_up_trains_to_the_target_prints_endpoints_and_writes_rounds(tmp_path):
+    out = tmp_path / "up"
+    r = powertrip(
+        "up", "--workers", "2", "--sites", "4", "--target", "0.3", "--output", str(out),
+        tmp_path=tmp_path,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "target 0.3 reached" in r.stdout
+    for name in ("profiler", "aggregator", "worker-0", "worker-1"):
+        assert f"{name}" in r.stdout and "/metrics" in r.stdout
+    rows = list(csv.DictReader((out / "rounds.csv").open()))
+    assert rows and float(rows[-1]["accuracy"]) >= 0.3
+    assert all(row["selected"].startswith("site-") for row in rows)
+    assert "stopping the services" in r.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--workers", "5", "--sites", "3"], "workers <= sites"),
+        (["--policy", "nope"], "unknown policy 'nope'"),
+    ],
+)
+def test_up_refuses_bad_input_with_one_line_and_exit_2(tmp_path, args, words):
+    r = powertrip("up", *args, "--output", str(tmp_path / "up"), tmp_path=tmp_path)
+    assert r.returncode == 2
+    assert words in r.stderr and "Traceback" not in r.stderr
