@@ -13,6 +13,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from powertrip.v1 import profiler_pb2, profiler_pb2_grpc
+from services.common.config import ServiceConfig
+from services.common.grpc_client import make_channel
 from services.launcher import READY, REPO_ROOT
 
 
@@ -21,8 +23,7 @@ def serving(channel: grpc.Channel) -> bool:
     return reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
-@pytest.fixture(scope="module")
-def profiler():
+def start_profiler(**env_extra: str) -> tuple[subprocess.Popen, str]:
     """A real profiler process (any service will do: they share the server builder)."""
     env = {
         **os.environ,
@@ -31,6 +32,7 @@ def profiler():
         "POWERTRIP_GRPC_PORT": "0",
         "POWERTRIP_METRICS_PORT": "0",
         "POWERTRIP_NUM_SITES": "4",
+        **env_extra,
     }
     proc = subprocess.Popen(
         [sys.executable, "-m", "services.profiler"],
@@ -42,7 +44,13 @@ def profiler():
     line = proc.stdout.readline()
     match = READY.search(line)
     assert match, f"profiler did not start: {line!r}"
-    yield proc, match.group(2)
+    return proc, match.group(2)
+
+
+@pytest.fixture(scope="module")
+def profiler():
+    proc, addr = start_profiler()
+    yield proc, addr
     if proc.poll() is None:
         proc.kill()
         proc.wait()
@@ -81,3 +89,25 @@ def test_sigterm_stops_a_service_cleanly_and_promptly(profiler):
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=15) == 0
     assert time.monotonic() - started < 10
+
+
+def test_a_frozen_peer_is_detected_by_keepalive_in_seconds_not_at_the_deadline():
+    """SIGSTOP the server mid-call: the client's pings go unanswered and the call fails
+    UNAVAILABLE after about keepalive + ping timeout, long before its 60 s deadline."""
+    proc, addr = start_profiler()
+    cfg = ServiceConfig(keepalive_s=1.0, keepalive_timeout_s=1.0)
+    try:
+        with make_channel(addr, cfg) as ch:
+            stub = profiler_pb2_grpc.ProfilerServiceStub(ch)
+            stub.GetSiteProfiles(profiler_pb2.GetSiteProfilesRequest(), timeout=5)  # connected
+            proc.send_signal(signal.SIGSTOP)
+            started = time.monotonic()
+            with pytest.raises(grpc.RpcError) as exc:
+                stub.GetSiteProfiles(profiler_pb2.GetSiteProfilesRequest(), timeout=60)
+            elapsed = time.monotonic() - started
+        assert exc.value.code() is grpc.StatusCode.UNAVAILABLE
+        assert elapsed < 10
+    finally:
+        proc.send_signal(signal.SIGCONT)
+        proc.kill()
+        proc.wait()
