@@ -68,7 +68,7 @@ def test_a_stream_round_trains_the_named_rows_like_the_emulators_learner(worker,
 
     reference = StreamSetup(CFG, load_workload(CFG, seed=CFG.seed)).learner()
     torch_params = {k: torch.from_numpy(v) for k, v in params.items()}
-    expected = reference.train_sites(torch_params, [rows["site-000"], rows["site-001"]])
+    expected = reference.train_sites(torch_params, HOSTED, [rows["site-000"], rows["site-001"]])
     assert [got[0].num_samples, got[1].num_samples] == [3.0, 1.0]  # ceil(70 / 32), 32 / 32
     for site, delta in zip(HOSTED, expected, strict=True):
         for k, v in delta.items():

@@ -58,7 +58,9 @@ class FoldingLearner:
         self.outer = outer
         self._current: tuple[float, float] | None = None
 
-    def train_sites(self, params: Params, rows: Sequence[NDArray[np.int64]]) -> list[Params]:
+    def train_sites(
+        self, params: Params, sites: Sequence[int], rows: Sequence[NDArray[np.int64]]
+    ) -> list[Params]:
         """Each site's delta after training its rows from ``params``, in the given order."""
         raise NotImplementedError
 
@@ -79,7 +81,9 @@ class FoldingLearner:
         batched = [w for w in active if w is not lone]
         done: list[tuple[dict[str, np.ndarray], float]] = []  # (delta, batches)
         if batched:
-            deltas = self.train_sites(self.params, [w.rows for w in batched])
+            deltas = self.train_sites(
+                self.params, [w.site for w in batched], [w.rows for w in batched]
+            )
             for d, w in zip(deltas, batched, strict=True):
                 done.append(({k: v.numpy() for k, v in d.items()}, float(w.steps)))
         evals: list[tuple[float, float]] = []
@@ -88,7 +92,7 @@ class FoldingLearner:
             local = self.params
             cuts = [0, *checkpoints.steps, lone.steps]
             for k0, k1 in zip(cuts[:-1], cuts[1:], strict=True):
-                (d,) = self.train_sites(local, [lone.rows[k0 * b : k1 * b]])
+                (d,) = self.train_sites(local, [lone.site], [lone.rows[k0 * b : k1 * b]])
                 local = {k: local[k] + d[k] for k in local}
                 delta = {k: (local[k] - self.params[k]).numpy() for k in local}
                 if k1 != lone.steps:
@@ -141,6 +145,8 @@ class StreamLearner(FoldingLearner):
         self.x, self.y = x_train, y_train
         self.order = order
 
-    def train_sites(self, params: Params, rows: Sequence[NDArray[np.int64]]) -> list[Params]:
+    def train_sites(
+        self, params: Params, sites: Sequence[int], rows: Sequence[NDArray[np.int64]]
+    ) -> list[Params]:
         upd = train_stream_rows(self.trainer, self.x, self.y, self.order, params, rows)
         return [{k: v[j] for k, v in upd.deltas.items()} for j in range(len(rows))]
