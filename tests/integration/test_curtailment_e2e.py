@@ -27,7 +27,8 @@ def finished_run(tmp_path_factory):
         workers=3,
         sites=SITES,
         log_dir=out / "logs",
-        extra_env={"POWERTRIP_MODE": "curtailment", "POWERTRIP_CURTAIL_PRESET": PRESET},
+        mode="curtailment",
+        curtail_preset=PRESET,
     )
     with LocalCluster(plan) as cluster:
         cluster.start()
