@@ -28,6 +28,7 @@ from services.aggregator.data_cursor import ShardCursor
 from services.aggregator.delta_inbox import DeltaInbox
 from services.aggregator.emissions import EnergyReport, account
 from services.aggregator.executor import GrpcRoundExecutor
+from services.aggregator.outer_step import NesterovOuter
 from services.aggregator.registry import WorkerRegistry
 from services.aggregator.rounds import RoundRecord
 from services.aggregator.run import RunState, RunStatus, wait_for_sites
@@ -35,14 +36,13 @@ from services.common.carbon_wire import from_availability_reply
 from services.common.grpc_client import make_channel, retry_idempotent
 from services.common.sites import site_id
 from services.emulator.curtailment.engine import ElasticEngine, ElasticRun
-from services.emulator.curtailment.learner import FoldingLearner, Params
+from services.emulator.curtailment.learner import Evaluate, FoldingLearner, Params
 from services.emulator.curtailment.study import (
     StreamSetup,
     build_engine,
     build_policy,
     build_sites,
 )
-from services.emulator.federation import load_workload
 from services.profiler.carbon import CarbonTrace
 
 logger = logging.getLogger(__name__)
@@ -58,11 +58,11 @@ class GrpcLearner(FoldingLearner):
         self,
         transport: GrpcRoundExecutor,
         params: Params,
-        evaluate,  # noqa: ANN001 - FoldingLearner's Evaluate
+        evaluate: Evaluate,
         batch_size: int,
         run_seed: int,
         deadline_s: float,
-        outer=None,  # noqa: ANN001
+        outer: NesterovOuter | None = None,
     ) -> None:
         super().__init__(params, evaluate, batch_size, outer)
         self.transport = transport
@@ -135,7 +135,7 @@ class CurtailmentRun:
         self.energy: EnergyReport | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self.setup = StreamSetup(self.config, load_workload(self.config, seed=self.config.seed))  # type: ignore[arg-type]
+        self.setup = StreamSetup.load(self.config)
         x_test, y_test = self.setup.eval_set
         trainer = self.setup.trainer
         params = {k: v.numpy().copy() for k, v in self.setup.params.items()}
@@ -190,7 +190,9 @@ class CurtailmentRun:
             )
         return sites, rule.threshold, trace
 
-    def _report(self, engine: ElasticEngine, run: ElasticRun, trace: CarbonTrace, until_s: float):  # noqa: ANN202
+    def _report(
+        self, engine: ElasticEngine, run: ElasticRun, trace: CarbonTrace, until_s: float
+    ) -> EnergyReport:
         """Energy and emissions so far, the study's way (``emissions.account``), into metrics
         and status; per-site counters advance by what is new since the last report."""
         threshold = self.config.threshold

@@ -14,7 +14,6 @@ from numpy.typing import NDArray
 from services.emulator.curtailment.config import CurtailmentConfig
 from services.emulator.curtailment.learner import check_stream_trainer, train_stream_rows
 from services.emulator.curtailment.study import StreamSetup
-from services.emulator.federation import load_workload
 from services.worker.sites_host import SiteUpdate
 
 
@@ -22,7 +21,7 @@ class StreamHost:
     def __init__(self, cfg: CurtailmentConfig, sites: Sequence[int]) -> None:
         self.cfg = cfg
         self.sites = sorted(sites)
-        self.setup = StreamSetup(cfg, load_workload(cfg, seed=cfg.seed))  # type: ignore[arg-type]
+        self.setup = StreamSetup.load(cfg)
         check_stream_trainer(self.setup.trainer)
 
     @property

@@ -51,31 +51,33 @@ def test_the_run_completes_on_data_exhaustion(finished_run):
 
 
 def test_rounds_sites_and_work_equal_the_emulators(finished_run, emulated):
-    """Scheduling is exact: same rounds, participants, steps and clock (to float rounding)."""
+    """Scheduling is exact: the same rounds, participants, steps and clock times, bit for bit
+    (the engine is the emulator's; only the training moved to the workers)."""
     status, _ = finished_run
     rounds = emulated.run.rounds
     assert len(status.rounds) == len(rounds)
     for svc, emu in zip(status.rounds, rounds, strict=True):
         assert list(svc.selected_site_ids) == [site_id(s) for s in emu.participants], svc.round
         assert list(svc.steps) == [w.steps for w in emu.work], svc.round
-        assert svc.start_seconds == pytest.approx(emu.start_s, rel=1e-12)
-        assert svc.clock_seconds == pytest.approx(emu.end_s, rel=1e-12)
+        assert svc.start_seconds == emu.start_s
+        assert svc.clock_seconds == emu.end_s
     modes = {len(r.contributors) for r in rounds}
     assert {1, 2} <= modes  # the run has both solo and federated rounds
 
 
 def test_energy_and_emissions_equal_the_emulators(finished_run, emulated):
     status, _ = finished_run
-    assert status.energy_kwh == pytest.approx(emulated.energy.energy_kwh, rel=1e-9)
-    assert status.emissions_kg == pytest.approx(emulated.energy.emissions_kg, rel=1e-9)
+    assert status.energy_kwh == emulated.energy.energy_kwh  # the same emissions.account call
+    assert status.emissions_kg == emulated.energy.emissions_kg
 
 
 def test_learning_follows_the_emulator(finished_run, emulated):
-    """Same deltas up to the last float bit (the emulator trains a round's sites in one batch,
-    a worker only its own), folded in the same order: accuracies agree closely."""
+    """The same deltas, folded in the same order. Identical in practice, but not guaranteed to
+    the last bit (the emulator trains a round's sites in one vmapped batch, a worker only its
+    own), hence the tolerance of a few held-out predictions."""
     status, _ = finished_run
     for svc, emu in zip(status.rounds, emulated.run.rounds, strict=True):
-        assert svc.accuracy == pytest.approx(emu.accuracy, abs=0.02), svc.round
+        assert svc.accuracy == pytest.approx(emu.accuracy, abs=0.005), svc.round
 
 
 def test_metrics_expose_energy_emissions_mode_and_active_sites(finished_run, emulated):

@@ -16,7 +16,6 @@ from services.common.grpc_server import build_server
 from services.common.tensor_stream import encode, wrap_tensor_stream
 from services.emulator.curtailment.config import build_curtail_config
 from services.emulator.curtailment.study import StreamSetup
-from services.emulator.federation import load_workload
 from services.worker.rounds import RoundRunner
 from services.worker.servicer import WorkerServicer
 from services.worker.stream_host import StreamHost
@@ -66,7 +65,7 @@ def test_a_stream_round_trains_the_named_rows_like_the_emulators_learner(worker,
     stub.StartRound(stream_round(params, rows), timeout=10)
     got = {u.site: u for _, u in (uploads.get(timeout=30), uploads.get(timeout=30))}
 
-    reference = StreamSetup(CFG, load_workload(CFG, seed=CFG.seed)).learner()
+    reference = StreamSetup.load(CFG).learner()
     torch_params = {k: torch.from_numpy(v) for k, v in params.items()}
     expected = reference.train_sites(torch_params, HOSTED, [rows["site-000"], rows["site-001"]])
     assert [got[0].num_samples, got[1].num_samples] == [3.0, 1.0]  # ceil(70 / 32), 32 / 32

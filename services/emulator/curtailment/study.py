@@ -153,6 +153,11 @@ class StreamSetup:
         self.order = np.random.default_rng([cfg.seed, 2]).permutation(len(data.y_train))
         self.cfg = cfg
 
+    @classmethod
+    def load(cls, cfg: CurtailmentConfig) -> StreamSetup:
+        """With the run's workload loaded: how the services build it."""
+        return cls(cfg, load_workload(cfg, seed=cfg.seed))  # type: ignore[arg-type]  (same fields)
+
     def learner(self) -> StreamLearner:
         outer = self.outer()
         d = self.data
