@@ -77,6 +77,7 @@ def wait_for_sites(
 
 class AggregatorRun:
     mode = "powertrip"
+    energy = None  # curtailment mode only (CurtailmentRun)
 
     def __init__(self, cfg: AggregatorConfig) -> None:
         self.cfg = cfg

@@ -116,7 +116,7 @@ class AggregatorServicer(aggregator_pb2_grpc.AggregatorServiceServicer):
         self, request: aggregator_pb2.GetStatusRequest, context: grpc.ServicerContext
     ) -> aggregator_pb2.GetStatusResponse:
         run = self.run
-        energy = getattr(run, "energy", None)
+        energy = run.energy
         with run._lock:
             st = run.status
             return aggregator_pb2.GetStatusResponse(

@@ -56,9 +56,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
                     "stream rows must be given for exactly the round's sites, and only to a "
                     "curtailment-mode worker"
                 )
-            stream_rows = {
-                site_index(k): np.asarray(v.positions, dtype=np.int64)
-                for k, v in spec.stream_rows.items()
+            stream_rows = {  # in the spec's site order: the same batch on every run
+                site_index(k): np.asarray(spec.stream_rows[k].positions, dtype=np.int64)
+                for k in spec.site_ids
             }
             if any(r.size == 0 for r in stream_rows.values()):
                 raise BadRequest("every site of a stream round needs at least one row")

@@ -6,11 +6,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from powertrip.v1 import profiler_pb2_grpc
 from services.aggregator.config import AggregatorConfig
+from services.aggregator.curtail_run import CurtailmentRun
 from services.aggregator.delta_inbox import DeltaInbox
 from services.common.config import ConfigError, load_config
 from services.common.errors import Duplicate, StaleRound
+from services.common.grpc_server import build_server
 from services.common.tensor_stream import TensorStreamReceiver, encode
+from services.profiler.catalogue import SiteCatalogue
+from services.profiler.config import ProfilerConfig
+from services.profiler.curtailment import CarbonFeed
+from services.profiler.servicer import LinkProber, ProfilerServicer
 
 BASE = {"POWERTRIP_PROFILER_ADDR": "x:1", "POWERTRIP_MODE": "curtailment"}
 
@@ -74,3 +81,49 @@ def test_an_unknown_curtailment_preset_is_refused():
     cfg = load_config(AggregatorConfig, {**BASE, "POWERTRIP_CURTAIL_PRESET": "nope"})
     with pytest.raises(ValueError, match="unknown preset 'nope'"):
         cfg.curtailment()
+
+
+@pytest.fixture
+def profiler_at():
+    servers = []
+
+    def start(env: dict[str, str]) -> str:
+        cfg = load_config(ProfilerConfig, env)
+        servicer = ProfilerServicer(
+            SiteCatalogue(cfg), LinkProber(cfg), CarbonFeed.build(cfg.curtail_config())
+        )
+        server, port, _ = build_server(
+            [lambda s: profiler_pb2_grpc.add_ProfilerServiceServicer_to_server(servicer, s)],
+            "127.0.0.1:0",
+            cfg,
+        )
+        server.start()
+        servers.append(server)
+        return f"127.0.0.1:{port}"
+
+    yield start
+    for server in servers:
+        server.stop(grace=None)
+
+
+def test_the_run_takes_the_profilers_availability_for_its_own_sites(profiler_at):
+    quick = {"POWERTRIP_CURTAIL_PRESET": "curtailment-quick", "POWERTRIP_NUM_SITES": "3"}
+    addr = profiler_at(quick)
+    run = CurtailmentRun(
+        load_config(AggregatorConfig, {**BASE, **quick, "POWERTRIP_PROFILER_ADDR": addr})
+    )
+    sites, threshold, trace = run.availability()
+    run.stop()
+    assert [s.site for s in sites] == ["site-000", "site-001", "site-002"]
+    assert threshold == 100.0 and trace.label == "synthetic-carbon"
+
+
+def test_a_profiler_with_other_sites_is_refused_naming_the_setting(profiler_at):
+    quick = {"POWERTRIP_CURTAIL_PRESET": "curtailment-quick", "POWERTRIP_NUM_SITES": "3"}
+    addr = profiler_at({**quick, "POWERTRIP_SITE_REGIONS": "region-0,region-1"})
+    run = CurtailmentRun(
+        load_config(AggregatorConfig, {**BASE, **quick, "POWERTRIP_PROFILER_ADDR": addr})
+    )
+    with pytest.raises(RuntimeError, match="POWERTRIP_SITE_REGIONS"):
+        run.availability()
+    run.stop()
