@@ -46,6 +46,20 @@ def write_rounds_csv(path: Path, policy: str, rounds: list[aggregator_pb2.RoundS
     "with each site's update released at compute time / power.",
 )
 @click.option("--preset", default="quick", show_default=True, help="Experiment preset.")
+@click.option(
+    "--mode",
+    type=click.Choice(["powertrip", "curtailment"]),
+    default="powertrip",
+    show_default=True,
+    help="curtailment: sites train only in their grid's curtailment windows (spec §5), one "
+    "site per region of --curtail-preset's carbon trace (use --sites 3 for its three regions).",
+)
+@click.option(
+    "--curtail-preset",
+    default="curtailment",
+    show_default=True,
+    help="Curtailment preset (curtailment, curtailment-quick).",
+)
 @click.option("--target", type=float, help="Target accuracy (default: the preset's).")
 @click.option("--max-rounds", type=int, help="Round budget (default: the preset's).")
 @click.option("--seed", type=int, help="Training seed.")
@@ -66,6 +80,8 @@ def up(
     policy: str,
     clock: str,
     preset: str,
+    mode: str,
+    curtail_preset: str,
     target: float | None,
     max_rounds: int | None,
     seed: int | None,
@@ -85,6 +101,8 @@ def up(
             policy=policy,
             clock=clock,
             preset=preset,
+            mode=mode,
+            curtail_preset=curtail_preset,
             target=target,
             max_rounds=max_rounds,
             seed=seed,
@@ -130,9 +148,19 @@ def up(
             table.add_column(col)
         tta = f"{st.time_to_accuracy_seconds:.1f} s" if st.time_to_accuracy_seconds else "—"
         table.add_row(
-            policy, clock, str(st.round), f"{st.accuracy:.4f}", f"{st.target_accuracy:.2f}", tta
+            st.policy or policy,
+            clock,
+            str(st.round),
+            f"{st.accuracy:.4f}",
+            f"{st.target_accuracy:.2f}",
+            tta,
         )
         out.print(table)
+        if mode == "curtailment":
+            out.print(
+                f"curtailment ({st.policy}): {st.energy_kwh:.2f} kWh, {st.emissions_kg:.3f} kg CO2",
+                highlight=False,
+            )
         for s in cluster.services:
             out.print(f"  {s.name:<11} grpc {s.grpc_addr:<22} metrics {s.metrics_url}")
         out.print(f"rounds: {output / 'rounds.csv'}  logs: {plan.log_dir}")

@@ -40,6 +40,9 @@ class ClusterPlan:
     log_dir: Path = Path("results/up/logs")
     checkpoint_dir: Path | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
+    # "curtailment": every service runs the curtailment mode of curtail_preset (spec §5)
+    mode: str = "powertrip"
+    curtail_preset: str = "curtailment"
 
     def site_ranges(self) -> list[str]:
         """Sites split as evenly as possible: 12 over 3 workers -> 0-3, 4-7, 8-11."""
@@ -87,6 +90,8 @@ class LocalCluster:
             "METRICS_PORT": 0,
             "NUM_SITES": self.plan.sites,
         }
+        if self.plan.mode != "powertrip":  # PowerTrip's environment stays as it was
+            base |= {"MODE": self.plan.mode, "CURTAIL_PRESET": self.plan.curtail_preset}
         for key, value in {**base, **values}.items():
             if value is not None:
                 env[f"POWERTRIP_{key.upper()}"] = str(value)

@@ -7,6 +7,7 @@ import sys
 
 from powertrip.v1 import aggregator_pb2_grpc, profiler_pb2, profiler_pb2_grpc
 from services.aggregator.config import AggregatorConfig
+from services.aggregator.curtail_run import CurtailmentRun
 from services.aggregator.run import AggregatorRun, RunState
 from services.aggregator.servicer import AggregatorServicer
 from services.common.config import ConfigError, load_config
@@ -23,7 +24,7 @@ SERVICE = "powertrip.v1.AggregatorService"
 def main() -> int:
     try:
         cfg = load_config(AggregatorConfig)
-        cfg.experiment()
+        cfg.curtailment() if cfg.mode == "curtailment" else cfg.experiment()
     except (ConfigError, ValueError) as exc:
         print(f"powertrip-aggregator: {exc}", file=sys.stderr)
         return 2
@@ -33,7 +34,7 @@ def main() -> int:
 
     torch.set_num_threads(1)
     metrics_port = start_metrics_server(cfg.metrics_port, cfg.bind_host)
-    run = AggregatorRun(cfg)
+    run = CurtailmentRun(cfg) if cfg.mode == "curtailment" else AggregatorRun(cfg)
     profiler = profiler_pb2_grpc.ProfilerServiceStub(make_channel(cfg.profiler_addr, cfg))
 
     @retry_idempotent(max_seconds=60)

@@ -8,15 +8,20 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from services.aggregator.policies import validate_policy_name
 from services.common.config import ServiceConfig
 from services.emulator.config import ExperimentConfig, build_config
+from services.emulator.curtailment.config import CurtailmentConfig, CurtailSettings
 
 
-class AggregatorConfig(ServiceConfig):
+class AggregatorConfig(ServiceConfig, CurtailSettings):
     profiler_addr: str  # host:port of the profiler
+    # powertrip: PowerTrip's rounds over the experiment preset; curtailment: the elastic,
+    # curtailment-aware run of spec §5 over POWERTRIP_CURTAIL_PRESET, availability from the profiler
+    mode: Literal["powertrip", "curtailment"] = "powertrip"
+    curtail_policy: Literal["curtailment", "combined"] = "curtailment"
     policy: str = "powertrip"
     clock: Literal["emulated", "wall"] = "emulated"
     preset: str = "quick"
@@ -43,6 +48,16 @@ class AggregatorConfig(ServiceConfig):
     def _known_policy(cls, v: str) -> str:
         validate_policy_name(v)
         return v
+
+    @model_validator(mode="after")
+    def _curtailment_runs_on_the_emulated_clock(self) -> AggregatorConfig:
+        if self.mode == "curtailment" and self.clock != "emulated":
+            raise ValueError("POWERTRIP_MODE=curtailment needs POWERTRIP_CLOCK=emulated")
+        return self
+
+    def curtailment(self) -> CurtailmentConfig:
+        """The curtailment run: its preset, with this service's sample count and seed."""
+        return self.curtail_config(num_samples=self.num_samples, seed=self.seed)
 
     def experiment(self) -> ExperimentConfig:
         return build_config(

@@ -7,6 +7,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
 
 import grpc
 import numpy as np
@@ -20,11 +21,27 @@ from services.aggregator.rounds import RoundOutcome
 from services.common.config import ServiceConfig
 from services.common.grpc_client import make_channel
 from services.common.sites import SiteProfile, site_id
-from services.common.tensor_stream import DEFAULT_CHUNK_BYTES, encode, wrap_tensor_stream
+from services.common.tensor_stream import (
+    DEFAULT_CHUNK_BYTES,
+    TensorStreamReceiver,
+    encode,
+    wrap_tensor_stream,
+)
 
 logger = logging.getLogger(__name__)
 Params = dict[str, NDArray]
 Evaluate = Callable[[Params], tuple[float, float]]
+
+
+class Inbox(Protocol):
+    """Where a round's updates go: the FedAvg ``RoundCollector`` or curtailment's
+    ``DeltaInbox``; the servicer feeds either through the same calls."""
+
+    round: int
+
+    def admit(self, site: int, round_index: int) -> None: ...
+    def commit(self, site: int, rx: TensorStreamReceiver, weight: float) -> None: ...
+    def fail(self, site: int, reason: str) -> None: ...
 
 
 class GrpcRoundExecutor:
@@ -49,7 +66,7 @@ class GrpcRoundExecutor:
         self._initial = initial
         self._channels: dict[str, tuple[str, grpc.Channel]] = {}
         self._lock = threading.Lock()
-        self.collector: RoundCollector | None = None
+        self.collector: Inbox | None = None
         self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="broadcast")
 
     def evaluate_initial(self) -> tuple[float, float]:
@@ -68,10 +85,12 @@ class GrpcRoundExecutor:
                 self._channels[worker_id] = cached
         return worker_pb2_grpc.WorkerServiceStub(cached[1])
 
-    def _round_stream(self, spec: common_pb2.RoundSpec) -> Iterator[worker_pb2.StartRoundRequest]:
+    def _round_stream(
+        self, spec: common_pb2.RoundSpec, params: Params
+    ) -> Iterator[worker_pb2.StartRoundRequest]:
         yield worker_pb2.StartRoundRequest(spec=spec)
         yield from wrap_tensor_stream(
-            encode(self.params, DEFAULT_CHUNK_BYTES), worker_pb2.StartRoundRequest
+            encode(params, DEFAULT_CHUNK_BYTES), worker_pb2.StartRoundRequest
         )
 
     def _start_worker(
@@ -85,10 +104,24 @@ class GrpcRoundExecutor:
             pace_by_power=self.pace_by_power,
             power_fraction={site_id(s): float(profile.power[s]) for s in sites},
         )
+        self.send_round(collector, worker_id, sites, spec, self.params)
+
+    def send_round(
+        self,
+        collector: Inbox,
+        worker_id: str,
+        sites: list[int],
+        spec: common_pb2.RoundSpec,
+        params: Params,
+    ) -> None:
+        """Start ``spec`` on one worker with ``params``; a refusal fails its sites in
+        ``collector`` (the round goes on without them)."""
         try:
-            self._stub(worker_id).StartRound(self._round_stream(spec), timeout=self.deadline_s)
+            self._stub(worker_id).StartRound(
+                self._round_stream(spec, params), timeout=self.deadline_s
+            )
             metrics.BROADCAST_BYTES.labels(worker_id).inc(
-                sum(int(np.asarray(v).nbytes) for v in self.params.values())
+                sum(int(np.asarray(v).nbytes) for v in params.values())
             )
         except grpc.RpcError as exc:
             logger.warning(

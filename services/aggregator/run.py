@@ -56,9 +56,29 @@ class RunStatus:
     time_to_accuracy_s: float | None = None
     message: str = ""
     rounds: list[RoundRecord] = field(default_factory=list)
+    mode: str = ""  # curtailment mode: "pause", "solo" or "federated"
+    active_sites: int = 0
+
+
+def wait_for_sites(
+    registry: WorkerRegistry, expected: int, timeout_s: float, stop: threading.Event
+) -> str | None:
+    """None once ``expected`` sites are registered; otherwise why not ("" when stopped)."""
+    end = time.monotonic() + timeout_s
+    while registry.site_count < expected:
+        if stop.is_set():
+            return ""
+        if time.monotonic() > end:
+            n = registry.site_count
+            return f"only {n} of {expected} sites registered within {timeout_s:.0f} s"
+        time.sleep(0.1)
+    return None
 
 
 class AggregatorRun:
+    mode = "powertrip"
+    energy = None  # curtailment mode only (CurtailmentRun)
+
     def __init__(self, cfg: AggregatorConfig) -> None:
         self.cfg = cfg
         self.experiment = cfg.experiment()
@@ -223,22 +243,20 @@ class AggregatorRun:
 
     # -- lifecycle -------------------------------------------------------------------------
     @property
+    def policy_name(self) -> str:
+        return self.cfg.policy
+
+    @property
     def expected_sites(self) -> int:
         return self.cfg.min_sites or self.experiment.num_sites
 
     def _wait_for_sites(self) -> bool:
-        end = time.monotonic() + self.cfg.registration_timeout_s
-        while self.registry.site_count < self.expected_sites:
-            if self._stop.is_set():
-                return False
-            if time.monotonic() > end:
-                self._fail(
-                    f"only {self.registry.site_count} of {self.expected_sites} sites registered "
-                    f"within {self.cfg.registration_timeout_s:.0f} s"
-                )
-                return False
-            time.sleep(0.1)
-        return True
+        why = wait_for_sites(
+            self.registry, self.expected_sites, self.cfg.registration_timeout_s, self._stop
+        )
+        if why:
+            self._fail(why)
+        return why is None
 
     def _fail(self, message: str) -> None:
         logger.error("run failed: %s", message)

@@ -10,6 +10,7 @@ import grpc
 
 from powertrip.v1 import aggregator_pb2, aggregator_pb2_grpc
 from services.aggregator import metrics
+from services.aggregator.curtail_run import CurtailmentRun
 from services.aggregator.run import AggregatorRun
 from services.common.errors import BadRequest, NotFound, StaleRound, translate_errors
 from services.common.sites import site_id, site_index
@@ -22,7 +23,9 @@ TrackWorker = Callable[[str, str, list[str]], None]
 
 
 class AggregatorServicer(aggregator_pb2_grpc.AggregatorServiceServicer):
-    def __init__(self, run: AggregatorRun, track_worker: TrackWorker | None = None) -> None:
+    def __init__(
+        self, run: AggregatorRun | CurtailmentRun, track_worker: TrackWorker | None = None
+    ) -> None:
         self.run = run
         self.track_worker = track_worker
 
@@ -53,8 +56,15 @@ class AggregatorServicer(aggregator_pb2_grpc.AggregatorServiceServicer):
         return self._registration_reply()
 
     def _registration_reply(self) -> aggregator_pb2.RegisterWorkerResponse:
+        run = self.run
+        if isinstance(run, CurtailmentRun):
+            return aggregator_pb2.RegisterWorkerResponse(
+                run_seed=run.run_seed,
+                mode=run.mode,
+                curtail_config_json=run.config.model_dump_json(),
+            )
         return aggregator_pb2.RegisterWorkerResponse(
-            run_config_json=self.run.experiment.model_dump_json(), run_seed=self.run.run_seed
+            run_config_json=run.experiment.model_dump_json(), run_seed=run.run_seed, mode=run.mode
         )
 
     @translate_errors
@@ -106,9 +116,14 @@ class AggregatorServicer(aggregator_pb2_grpc.AggregatorServiceServicer):
         self, request: aggregator_pb2.GetStatusRequest, context: grpc.ServicerContext
     ) -> aggregator_pb2.GetStatusResponse:
         run = self.run
+        energy = run.energy
         with run._lock:
             st = run.status
             return aggregator_pb2.GetStatusResponse(
+                mode=st.mode,
+                active_sites=st.active_sites,
+                energy_kwh=energy.energy_kwh if energy else 0.0,
+                emissions_kg=energy.emissions_kg if energy else 0.0,
                 state=int(st.state),
                 round=st.round,
                 accuracy=st.accuracy,
@@ -117,7 +132,7 @@ class AggregatorServicer(aggregator_pb2_grpc.AggregatorServiceServicer):
                 time_to_accuracy_seconds=st.time_to_accuracy_s or 0.0,
                 registered_sites=run.registry.site_count,
                 expected_sites=run.expected_sites,
-                policy=run.cfg.policy,
+                policy=run.policy_name,
                 clock=run.cfg.clock,
                 message=st.message,
                 rounds=[
@@ -130,6 +145,8 @@ class AggregatorServicer(aggregator_pb2_grpc.AggregatorServiceServicer):
                         accuracy=r.accuracy,
                         loss=r.loss,
                         outcome=r.outcome,
+                        steps=getattr(r, "steps", ()),
+                        start_seconds=getattr(r, "start_s", 0.0),
                     )
                     for r in st.rounds
                 ],

@@ -14,6 +14,7 @@ from services.common.logging import configure
 from services.common.metrics import start_metrics_server
 from services.profiler.catalogue import SiteCatalogue
 from services.profiler.config import ProfilerConfig
+from services.profiler.curtailment import CarbonFeed
 from services.profiler.servicer import LinkProber, ProfilerServicer
 
 SERVICE = "powertrip.v1.ProfilerService"
@@ -44,9 +45,19 @@ def main() -> int:
         cfg.probe_interval_s,
         cfg.probe_budget_bytes_per_hour,
     )
+    try:
+        carbon = CarbonFeed.build(cfg.curtail_config())
+    except (OSError, ValueError) as exc:  # an unreadable carbon trace or unknown regions
+        print(f"powertrip-profiler: carbon trace: {exc}", file=sys.stderr)
+        return 2
+    logger.info(
+        "carbon: %s, sites %s",
+        carbon.trace.label,
+        ", ".join(f"{a.site}={a.region}" for a in carbon.availability),
+    )
     log_latency_path(logger)
     prober = LinkProber(cfg)
-    servicer = ProfilerServicer(catalogue, prober)
+    servicer = ProfilerServicer(catalogue, prober, carbon)
     server, port, health = build_server(
         [lambda s: profiler_pb2_grpc.add_ProfilerServiceServicer_to_server(servicer, s)],
         f"{cfg.bind_host}:{cfg.grpc_port}",

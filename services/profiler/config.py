@@ -8,10 +8,11 @@ from pydantic import Field, model_validator
 
 from services.common.config import ServiceConfig
 from services.common.sites import DistanceMode
+from services.emulator.curtailment.config import CurtailSettings
 from services.profiler.power_model import PowerModel
 
 
-class ProfilerConfig(ServiceConfig):
+class ProfilerConfig(ServiceConfig, CurtailSettings):
     # The site model: the same values as the aggregator's experiment, so both see one geography.
     num_sites: int = Field(50, ge=1)
     site_seed: int = 0

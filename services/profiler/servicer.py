@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import grpc
 
 from powertrip.v1 import common_pb2, profiler_pb2, profiler_pb2_grpc, worker_pb2_grpc
+from services.common.carbon_wire import availability_reply
 from services.common.config import ServiceConfig
 from services.common.errors import BadRequest, NotFound, translate_errors
 from services.common.grpc_client import make_channel
@@ -17,6 +18,7 @@ from services.common.sites import site_id, site_index
 from services.profiler import metrics
 from services.profiler.catalogue import SiteCatalogue
 from services.profiler.config import ProfilerConfig
+from services.profiler.curtailment import CarbonFeed
 from services.profiler.links import LinkEstimate
 from services.profiler.probe_budget import ProbeBudget
 from services.profiler.probes import measure_bandwidth, measure_rtt
@@ -141,9 +143,12 @@ class LinkProber:
 
 
 class ProfilerServicer(profiler_pb2_grpc.ProfilerServiceServicer):
-    def __init__(self, catalogue: SiteCatalogue, prober: LinkProber) -> None:
+    def __init__(
+        self, catalogue: SiteCatalogue, prober: LinkProber, carbon: CarbonFeed | None = None
+    ) -> None:
         self.catalogue = catalogue
         self.prober = prober
+        self.carbon = carbon
 
     def _profiles(self, t_s: float) -> list[common_pb2.SiteProfile]:
         rows = self.catalogue.rows(t_s, self.prober.links_by_site())
@@ -161,6 +166,8 @@ class ProfilerServicer(profiler_pb2_grpc.ProfilerServiceServicer):
                     bandwidth_bytes_per_second=r.bandwidth_bytes_per_s,
                     measured_at_seconds=r.measured_at_s,
                     power_source=self.catalogue.power_label,
+                    region=self.carbon.region_of(r.index) if self.carbon else "",
+                    carbon_intensity=self.carbon.intensity_of(r.index, t_s) if self.carbon else 0,
                 )
             )
         return out
@@ -201,3 +208,12 @@ class ProfilerServicer(profiler_pb2_grpc.ProfilerServiceServicer):
             raise BadRequest(f"time_seconds must be >= 0, got {request.time_seconds}")
         self.prober.measure(list(request.worker_ids))
         return profiler_pb2.MeasureLinksResponse(sites=self._profiles(request.time_seconds))
+
+    @translate_errors
+    def GetAvailability(  # noqa: N802
+        self, request: profiler_pb2.GetAvailabilityRequest, context: grpc.ServicerContext
+    ) -> profiler_pb2.GetAvailabilityResponse:
+        if self.carbon is None:
+            raise NotFound("this profiler has no carbon trace (curtailment mode is off)")
+        c = self.carbon
+        return availability_reply(c.availability, c.rule, c.trace)

@@ -15,10 +15,12 @@ from services.common.metrics import start_metrics_server
 from services.common.sites import site_id
 from services.common.tensor_stream import DEFAULT_CHUNK_BYTES
 from services.emulator.config import ExperimentConfig
+from services.emulator.curtailment.config import CurtailmentConfig
 from services.worker.config import WorkerConfig
 from services.worker.rounds import RoundRunner
 from services.worker.servicer import WorkerServicer
 from services.worker.sites_host import SitesHost
+from services.worker.stream_host import StreamHost
 from services.worker.uploader import GrpcUploader
 
 logger = logging.getLogger("services.worker")
@@ -61,8 +63,12 @@ def main() -> int:
 
     try:
         reply = register()
-        run_cfg = ExperimentConfig.model_validate_json(reply.run_config_json)
-        runner.start(SitesHost(run_cfg, reply.run_seed, cfg.site_indices))
+        if reply.mode == "curtailment":
+            curtail = CurtailmentConfig.model_validate_json(reply.curtail_config_json)
+            runner.start(StreamHost(curtail, cfg.site_indices))
+        else:
+            run_cfg = ExperimentConfig.model_validate_json(reply.run_config_json)
+            runner.start(SitesHost(run_cfg, reply.run_seed, cfg.site_indices))
     except Exception as exc:
         logger.error("cannot join the run at %s: %s", cfg.aggregator_addr, exc)
         server.stop(grace=None)

@@ -21,6 +21,7 @@ from services.common.errors import Busy
 from services.common.sites import site_id
 from services.worker import metrics
 from services.worker.sites_host import SitesHost, SiteUpdate
+from services.worker.stream_host import StreamHost
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +37,8 @@ class RoundJob:
     deadline_s: float
     pace_by_power: bool = False
     power: dict[int, float] = field(default_factory=dict)
+    # curtailment mode: the data-stream positions each site trains on (None: its partition)
+    stream_rows: dict[int, NDArray[np.int64]] | None = None
     received_at: float = field(default_factory=time.monotonic)
 
 
@@ -47,14 +50,14 @@ def release_delays(updates: list[SiteUpdate], power: Mapping[int, float]) -> lis
 class RoundRunner:
     def __init__(self, upload: Uploader) -> None:
         self._upload = upload
-        self._host: SitesHost | None = None
+        self._host: SitesHost | StreamHost | None = None
         self._pending: RoundJob | None = None
         self._cv = threading.Condition()
         self._stopped = False
         self._thread = threading.Thread(target=self._loop, name="round-runner", daemon=True)
         self.completed_rounds = 0
 
-    def start(self, host: SitesHost) -> None:
+    def start(self, host: SitesHost | StreamHost) -> None:
         self._host = host
         self._thread.start()
 
@@ -66,6 +69,11 @@ class RoundRunner:
     @property
     def ready(self) -> bool:
         return self._host is not None
+
+    @property
+    def streams(self) -> bool:
+        """Whether this worker trains data-stream rows (curtailment mode)."""
+        return isinstance(self._host, StreamHost)
 
     def submit(self, job: RoundJob) -> None:
         if self._host is None:
@@ -98,7 +106,12 @@ class RoundRunner:
     def _run(self, job: RoundJob) -> None:
         assert self._host is not None
         started = time.monotonic()
-        updates = self._host.train(job.params, job.round, job.sites)
+        if isinstance(self._host, StreamHost):
+            if job.stream_rows is None:
+                raise ValueError("a curtailment-mode round needs stream rows for its sites")
+            updates = self._host.train_rows(job.params, job.stream_rows)
+        else:
+            updates = self._host.train(job.params, job.round, job.sites)
         delays = release_delays(updates, job.power) if job.pace_by_power else [0.0] * len(updates)
         for delay, update in sorted(zip(delays, updates, strict=True), key=lambda p: p[0]):
             name = site_id(update.site)

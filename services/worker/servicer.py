@@ -10,6 +10,7 @@ import logging
 from collections.abc import Iterator
 
 import grpc
+import numpy as np
 
 from powertrip.v1 import worker_pb2, worker_pb2_grpc
 from services.common.errors import BadRequest, Busy, NotFound, translate_errors
@@ -48,6 +49,19 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         unknown = [site_id(s) for s in sites if s not in self.hosted]
         if unknown:
             raise NotFound(f"sites {unknown} are not hosted by this worker")
+        stream_rows = None
+        if spec.stream_rows or self.runner.streams:
+            if sorted(spec.stream_rows) != sorted(spec.site_ids) or not self.runner.streams:
+                raise BadRequest(
+                    "stream rows must be given for exactly the round's sites, and only to a "
+                    "curtailment-mode worker"
+                )
+            stream_rows = {  # in the spec's site order: the same batch on every run
+                site_index(k): np.asarray(spec.stream_rows[k].positions, dtype=np.int64)
+                for k in spec.site_ids
+            }
+            if any(r.size == 0 for r in stream_rows.values()):
+                raise BadRequest("every site of a stream round needs at least one row")
         with TensorStreamReceiver() as rx:
             try:
                 rx.consume(request_iterator)
@@ -64,6 +78,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
                 deadline_s=spec.deadline_seconds,
                 pace_by_power=spec.pace_by_power,
                 power=power,
+                stream_rows=stream_rows,
             )
         )
         logger.info(

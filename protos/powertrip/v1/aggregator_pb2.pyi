@@ -32,12 +32,16 @@ class RegisterWorkerRequest(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., site_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RegisterWorkerResponse(_message.Message):
-    __slots__ = ("run_config_json", "run_seed")
+    __slots__ = ("run_config_json", "run_seed", "mode", "curtail_config_json")
     RUN_CONFIG_JSON_FIELD_NUMBER: _ClassVar[int]
     RUN_SEED_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    CURTAIL_CONFIG_JSON_FIELD_NUMBER: _ClassVar[int]
     run_config_json: str
     run_seed: int
-    def __init__(self, run_config_json: _Optional[str] = ..., run_seed: _Optional[int] = ...) -> None: ...
+    mode: str
+    curtail_config_json: str
+    def __init__(self, run_config_json: _Optional[str] = ..., run_seed: _Optional[int] = ..., mode: _Optional[str] = ..., curtail_config_json: _Optional[str] = ...) -> None: ...
 
 class UpdateHeader(_message.Message):
     __slots__ = ("worker_id", "site_id", "round", "num_samples", "train_seconds")
@@ -76,7 +80,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class RoundSummary(_message.Message):
-    __slots__ = ("round", "clock_seconds", "duration_seconds", "selected_site_ids", "contributions", "accuracy", "loss", "outcome")
+    __slots__ = ("round", "clock_seconds", "duration_seconds", "selected_site_ids", "contributions", "accuracy", "loss", "outcome", "steps", "start_seconds")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     CLOCK_SECONDS_FIELD_NUMBER: _ClassVar[int]
     DURATION_SECONDS_FIELD_NUMBER: _ClassVar[int]
@@ -85,6 +89,8 @@ class RoundSummary(_message.Message):
     ACCURACY_FIELD_NUMBER: _ClassVar[int]
     LOSS_FIELD_NUMBER: _ClassVar[int]
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    START_SECONDS_FIELD_NUMBER: _ClassVar[int]
     round: int
     clock_seconds: float
     duration_seconds: float
@@ -93,10 +99,12 @@ class RoundSummary(_message.Message):
     accuracy: float
     loss: float
     outcome: str
-    def __init__(self, round: _Optional[int] = ..., clock_seconds: _Optional[float] = ..., duration_seconds: _Optional[float] = ..., selected_site_ids: _Optional[_Iterable[str]] = ..., contributions: _Optional[int] = ..., accuracy: _Optional[float] = ..., loss: _Optional[float] = ..., outcome: _Optional[str] = ...) -> None: ...
+    steps: _containers.RepeatedScalarFieldContainer[int]
+    start_seconds: float
+    def __init__(self, round: _Optional[int] = ..., clock_seconds: _Optional[float] = ..., duration_seconds: _Optional[float] = ..., selected_site_ids: _Optional[_Iterable[str]] = ..., contributions: _Optional[int] = ..., accuracy: _Optional[float] = ..., loss: _Optional[float] = ..., outcome: _Optional[str] = ..., steps: _Optional[_Iterable[int]] = ..., start_seconds: _Optional[float] = ...) -> None: ...
 
 class GetStatusResponse(_message.Message):
-    __slots__ = ("state", "round", "accuracy", "clock_seconds", "target_accuracy", "time_to_accuracy_seconds", "registered_sites", "expected_sites", "rounds", "policy", "clock", "message")
+    __slots__ = ("state", "round", "accuracy", "clock_seconds", "target_accuracy", "time_to_accuracy_seconds", "registered_sites", "expected_sites", "rounds", "policy", "clock", "message", "mode", "active_sites", "energy_kwh", "emissions_kg")
     STATE_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     ACCURACY_FIELD_NUMBER: _ClassVar[int]
@@ -109,6 +117,10 @@ class GetStatusResponse(_message.Message):
     POLICY_FIELD_NUMBER: _ClassVar[int]
     CLOCK_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_SITES_FIELD_NUMBER: _ClassVar[int]
+    ENERGY_KWH_FIELD_NUMBER: _ClassVar[int]
+    EMISSIONS_KG_FIELD_NUMBER: _ClassVar[int]
     state: RunState
     round: int
     accuracy: float
@@ -121,4 +133,8 @@ class GetStatusResponse(_message.Message):
     policy: str
     clock: str
     message: str
-    def __init__(self, state: _Optional[_Union[RunState, str]] = ..., round: _Optional[int] = ..., accuracy: _Optional[float] = ..., clock_seconds: _Optional[float] = ..., target_accuracy: _Optional[float] = ..., time_to_accuracy_seconds: _Optional[float] = ..., registered_sites: _Optional[int] = ..., expected_sites: _Optional[int] = ..., rounds: _Optional[_Iterable[_Union[RoundSummary, _Mapping]]] = ..., policy: _Optional[str] = ..., clock: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+    mode: str
+    active_sites: int
+    energy_kwh: float
+    emissions_kg: float
+    def __init__(self, state: _Optional[_Union[RunState, str]] = ..., round: _Optional[int] = ..., accuracy: _Optional[float] = ..., clock_seconds: _Optional[float] = ..., target_accuracy: _Optional[float] = ..., time_to_accuracy_seconds: _Optional[float] = ..., registered_sites: _Optional[int] = ..., expected_sites: _Optional[int] = ..., rounds: _Optional[_Iterable[_Union[RoundSummary, _Mapping]]] = ..., policy: _Optional[str] = ..., clock: _Optional[str] = ..., message: _Optional[str] = ..., mode: _Optional[str] = ..., active_sites: _Optional[int] = ..., energy_kwh: _Optional[float] = ..., emissions_kg: _Optional[float] = ...) -> None: ...

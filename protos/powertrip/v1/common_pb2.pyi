@@ -39,7 +39,7 @@ class TensorStreamTrailer(_message.Message):
     def __init__(self, sha256: _Optional[str] = ...) -> None: ...
 
 class SiteProfile(_message.Message):
-    __slots__ = ("site_id", "distance_miles", "power_fraction", "modelled_latency_seconds", "modelled_bandwidth_bytes_per_second", "rtt_seconds", "bandwidth_bytes_per_second", "measured_at_seconds", "power_source")
+    __slots__ = ("site_id", "distance_miles", "power_fraction", "modelled_latency_seconds", "modelled_bandwidth_bytes_per_second", "rtt_seconds", "bandwidth_bytes_per_second", "measured_at_seconds", "power_source", "region", "carbon_intensity")
     SITE_ID_FIELD_NUMBER: _ClassVar[int]
     DISTANCE_MILES_FIELD_NUMBER: _ClassVar[int]
     POWER_FRACTION_FIELD_NUMBER: _ClassVar[int]
@@ -49,6 +49,8 @@ class SiteProfile(_message.Message):
     BANDWIDTH_BYTES_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
     MEASURED_AT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     POWER_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    CARBON_INTENSITY_FIELD_NUMBER: _ClassVar[int]
     site_id: str
     distance_miles: float
     power_fraction: float
@@ -58,10 +60,18 @@ class SiteProfile(_message.Message):
     bandwidth_bytes_per_second: float
     measured_at_seconds: float
     power_source: str
-    def __init__(self, site_id: _Optional[str] = ..., distance_miles: _Optional[float] = ..., power_fraction: _Optional[float] = ..., modelled_latency_seconds: _Optional[float] = ..., modelled_bandwidth_bytes_per_second: _Optional[float] = ..., rtt_seconds: _Optional[float] = ..., bandwidth_bytes_per_second: _Optional[float] = ..., measured_at_seconds: _Optional[float] = ..., power_source: _Optional[str] = ...) -> None: ...
+    region: str
+    carbon_intensity: float
+    def __init__(self, site_id: _Optional[str] = ..., distance_miles: _Optional[float] = ..., power_fraction: _Optional[float] = ..., modelled_latency_seconds: _Optional[float] = ..., modelled_bandwidth_bytes_per_second: _Optional[float] = ..., rtt_seconds: _Optional[float] = ..., bandwidth_bytes_per_second: _Optional[float] = ..., measured_at_seconds: _Optional[float] = ..., power_source: _Optional[str] = ..., region: _Optional[str] = ..., carbon_intensity: _Optional[float] = ...) -> None: ...
+
+class StreamRows(_message.Message):
+    __slots__ = ("positions",)
+    POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    positions: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, positions: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class RoundSpec(_message.Message):
-    __slots__ = ("round", "run_seed", "site_ids", "deadline_seconds", "pace_by_power", "power_fraction")
+    __slots__ = ("round", "run_seed", "site_ids", "deadline_seconds", "pace_by_power", "power_fraction", "stream_rows")
     class PowerFractionEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -69,16 +79,25 @@ class RoundSpec(_message.Message):
         key: str
         value: float
         def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    class StreamRowsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: StreamRows
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[StreamRows, _Mapping]] = ...) -> None: ...
     ROUND_FIELD_NUMBER: _ClassVar[int]
     RUN_SEED_FIELD_NUMBER: _ClassVar[int]
     SITE_IDS_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     PACE_BY_POWER_FIELD_NUMBER: _ClassVar[int]
     POWER_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    STREAM_ROWS_FIELD_NUMBER: _ClassVar[int]
     round: int
     run_seed: int
     site_ids: _containers.RepeatedScalarFieldContainer[str]
     deadline_seconds: float
     pace_by_power: bool
     power_fraction: _containers.ScalarMap[str, float]
-    def __init__(self, round: _Optional[int] = ..., run_seed: _Optional[int] = ..., site_ids: _Optional[_Iterable[str]] = ..., deadline_seconds: _Optional[float] = ..., pace_by_power: _Optional[bool] = ..., power_fraction: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    stream_rows: _containers.MessageMap[str, StreamRows]
+    def __init__(self, round: _Optional[int] = ..., run_seed: _Optional[int] = ..., site_ids: _Optional[_Iterable[str]] = ..., deadline_seconds: _Optional[float] = ..., pace_by_power: _Optional[bool] = ..., power_fraction: _Optional[_Mapping[str, float]] = ..., stream_rows: _Optional[_Mapping[str, StreamRows]] = ...) -> None: ...

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from powertrip.v1 import common_pb2 as powertrip_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bpowertrip/v1/profiler.proto\x12\x0cpowertrip.v1\x1a\x19powertrip/v1/common.proto\"J\n\x12TrackWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x10\n\x08site_ids\x18\x03 \x03(\t\"\x15\n\x13TrackWorkerResponse\".\n\x16GetSiteProfilesRequest\x12\x14\n\x0ctime_seconds\x18\x01 \x01(\x01\"C\n\x17GetSiteProfilesResponse\x12(\n\x05sites\x18\x01 \x03(\x0b\x32\x19.powertrip.v1.SiteProfile\"?\n\x13MeasureLinksRequest\x12\x12\n\nworker_ids\x18\x01 \x03(\t\x12\x14\n\x0ctime_seconds\x18\x02 \x01(\x01\"@\n\x14MeasureLinksResponse\x12(\n\x05sites\x18\x01 \x03(\x0b\x32\x19.powertrip.v1.SiteProfile2\x9c\x02\n\x0fProfilerService\x12R\n\x0bTrackWorker\x12 .powertrip.v1.TrackWorkerRequest\x1a!.powertrip.v1.TrackWorkerResponse\x12^\n\x0fGetSiteProfiles\x12$.powertrip.v1.GetSiteProfilesRequest\x1a%.powertrip.v1.GetSiteProfilesResponse\x12U\n\x0cMeasureLinks\x12!.powertrip.v1.MeasureLinksRequest\x1a\".powertrip.v1.MeasureLinksResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bpowertrip/v1/profiler.proto\x12\x0cpowertrip.v1\x1a\x19powertrip/v1/common.proto\"J\n\x12TrackWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x10\n\x08site_ids\x18\x03 \x03(\t\"\x15\n\x13TrackWorkerResponse\".\n\x16GetSiteProfilesRequest\x12\x14\n\x0ctime_seconds\x18\x01 \x01(\x01\"C\n\x17GetSiteProfilesResponse\x12(\n\x05sites\x18\x01 \x03(\x0b\x32\x19.powertrip.v1.SiteProfile\"?\n\x13MeasureLinksRequest\x12\x12\n\nworker_ids\x18\x01 \x03(\t\x12\x14\n\x0ctime_seconds\x18\x02 \x01(\x01\"@\n\x14MeasureLinksResponse\x12(\n\x05sites\x18\x01 \x03(\x0b\x32\x19.powertrip.v1.SiteProfile\"\x18\n\x16GetAvailabilityRequest\"^\n\x13\x41vailabilityEpisode\x12\x1b\n\x13provisioned_seconds\x18\x01 \x01(\x01\x12\x15\n\rready_seconds\x18\x02 \x01(\x01\x12\x13\n\x0b\x65nd_seconds\x18\x03 \x01(\x01\"h\n\x10SiteAvailability\x12\x0f\n\x07site_id\x18\x01 \x01(\t\x12\x0e\n\x06region\x18\x02 \x01(\t\x12\x33\n\x08\x65pisodes\x18\x03 \x03(\x0b\x32!.powertrip.v1.AvailabilityEpisode\"\x93\x01\n\x0f\x43\x61rbonTraceData\x12\x0f\n\x07regions\x18\x01 \x03(\t\x12\x14\n\x0ctime_seconds\x18\x02 \x03(\x01\x12\x11\n\tintensity\x18\x03 \x03(\x01\x12\x14\n\x0cstep_seconds\x18\x04 \x01(\x01\x12\r\n\x05label\x18\x05 \x01(\t\x12\x0e\n\x06source\x18\x06 \x01(\t\x12\x11\n\tstart_iso\x18\x07 \x01(\t\"\xbd\x01\n\x17GetAvailabilityResponse\x12-\n\x05sites\x18\x01 \x03(\x0b\x32\x1e.powertrip.v1.SiteAvailability\x12\x11\n\tthreshold\x18\x02 \x01(\x01\x12\x14\n\x0chold_seconds\x18\x03 \x01(\x01\x12\x1c\n\x14provisioning_seconds\x18\x04 \x01(\x01\x12,\n\x05trace\x18\x05 \x01(\x0b\x32\x1d.powertrip.v1.CarbonTraceData2\xfc\x02\n\x0fProfilerService\x12R\n\x0bTrackWorker\x12 .powertrip.v1.TrackWorkerRequest\x1a!.powertrip.v1.TrackWorkerResponse\x12^\n\x0fGetSiteProfiles\x12$.powertrip.v1.GetSiteProfilesRequest\x1a%.powertrip.v1.GetSiteProfilesResponse\x12U\n\x0cMeasureLinks\x12!.powertrip.v1.MeasureLinksRequest\x1a\".powertrip.v1.MeasureLinksResponse\x12^\n\x0fGetAvailability\x12$.powertrip.v1.GetAvailabilityRequest\x1a%.powertrip.v1.GetAvailabilityResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -44,6 +44,16 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_MEASURELINKSREQUEST']._serialized_end=351
   _globals['_MEASURELINKSRESPONSE']._serialized_start=353
   _globals['_MEASURELINKSRESPONSE']._serialized_end=417
-  _globals['_PROFILERSERVICE']._serialized_start=420
-  _globals['_PROFILERSERVICE']._serialized_end=704
+  _globals['_GETAVAILABILITYREQUEST']._serialized_start=419
+  _globals['_GETAVAILABILITYREQUEST']._serialized_end=443
+  _globals['_AVAILABILITYEPISODE']._serialized_start=445
+  _globals['_AVAILABILITYEPISODE']._serialized_end=539
+  _globals['_SITEAVAILABILITY']._serialized_start=541
+  _globals['_SITEAVAILABILITY']._serialized_end=645
+  _globals['_CARBONTRACEDATA']._serialized_start=648
+  _globals['_CARBONTRACEDATA']._serialized_end=795
+  _globals['_GETAVAILABILITYRESPONSE']._serialized_start=798
+  _globals['_GETAVAILABILITYRESPONSE']._serialized_end=987
+  _globals['_PROFILERSERVICE']._serialized_start=990
+  _globals['_PROFILERSERVICE']._serialized_end=1370
 # @@protoc_insertion_point(module_scope)

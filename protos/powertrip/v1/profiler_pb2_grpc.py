@@ -49,6 +49,11 @@ class ProfilerServiceStub:
                 request_serializer=powertrip_dot_v1_dot_profiler__pb2.MeasureLinksRequest.SerializeToString,
                 response_deserializer=powertrip_dot_v1_dot_profiler__pb2.MeasureLinksResponse.FromString,
                 _registered_method=True)
+        self.GetAvailability = channel.unary_unary(
+                '/powertrip.v1.ProfilerService/GetAvailability',
+                request_serializer=powertrip_dot_v1_dot_profiler__pb2.GetAvailabilityRequest.SerializeToString,
+                response_deserializer=powertrip_dot_v1_dot_profiler__pb2.GetAvailabilityResponse.FromString,
+                _registered_method=True)
 
 
 class ProfilerServiceServicer:
@@ -74,6 +79,14 @@ class ProfilerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetAvailability(self, request, context):
+        """Curtailment mode: every site's availability episodes from its region's carbon trace, and
+        the trace itself (the aggregator prices energy with it).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ProfilerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -91,6 +104,11 @@ def add_ProfilerServiceServicer_to_server(servicer, server):
                     servicer.MeasureLinks,
                     request_deserializer=powertrip_dot_v1_dot_profiler__pb2.MeasureLinksRequest.FromString,
                     response_serializer=powertrip_dot_v1_dot_profiler__pb2.MeasureLinksResponse.SerializeToString,
+            ),
+            'GetAvailability': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetAvailability,
+                    request_deserializer=powertrip_dot_v1_dot_profiler__pb2.GetAvailabilityRequest.FromString,
+                    response_serializer=powertrip_dot_v1_dot_profiler__pb2.GetAvailabilityResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -174,6 +192,33 @@ class ProfilerService:
             '/powertrip.v1.ProfilerService/MeasureLinks',
             powertrip_dot_v1_dot_profiler__pb2.MeasureLinksRequest.SerializeToString,
             powertrip_dot_v1_dot_profiler__pb2.MeasureLinksResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetAvailability(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/powertrip.v1.ProfilerService/GetAvailability',
+            powertrip_dot_v1_dot_profiler__pb2.GetAvailabilityRequest.SerializeToString,
+            powertrip_dot_v1_dot_profiler__pb2.GetAvailabilityResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -124,3 +124,34 @@ def build_curtail_config(preset: str | None = None, **overrides: object) -> Curt
         values.update(CURTAIL_PRESETS[preset], name=preset)
     values.update({k: v for k, v in overrides.items() if v is not None})
     return CurtailmentConfig(**values)
+
+
+class CurtailSettings(BaseModel):
+    """The curtailment run as services read it from the environment (POWERTRIP_CURTAIL_PRESET,
+    POWERTRIP_CARBON_TRACE_PATH, POWERTRIP_SITE_REGIONS="A,B,C", ...): mixed into the profiler's
+    and the aggregator's settings, so both build one ``CurtailmentConfig`` the same way."""
+
+    curtail_preset: str = "curtailment"
+    carbon_trace_path: Path | None = None  # None: the embedded synthetic trace
+    site_regions: str | None = None  # comma-separated; None: every region of the trace
+    sites_per_region: int | None = Field(None, ge=1)
+    curtail_threshold: float | None = Field(None, gt=0)
+    curtail_hold_s: float | None = Field(None, ge=0)
+    provisioning_s: float | None = Field(None, ge=0)
+    curtail_hours: float | None = Field(None, gt=0)
+
+    def curtail_config(self, **overrides: object) -> CurtailmentConfig:
+        regions = None
+        if self.site_regions:
+            regions = tuple(r.strip() for r in self.site_regions.split(",") if r.strip())
+        return build_curtail_config(
+            self.curtail_preset,
+            carbon_trace_path=self.carbon_trace_path,
+            regions=regions,
+            sites_per_region=self.sites_per_region,
+            threshold=self.curtail_threshold,
+            hold_s=self.curtail_hold_s,
+            provisioning_s=self.provisioning_s,
+            hours=self.curtail_hours,
+            **overrides,
+        )

@@ -23,7 +23,7 @@ own; ``StreamLearner`` (learner.py) trains real models.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -198,8 +198,15 @@ class ElasticEngine:
 
     # -- the run -------------------------------------------------------------------------------
     def run(
-        self, policy: SelectionPolicy, learner: Learner, cursor: ShardCursor, seed: int = 0
+        self,
+        policy: SelectionPolicy,
+        learner: Learner,
+        cursor: ShardCursor,
+        seed: int = 0,
+        on_round: Callable[[ElasticRun], None] | None = None,
     ) -> ElasticRun:
+        """Play ``policy`` until the data is used up or the horizon; ``on_round`` sees the run
+        after each round (a live service reports from it)."""
         run = ElasticRun(policy.name, self.sites, cursor.total_rows)
         rng = policy_rng(seed, policy)
         accuracy, loss = learner.evaluate()
@@ -252,9 +259,12 @@ class ElasticEngine:
             )
             accuracy, loss = outcome.accuracy, outcome.loss
             t = end
+            run.rows_done = cursor.rows_done
+            if on_round is not None:
+                on_round(run)
         run.rows_done = cursor.rows_done
         run.end_s = t if cursor.done or math.isinf(self.horizon_s) else max(t, self.horizon_s)
-        run.power_logs = self._power_logs(run)
+        run.power_logs = self.power_logs(run, run.end_s)
         return run
 
     def _select(
@@ -363,12 +373,13 @@ class ElasticEngine:
         return (Checkpoints(last.site, tuple(steps)) if steps else None), times
 
     # -- energy --------------------------------------------------------------------------------
-    def _power_logs(self, run: ElasticRun) -> list[SitePowerLog]:
+    def power_logs(self, run: ElasticRun, until_s: float) -> list[SitePowerLog]:
+        """When each site was powered and trained, up to ``until_s`` (the run's end, or now)."""
         logs = []
         for i, (site, avail) in enumerate(zip(self.sites, self.availability, strict=True)):
             log = SitePowerLog(site.name, site.region, site.train_kw, site.idle_kw)
             for e in avail.episodes:
-                a, b = e.provisioned_s, min(e.end_s, run.end_s)
+                a, b = e.provisioned_s, min(e.end_s, until_s)
                 if a < b:
                     log.on.append((a, b))
             for r in run.rounds:

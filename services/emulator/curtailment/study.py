@@ -129,8 +129,10 @@ def build_sites(cfg: CurtailmentConfig, trace: CarbonTrace) -> tuple[ElasticSite
     return tuple(sites)
 
 
-class _Learning:
-    """Everything a run's learner needs, built once per study (same init, same stream)."""
+class StreamSetup:
+    """Everything a run's learner needs, built once per study (same init, same stream); the
+    aggregator and the workers of the curtailment service build it the same way, so they share
+    the model, the trainer settings, the data order and the evaluation set with the emulator."""
 
     def __init__(self, cfg: CurtailmentConfig, data: Dataset) -> None:
         torch.manual_seed(cfg.seed)
@@ -151,15 +153,66 @@ class _Learning:
         self.order = np.random.default_rng([cfg.seed, 2]).permutation(len(data.y_train))
         self.cfg = cfg
 
+    @classmethod
+    def load(cls, cfg: CurtailmentConfig) -> StreamSetup:
+        """With the run's workload loaded: how the services build it."""
+        return cls(cfg, load_workload(cfg, seed=cfg.seed))  # type: ignore[arg-type]  (same fields)
+
     def learner(self) -> StreamLearner:
-        outer = None
-        if self.cfg.outer == "nesterov":
-            outer = NesterovOuter(self.cfg.outer_lr, self.cfg.outer_momentum)
-        d, n = self.data, self.cfg.eval_samples
-        x_test, y_test = (d.x_test, d.y_test) if n is None else (d.x_test[:n], d.y_test[:n])
+        outer = self.outer()
+        d = self.data
+        x_test, y_test = self.eval_set
         return StreamLearner(
             self.trainer, d.x_train, d.y_train, x_test, y_test, self.order, self.params, outer
         )
+
+    @property
+    def eval_set(self) -> tuple[torch.Tensor, torch.Tensor]:
+        d, n = self.data, self.cfg.eval_samples
+        return (d.x_test, d.y_test) if n is None else (d.x_test[:n], d.y_test[:n])
+
+    def outer(self) -> NesterovOuter | None:
+        if self.cfg.outer == "nesterov":
+            return NesterovOuter(self.cfg.outer_lr, self.cfg.outer_momentum)
+        return None
+
+    def wall_clock_rounds(self) -> WallClockRounds:
+        """The run's round timing: one full-power site needs ``single_site_hours`` in all."""
+        cfg = self.cfg
+        steps = math.ceil(len(self.data.y_train) / cfg.batch_size)
+        return WallClockRounds(
+            cfg.single_site_hours * 3600.0 / steps, cfg.round_min_s, cfg.overhead_s
+        )
+
+
+def build_policy(name: str, cfg: CurtailmentConfig, rounds: WallClockRounds) -> SelectionPolicy:
+    """Who trains in a round: every connected site (curtailment), or Algorithm 1 (with the
+    carbon term for combined)."""
+    if name == "curtailment":
+        return SelectAll()
+    if name == "combined":
+        return WallClockGreedy(rounds, cfg.carbon_weight, name="combined")
+    return WallClockGreedy(rounds, 0.0, name=name)
+
+
+def build_engine(
+    cfg: CurtailmentConfig,
+    sites: tuple[ElasticSite, ...],
+    availability: tuple[SiteAvailability, ...],
+    rounds: WallClockRounds,
+    trace: CarbonTrace,
+    horizon_s: float,
+) -> ElasticEngine:
+    return ElasticEngine(
+        sites,
+        availability,
+        rounds,
+        cfg.batch_size,
+        horizon_s,
+        carbon=trace,
+        update_bytes=cfg.update_gb * 1e9,
+        eval_every_s=cfg.eval_every_s,
+    )
 
 
 def run_curtailment_study(cfg: CurtailmentConfig, progress: Progress | None = None):
@@ -170,23 +223,17 @@ def run_curtailment_study(cfg: CurtailmentConfig, progress: Progress | None = No
     pairs = [(s.name, s.region) for s in sites]
     curtailed = tuple(availability_from_trace(trace, pairs, rule))
     data = load_workload(cfg, seed=cfg.seed)  # type: ignore[arg-type]  (same fields)
-    learning = _Learning(cfg, data)
+    learning = StreamSetup(cfg, data)
     total_rows = len(data.y_train)
     if cfg.num_shards > total_rows:
         raise ValueError(f"--shards: {cfg.num_shards} shards for {total_rows} training samples")
-    step_s = cfg.single_site_hours * 3600.0 / math.ceil(total_rows / cfg.batch_size)
-    rounds = WallClockRounds(step_s, cfg.round_min_s, cfg.overhead_s)
+    rounds = learning.wall_clock_rounds()
     study = CurtailmentStudy(cfg, trace, sites, curtailed, rounds, total_rows)
 
     plan: list[tuple[str, str, tuple[ElasticSite, ...], SelectionPolicy]] = []
     for name in cfg.policies:
-        if name == "curtailment":
-            plan.append((name, "curtailed", sites, SelectAll()))
-        elif name == "combined":
-            greedy = WallClockGreedy(rounds, cfg.carbon_weight, name="combined")
-            plan.append((name, "curtailed", sites, greedy))
-        else:
-            plan.append((name, "always-on", sites, WallClockGreedy(rounds, 0.0, name=name)))
+        kind = "always-on" if name == "powertrip" else "curtailed"
+        plan.append((name, kind, sites, build_policy(name, cfg, rounds)))
     plan.append(("always-on-fl", "always-on", sites[: cfg.always_on_sites], SelectAll()))
     single = replace(sites[0], power=1.0, comm_s=0.0, train_kw=cfg.train_kw)
     plan.append(("single-site", "always-on", (single,), SelectAll()))
@@ -200,16 +247,7 @@ def run_curtailment_study(cfg: CurtailmentConfig, progress: Progress | None = No
         else:
             avail = tuple(always_available([(s.name, s.region) for s in members]))
             horizon = math.inf  # always-on runs finish; the trace is held flat past its end
-        engine = ElasticEngine(
-            members,
-            avail,
-            rounds,
-            cfg.batch_size,
-            horizon,
-            carbon=trace,
-            update_bytes=cfg.update_gb * 1e9,
-            eval_every_s=cfg.eval_every_s,
-        )
+        engine = build_engine(cfg, members, avail, rounds, trace, horizon)
         cursor = ShardCursor(total_rows, cfg.num_shards)
         run = engine.run(policy, learning.learner(), cursor, cfg.seed)
         run.policy = name

@@ -1,0 +1,330 @@
+"""The aggregator's curtailment mode (spec §5): the emulator's ``ElasticEngine`` plays the run on
+an emulated clock, with availability and the carbon trace from the profiler's
+``GetAvailability`` and the training done by the workers (``GrpcLearner``).
+
+The scheduling, the data cursor, the round arithmetic and the energy accounting are the
+emulator's own code, so a service run makes the decisions and reports the energy and emissions
+of ``powertrip curtail``'s curtailment run for the same settings. Not resumable: a restarted
+aggregator starts the run again (no checkpoints in this mode).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+from numpy.typing import NDArray
+
+from powertrip.v1 import common_pb2, profiler_pb2, profiler_pb2_grpc
+from services.aggregator import metrics
+from services.aggregator.availability import SiteAvailability
+from services.aggregator.config import AggregatorConfig
+from services.aggregator.data_cursor import ShardCursor
+from services.aggregator.delta_inbox import DeltaInbox
+from services.aggregator.emissions import EnergyReport, account
+from services.aggregator.executor import GrpcRoundExecutor
+from services.aggregator.outer_step import NesterovOuter
+from services.aggregator.registry import WorkerRegistry
+from services.aggregator.rounds import RoundRecord
+from services.aggregator.run import RunState, RunStatus, wait_for_sites
+from services.common.carbon_wire import from_availability_reply
+from services.common.grpc_client import make_channel, retry_idempotent
+from services.common.sites import site_id
+from services.emulator.curtailment.engine import ElasticEngine, ElasticRun
+from services.emulator.curtailment.learner import Evaluate, FoldingLearner, Params
+from services.emulator.curtailment.study import (
+    StreamSetup,
+    build_engine,
+    build_policy,
+    build_sites,
+)
+from services.profiler.carbon import CarbonTrace
+
+logger = logging.getLogger(__name__)
+
+MODE_VALUE = {"pause": 0, "solo": 1, "federated": 2}
+
+
+class GrpcLearner(FoldingLearner):
+    """``FoldingLearner`` over the workers: each ``train_sites`` call is one sub-round in which
+    the named sites train their stream rows from the given model on their workers."""
+
+    def __init__(
+        self,
+        transport: GrpcRoundExecutor,
+        params: Params,
+        evaluate: Evaluate,
+        batch_size: int,
+        run_seed: int,
+        deadline_s: float,
+        outer: NesterovOuter | None = None,
+    ) -> None:
+        super().__init__(params, evaluate, batch_size, outer)
+        self.transport = transport
+        self.run_seed = run_seed
+        self.deadline_s = deadline_s
+        self.sub_rounds = 0
+
+    def train_sites(
+        self, params: Params, sites: Sequence[int], rows: Sequence[NDArray[np.int64]]
+    ) -> list[Params]:
+        self.sub_rounds += 1
+        n = self.sub_rounds
+        arrays = {k: v.numpy() for k, v in params.items()}
+        inbox = DeltaInbox(n, sites)
+        tx = self.transport
+        tx.params, tx.collector = arrays, inbox  # the servicer checks updates against these
+        by_site = dict(zip(sites, rows, strict=True))
+        groups, orphans = tx.registry.group(list(sites))
+        for s in orphans:
+            inbox.fail(s, "unhosted")
+        for worker_id, hosted in groups.items():
+            spec = common_pb2.RoundSpec(
+                round=n,
+                run_seed=self.run_seed,
+                site_ids=[site_id(s) for s in hosted],
+                deadline_seconds=self.deadline_s,
+                stream_rows={
+                    site_id(s): common_pb2.StreamRows(positions=by_site[s].tolist()) for s in hosted
+                },
+            )
+            tx.send_round(inbox, worker_id, hosted, spec, arrays)
+        inbox.wait(self.deadline_s)
+        inbox.close()
+        if inbox.failed:
+            why = ", ".join(f"{site_id(s)}: {r}" for s, r in sorted(inbox.failed.items()))
+            raise RuntimeError(f"sub-round {n}: no update from {why}")
+        for s, r in by_site.items():
+            steps = math.ceil(len(r) / self.batch_size)
+            if inbox.weights[s] != steps:
+                raise RuntimeError(
+                    f"{site_id(s)} reported {inbox.weights[s]:g} steps for {len(r)} rows, "
+                    f"expected {steps}"
+                )
+        return [{k: torch.from_numpy(v) for k, v in inbox.deltas[s].items()} for s in sites]
+
+
+@dataclass(frozen=True)
+class CurtailRoundRecord(RoundRecord):
+    start_s: float = 0.0
+    steps: tuple[int, ...] = ()  # per selected site
+
+
+class CurtailmentRun:
+    """Same surface as ``AggregatorRun`` for the servicer: registry, executor, status."""
+
+    mode = "curtailment"
+
+    def __init__(self, cfg: AggregatorConfig) -> None:
+        self.cfg = cfg
+        self.config = cfg.curtailment()
+        self.run_seed = self.config.seed
+        self.target = cfg.target_accuracy
+        self.num_sites = cfg.num_sites or (
+            len(self.config.regions) * self.config.sites_per_region if self.config.regions else None
+        )
+        if self.num_sites is None:
+            raise ValueError("curtailment mode needs POWERTRIP_NUM_SITES or POWERTRIP_SITE_REGIONS")
+        self.registry = WorkerRegistry(self.num_sites)
+        self.status = RunStatus()
+        self.energy: EnergyReport | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.setup = StreamSetup.load(self.config)
+        x_test, y_test = self.setup.eval_set
+        trainer = self.setup.trainer
+        params = {k: v.numpy().copy() for k, v in self.setup.params.items()}
+
+        def evaluate(p: Params) -> tuple[float, float]:
+            return trainer.evaluate(p, x_test, y_test)
+
+        self.executor = GrpcRoundExecutor(  # the transport: channels, broadcast, update checks
+            self.registry,
+            params,
+            lambda p: evaluate({k: torch.from_numpy(v) for k, v in p.items()}),
+            self.run_seed,
+            cfg.round_deadline_s,
+            pace_by_power=False,
+            channel_cfg=cfg,
+        )
+        self.learner = GrpcLearner(
+            self.executor,
+            self.setup.params,
+            evaluate,
+            self.config.batch_size,
+            self.run_seed,
+            cfg.round_deadline_s,
+            self.setup.outer(),
+        )
+        self._profiler = profiler_pb2_grpc.ProfilerServiceStub(make_channel(cfg.profiler_addr, cfg))
+        self._reported: dict[str, tuple[float, float]] = {}  # site -> (kWh, g) already counted
+
+    @property
+    def policy_name(self) -> str:
+        return self.cfg.curtail_policy
+
+    @property
+    def expected_sites(self) -> int:
+        return self.cfg.min_sites or self.num_sites
+
+    # -- pieces ----------------------------------------------------------------------------
+    def availability(self) -> tuple[list[SiteAvailability], float, CarbonTrace]:
+        @retry_idempotent(max_seconds=60, max_attempts=30)
+        def fetch() -> profiler_pb2.GetAvailabilityResponse:
+            return self._profiler.GetAvailability(
+                profiler_pb2.GetAvailabilityRequest(), timeout=self.cfg.rpc_timeout_s
+            )
+
+        sites, rule, trace = from_availability_reply(fetch())
+        ids = [s.site for s in sites]
+        if ids != [site_id(i) for i in range(self.num_sites)]:
+            raise RuntimeError(
+                f"the profiler has {len(ids)} curtailment sites but this run has "
+                f"{self.num_sites}: set the same POWERTRIP_SITE_REGIONS and "
+                "POWERTRIP_SITES_PER_REGION for both"
+            )
+        return sites, rule.threshold, trace
+
+    def _report(
+        self, engine: ElasticEngine, run: ElasticRun, trace: CarbonTrace, until_s: float
+    ) -> EnergyReport:
+        """Energy and emissions so far, the study's way (``emissions.account``), into metrics
+        and status; per-site counters advance by what is new since the last report."""
+        threshold = self.config.threshold
+        logs = engine.power_logs(run, until_s)
+        for log in logs:
+            rep = account([log], trace, threshold)
+            kwh, grams = rep.energy_kwh, rep.emissions_kg * 1000.0
+            old_kwh, old_g = self._reported.get(log.site, (0.0, 0.0))
+            metrics.ENERGY.labels(log.site).inc(max(kwh - old_kwh, 0.0))
+            metrics.EMISSIONS.labels(log.site).inc(max(grams - old_g, 0.0))
+            self._reported[log.site] = (max(kwh, old_kwh), max(grams, old_g))
+        return account(logs, trace, threshold)
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def run(self) -> None:
+        try:
+            why = wait_for_sites(
+                self.registry, self.expected_sites, self.cfg.registration_timeout_s, self._stop
+            )
+            if why is not None:
+                if why:
+                    self._fail(why)
+                return
+            availability, _, trace = self.availability()
+            sites = build_sites(self.config, trace)
+            regions = [a.region for a in availability]
+            if [s.region for s in sites] != regions:
+                raise RuntimeError(
+                    f"the profiler's site regions {regions} differ from this run's "
+                    f"{[s.region for s in sites]}: set the same POWERTRIP_SITE_REGIONS for both"
+                )
+            sites = tuple(replace(s, name=site_id(i)) for i, s in enumerate(sites))
+            with self._lock:
+                self.status.state = RunState.TRAINING
+            rounds = self.setup.wall_clock_rounds()
+            engine = build_engine(
+                self.config, sites, tuple(availability), rounds, trace, self.config.hours * 3600
+            )
+            policy = build_policy(self.policy_name, self.config, rounds)
+            cursor = ShardCursor(len(self.setup.data.y_train), self.config.num_shards)
+            logger.info(
+                "curtailment run: %d sites (%s), %s, policy %s, step %.2f s",
+                len(sites),
+                ", ".join(regions),
+                trace.label,
+                policy.name,
+                rounds.step_s,
+            )
+
+            def on_round(run: ElasticRun) -> None:
+                if self._stop.is_set():
+                    raise RuntimeError("stopped")
+                self._on_round(engine, run, trace)
+
+            run = engine.run(policy, self.learner, cursor, self.config.seed, on_round)
+            report = account(run.power_logs, trace, self.config.threshold)
+            self._report(engine, run, trace, run.end_s)
+            metrics.MODE.set(MODE_VALUE["pause"])
+            metrics.ACTIVE_SITES.set(0)
+            metrics.CLOCK.set(run.end_s)
+            with self._lock:
+                st = self.status
+                st.state, st.clock_s = RunState.DONE, run.end_s
+                self.energy = report
+                st.message = (
+                    f"{'data used up' if run.finished else 'horizon reached'} at "
+                    f"{run.end_s / 3600:.2f} h: {report.energy_kwh:.2f} kWh, "
+                    f"{report.emissions_kg:.3f} kg CO2, {report.curtailed_share:.0%} curtailed"
+                )
+            logger.info("run done: %s", self.status.message)
+        except Exception as exc:
+            logger.exception("run crashed")
+            self._fail(f"{type(exc).__name__}: {exc}")
+
+    def _on_round(self, engine: ElasticEngine, run: ElasticRun, trace: CarbonTrace) -> None:
+        r = run.rounds[-1]
+        active = len(r.contributors)
+        mode = "federated" if active >= 2 else "solo" if active == 1 else "pause"
+        report = self._report(engine, run, trace, r.end_s)
+        rec = CurtailRoundRecord(
+            round=r.index,
+            time_s=r.end_s,
+            duration_s=r.end_s - r.start_s,
+            sites=len(r.work),
+            accuracy=r.accuracy,
+            loss=r.loss,
+            selected=r.participants,
+            contributions=active,
+            start_s=r.start_s,
+            steps=tuple(w.steps for w in r.work),
+        )
+        metrics.ROUNDS.labels("completed").inc()
+        metrics.ROUND_DURATION.labels(self.policy_name).observe(rec.duration_s)
+        metrics.ROUND_CURRENT.set(r.index)
+        metrics.SITES_SELECTED.set(len(r.work))
+        for s in r.participants:
+            metrics.SITE_SELECTED.labels(site_id(s)).inc()
+        metrics.ACCURACY.set(r.accuracy)
+        metrics.LOSS.set(r.loss)
+        metrics.CLOCK.set(r.end_s)
+        metrics.MODE.set(MODE_VALUE[mode])
+        metrics.ACTIVE_SITES.set(active)
+        with self._lock:
+            st = self.status
+            st.round, st.accuracy, st.clock_s = r.index, r.accuracy, r.end_s
+            st.rounds.append(rec)
+            self.energy = report
+            st.mode, st.active_sites = mode, active
+            if self.target is not None and st.time_to_accuracy_s is None:
+                st.time_to_accuracy_s = run.time_to(self.target)
+        logger.info(
+            "round %d: %s, sites %s, steps %s, accuracy %.4f, clock %.0f s, %.2f kWh, %.3f kg",
+            r.index,
+            mode,
+            [site_id(s) for s in r.participants],
+            list(rec.steps),
+            r.accuracy,
+            r.end_s,
+            report.energy_kwh,
+            report.emissions_kg,
+        )
+
+    def _fail(self, message: str) -> None:
+        logger.error("run failed: %s", message)
+        with self._lock:
+            self.status.state, self.status.message = RunState.FAILED, message
+
+    def start(self) -> threading.Thread:
+        thread = threading.Thread(target=self.run, name="curtailment-run", daemon=True)
+        thread.start()
+        return thread
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.executor.close()

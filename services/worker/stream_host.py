@@ -1,0 +1,67 @@
+"""The sites a worker hosts in curtailment mode: no partitions, one data stream. A round names,
+per site, the stream positions to train on; the site trains exactly those rows, in order, with
+the trainer the emulator's ``StreamLearner`` uses, and its update is weighted by its steps."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import torch
+from numpy.typing import NDArray
+
+from services.emulator.curtailment.config import CurtailmentConfig
+from services.emulator.curtailment.learner import check_stream_trainer, train_stream_rows
+from services.emulator.curtailment.study import StreamSetup
+from services.worker.sites_host import SiteUpdate
+
+
+class StreamHost:
+    def __init__(self, cfg: CurtailmentConfig, sites: Sequence[int]) -> None:
+        self.cfg = cfg
+        self.sites = sorted(sites)
+        self.setup = StreamSetup.load(cfg)
+        check_stream_trainer(self.setup.trainer)
+
+    @property
+    def total_rows(self) -> int:
+        return len(self.setup.data.y_train)
+
+    def train_rows(
+        self, params: Mapping[str, NDArray], rows: Mapping[int, NDArray[np.int64]]
+    ) -> list[SiteUpdate]:
+        """Train each site of ``rows`` (all hosted here) on its stream positions from ``params``;
+        the FedAvg weight is the site's optimizer steps (spec §5.5)."""
+        foreign = sorted(set(rows) - set(self.sites))
+        if foreign:
+            raise ValueError(f"sites {foreign} are not hosted by this worker")
+        bad = [
+            s for s, r in rows.items() if len(r) == 0 or r.min() < 0 or r.max() >= self.total_rows
+        ]
+        if bad:
+            raise ValueError(
+                f"sites {bad}: stream positions empty or outside 0..{self.total_rows - 1}"
+            )
+        sites = list(rows)
+        torch_params = {k: torch.from_numpy(np.asarray(v)) for k, v in params.items()}
+        s = self.setup
+        started = time.perf_counter()
+        upd = train_stream_rows(
+            s.trainer,
+            s.data.x_train,
+            s.data.y_train,
+            s.order,
+            torch_params,
+            [rows[i] for i in sites],
+        )
+        seconds = time.perf_counter() - started
+        return [
+            SiteUpdate(
+                site=site,
+                delta={k: v[j].numpy() for k, v in upd.deltas.items()},
+                num_samples=float(upd.steps[j]),
+                train_seconds=seconds,
+            )
+            for j, site in enumerate(sites)
+        ]

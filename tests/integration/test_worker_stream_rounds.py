@@ -1,0 +1,109 @@
+"""A curtailment-mode worker trains exactly the data-stream rows the round names, in order, as
+the emulator's StreamLearner does, and weights each update by its optimizer steps."""
+
+from __future__ import annotations
+
+import queue
+
+import grpc
+import numpy as np
+import pytest
+import torch
+
+from powertrip.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from services.common.config import ServiceConfig
+from services.common.grpc_server import build_server
+from services.common.tensor_stream import encode, wrap_tensor_stream
+from services.emulator.curtailment.config import build_curtail_config
+from services.emulator.curtailment.study import StreamSetup
+from services.worker.rounds import RoundRunner
+from services.worker.servicer import WorkerServicer
+from services.worker.stream_host import StreamHost
+
+HOSTED = [0, 1]
+CFG = build_curtail_config("curtailment-quick", num_samples=1000)
+
+
+@pytest.fixture(scope="module")
+def host():
+    return StreamHost(CFG, HOSTED)
+
+
+@pytest.fixture
+def worker(host):
+    uploads: queue.Queue = queue.Queue()
+    runner = RoundRunner(lambda r, update, timeout: uploads.put((r, update)))
+    runner.start(host)
+    servicer = WorkerServicer(runner, HOSTED)
+    server, port, _ = build_server(
+        [lambda s: worker_pb2_grpc.add_WorkerServiceServicer_to_server(servicer, s)],
+        "127.0.0.1:0",
+        ServiceConfig(),
+    )
+    server.start()
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+        yield worker_pb2_grpc.WorkerServiceStub(ch), uploads
+    runner.stop()
+    server.stop(grace=None)
+
+
+def stream_round(params, rows: dict[str, np.ndarray]):
+    spec = common_pb2.RoundSpec(
+        round=1,
+        site_ids=list(rows),
+        deadline_seconds=30,
+        stream_rows={s: common_pb2.StreamRows(positions=r.tolist()) for s, r in rows.items()},
+    )
+    yield worker_pb2.StartRoundRequest(spec=spec)
+    yield from wrap_tensor_stream(encode(params, 4096), worker_pb2.StartRoundRequest)
+
+
+def test_a_stream_round_trains_the_named_rows_like_the_emulators_learner(worker, host):
+    stub, uploads = worker
+    params = {k: v.numpy() for k, v in host.setup.params.items()}
+    rows = {"site-000": np.arange(100, 170), "site-001": np.arange(0, 32)}
+    stub.StartRound(stream_round(params, rows), timeout=10)
+    got = {u.site: u for _, u in (uploads.get(timeout=30), uploads.get(timeout=30))}
+
+    reference = StreamSetup.load(CFG).learner()
+    torch_params = {k: torch.from_numpy(v) for k, v in params.items()}
+    expected = reference.train_sites(torch_params, HOSTED, [rows["site-000"], rows["site-001"]])
+    assert [got[0].num_samples, got[1].num_samples] == [3.0, 1.0]  # ceil(70 / 32), 32 / 32
+    for site, delta in zip(HOSTED, expected, strict=True):
+        for k, v in delta.items():
+            np.testing.assert_array_equal(got[site].delta[k], v.numpy())
+
+
+@pytest.mark.parametrize(
+    ("spec_sites", "rows", "words"),
+    [
+        (["site-000", "site-001"], {"site-000": np.arange(5)}, "exactly the round's sites"),
+        (["site-000"], {"site-000": np.arange(0)}, "at least one row"),
+    ],
+)
+def test_stream_rows_must_cover_exactly_the_rounds_sites(worker, host, spec_sites, rows, words):
+    stub, _ = worker
+    params = {k: v.numpy() for k, v in host.setup.params.items()}
+    spec = common_pb2.RoundSpec(
+        round=1,
+        site_ids=spec_sites,
+        deadline_seconds=30,
+        stream_rows={s: common_pb2.StreamRows(positions=r.tolist()) for s, r in rows.items()},
+    )
+    stream = [worker_pb2.StartRoundRequest(spec=spec)]
+    stream += list(wrap_tensor_stream(encode(params, 4096), worker_pb2.StartRoundRequest))
+    with pytest.raises(grpc.RpcError) as err:
+        stub.StartRound(iter(stream), timeout=10)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert words in err.value.details()
+
+
+def test_a_partition_round_is_refused_by_a_stream_worker(worker, host):
+    stub, _ = worker
+    params = {k: v.numpy() for k, v in host.setup.params.items()}
+    spec = common_pb2.RoundSpec(round=1, site_ids=["site-000"], deadline_seconds=30)
+    stream = [worker_pb2.StartRoundRequest(spec=spec)]
+    stream += list(wrap_tensor_stream(encode(params, 4096), worker_pb2.StartRoundRequest))
+    with pytest.raises(grpc.RpcError) as err:
+        stub.StartRound(iter(stream), timeout=10)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
