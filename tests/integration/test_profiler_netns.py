@@ -6,7 +6,8 @@ LinkProber measures it:
 
 * bandwidth: the smoothed estimate is within ±10% of 50 Mbit/s. The probe counts gRPC payload
   bytes, so it sits below the line rate by the TCP/IP and Ethernet headers (~4%: 1448 payload
-  bytes per 1514-byte frame) plus HTTP/2 framing;
+  bytes per 1514-byte frame) plus HTTP/2 framing; divided by the payload's share of the bytes tbf
+  sent (its qdisc counters), it is the shaped rate within ±5%;
 * RTT: with the application-level delay relay (this kernel has no netem) in front of the worker
   at 20 ms and then 60 ms one way, the measured RTT rises by 2 x 40 ms (±20%), and the relay
   says in its log that it, not netem, adds the delay.

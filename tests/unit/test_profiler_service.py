@@ -25,6 +25,7 @@ from services.profiler.catalogue import SiteCatalogue
 from services.profiler.config import ProfilerConfig
 from services.profiler.links import LinkEstimate
 from services.profiler.probe_budget import ProbeBudget, probe_share, probe_share_from_metrics
+from services.profiler.probes import probe_worker
 from services.profiler.servicer import LinkProber, ProfilerServicer
 from services.worker.servicer import WorkerServicer
 
@@ -162,6 +163,15 @@ def test_probe_measures_rtt_and_bandwidth_of_a_worker_on_loopback(worker_address
     assert set(prober.links_by_site()) == {0, 1}
     # every payload byte counted: the bulk stream plus (1 warm-up + 5) pings of 64 B each way
     assert metrics.PROBE_BYTES._value.get() - before == (2 << 20) + 2 * 64 * 6
+
+
+def test_one_shot_probe_with_zero_bytes_measures_the_rtt_alone(worker_address):
+    stub = worker_pb2_grpc.WorkerServiceStub(grpc.insecure_channel(worker_address))
+    pings = probe_worker(stub, ping_count=3, probe_bytes=0, timeout_s=5)
+    full = probe_worker(stub, ping_count=3, probe_bytes=1 << 20, timeout_s=5)
+    assert pings.bandwidth_bytes_per_s is None and pings.bytes_moved == 2 * 64 * 4
+    assert full.bandwidth_bytes_per_s > 0 and full.bytes_moved == (1 << 20) + 2 * 64 * 4
+    assert pings.rtt_s > 0 and full.rtt_s > 0
 
 
 def test_measure_links_on_demand_returns_fresh_links_and_the_requested_times_power(
