@@ -14,7 +14,7 @@ from tenacity import (
     retry_if_exception,
     stop_after_attempt,
     stop_after_delay,
-    wait_exponential_jitter,
+    wait_random_exponential,
 )
 
 from services.common.config import ServiceConfig
@@ -38,7 +38,7 @@ def retry_idempotent(
     """Retry a call that is safe to repeat while the peer is UNAVAILABLE, with full jitter."""
     return retry(
         retry=retry_if_exception(is_unavailable),
-        wait=wait_exponential_jitter(initial=0.2, max=5.0),
+        wait=wait_random_exponential(multiplier=0.2, max=5.0),  # full jitter
         stop=stop_after_attempt(max_attempts) | stop_after_delay(max_seconds),
         before_sleep=before_sleep_log(logger, logging.WARNING),
         reraise=True,
