@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
@@ -135,6 +136,19 @@ class GrpcRoundExecutor:
                 collector.fail(s, f"start_{exc.code().name.lower()}")
 
     def execute(
+        self,
+        round_index: int,
+        selected: NDArray[np.int64],
+        profile: SiteProfile,
+        split_half: bool,
+    ) -> RoundOutcome | None:
+        started = time.perf_counter()
+        try:
+            return self._execute(round_index, selected, profile, split_half)
+        finally:
+            metrics.ROUND_WALL.observe(time.perf_counter() - started)
+
+    def _execute(
         self,
         round_index: int,
         selected: NDArray[np.int64],

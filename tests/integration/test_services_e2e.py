@@ -74,6 +74,7 @@ def test_every_service_exposes_round_accuracy_site_and_grpc_series(finished_run)
     status, metrics, _, _, _ = finished_run
     agg = metrics["aggregator"]
     assert agg["powertrip_round_current"][0][1] == status.round
+    assert agg["powertrip_round_wall_duration_seconds_count"][0][1] == status.round
     assert agg["powertrip_rounds_total"] == [({"outcome": "completed"}, status.round)]
     assert agg["powertrip_model_accuracy_ratio"][0][1] == pytest.approx(status.accuracy, abs=1e-6)
     assert agg["powertrip_time_to_accuracy_seconds"][0][1] == pytest.approx(
