@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections.abc import Callable, Iterator
 
@@ -96,8 +97,10 @@ class AggregatorServicer(aggregator_pb2_grpc.AggregatorServiceServicer):
         rx = TensorStreamReceiver(expected)
         try:
             rx.consume(request_iterator)
-            if not head.num_samples > 0 or head.num_samples != head.num_samples:
-                raise StreamError("bad_weight", f"num_samples must be > 0, got {head.num_samples}")
+            if not (math.isfinite(head.num_samples) and head.num_samples > 0):
+                raise StreamError(
+                    "bad_weight", f"num_samples must be finite and > 0, got {head.num_samples}"
+                )
         except StreamError as exc:
             rx.close()
             collector.fail(site, exc.reason)

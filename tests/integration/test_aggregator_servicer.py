@@ -144,6 +144,7 @@ def test_bad_updates_are_rejected_and_the_round_continues_with_the_others(stub, 
         ),
         ("not its worker", {"site": 2, "worker": "w-a"}, C.INVALID_ARGUMENT, "hosted by"),
         ("zero weight", {"site": 0, "samples": 0.0}, C.INVALID_ARGUMENT, "num_samples"),
+        ("infinite weight", {"site": 0, "samples": float("inf")}, C.INVALID_ARGUMENT, "finite"),
     ]
     for what, kwargs, code, words in bad:
         got, details = code_of(lambda kw=kwargs: submit(s, run, **kw))
