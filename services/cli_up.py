@@ -68,6 +68,13 @@ def write_rounds_csv(path: Path, policy: str, rounds: list[aggregator_pb2.RoundS
 @click.option("--deadline", default=60.0, show_default=True, help="Round deadline, wall seconds.")
 @click.option("--timeout", default=1800.0, show_default=True, help="Give up after this long.")
 @click.option(
+    "--netns-profile",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Root only: run each worker in its own network namespace behind a tc-shaped link to "
+    "a hub namespace (tc-scripts/topology.sh); one 'name rate delay' row per worker. Use with "
+    "--clock wall so the profiler's measured links drive the ranking.",
+)
+@click.option(
     "--output",
     type=click.Path(path_type=Path),
     default=Path("results/up"),
@@ -89,6 +96,7 @@ def up(
     k_star: int | None,
     deadline: float,
     timeout: float,
+    netns_profile: Path | None,
     output: Path,
 ) -> None:
     """Start the profiler, the aggregator and W workers on loopback, train to the target,
@@ -111,6 +119,7 @@ def up(
             log_dir=output / "logs",
             checkpoint_dir=output / "checkpoints",
             extra_env={"POWERTRIP_K_STAR": str(k_star)} if k_star else {},
+            netns_profile=netns_profile,
         )
         plan.site_ranges()
     except ValueError as exc:

@@ -43,6 +43,9 @@ class ClusterPlan:
     # "curtailment": every service runs the curtailment mode of curtail_preset (spec §5)
     mode: str = "powertrip"
     curtail_preset: str = "curtailment"
+    # Root only: one network namespace per worker behind a tc-shaped veth to a hub namespace
+    # holding the aggregator and profiler (tc-scripts/topology.sh; profile rows: name rate delay)
+    netns_profile: Path | None = None
 
     def site_ranges(self) -> list[str]:
         """Sites split as evenly as possible: 12 over 3 workers -> 0-3, 4-7, 8-11."""
@@ -54,16 +57,60 @@ class ClusterPlan:
         return [f"{bounds[i]}-{bounds[i + 1] - 1}" for i in range(self.workers)]
 
 
+@dataclass(frozen=True)
+class Topology:
+    """What ``tc-scripts/topology.sh up --mgmt`` built, read back from its state file."""
+
+    prefix: str
+    state_dir: Path
+    hub: str  # namespace of the aggregator and profiler
+    hub_mgmt_ip: str  # the hub's address on the management link from this namespace
+    sites: tuple[tuple[str, str, str], ...]  # (namespace, site address, hub address) per link
+
+    @classmethod
+    def up(cls, profile: Path, state_dir: Path) -> Topology:
+        prefix = f"pu{os.getpid() % 100_000}"
+        subnet = f"10.{79 + os.getpid() // 250 % 100}.{os.getpid() % 250}"
+        script = REPO_ROOT / "tc-scripts" / "topology.sh"
+        cmd = ["bash", str(script), "up", "--profile", str(profile), "--allow-no-netem", "--mgmt"]
+        cmd += ["--prefix", prefix, "--subnet", subnet, "--state-dir", str(state_dir)]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise LaunchError(f"topology.sh up failed: {done.stderr.strip()}")
+        sites = []
+        for line in (state_dir / f"{prefix}.topology").read_text().splitlines():
+            f = line.split()
+            if f[0] == "site":  # site i name ns site_if site_ip hub_if hub_ip rate delay applied
+                sites.append((f[3], f[5], f[7]))
+        return cls(prefix, state_dir, f"{prefix}-hub", f"{subnet}.254", tuple(sites))
+
+    def down(self) -> None:
+        script = REPO_ROOT / "tc-scripts" / "topology.sh"
+        subprocess.run(
+            [
+                "bash",
+                str(script),
+                "down",
+                "--prefix",
+                self.prefix,
+                "--state-dir",
+                str(self.state_dir),
+            ],
+            capture_output=True,
+        )
+
+
 @dataclass
 class Service:
     name: str
     process: subprocess.Popen
+    host: str = "127.0.0.1"  # where this namespace reaches the service
     grpc_addr: str = ""
     metrics_port: int = 0
 
     @property
     def metrics_url(self) -> str:
-        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+        return f"http://{self.host}:{self.metrics_port}/metrics"
 
 
 class LaunchError(RuntimeError):
@@ -75,6 +122,7 @@ class LocalCluster:
         self.plan = plan
         self.services: list[Service] = []
         self._channel: grpc.Channel | None = None
+        self.topology: Topology | None = None
 
     # -- start -----------------------------------------------------------------------------
     def _env(self, **values: object) -> dict[str, str]:
@@ -98,18 +146,27 @@ class LocalCluster:
         env.update(self.plan.extra_env)
         return env
 
-    def _spawn(self, name: str, module: str, env: dict[str, str], timeout_s: float) -> Service:
+    def _spawn(
+        self,
+        name: str,
+        module: str,
+        env: dict[str, str],
+        timeout_s: float,
+        netns: str | None = None,
+        host: str = "127.0.0.1",
+    ) -> Service:
         self.plan.log_dir.mkdir(parents=True, exist_ok=True)
         log = (self.plan.log_dir / f"{name}.log").open("a")  # a restart appends
+        in_ns = ["ip", "netns", "exec", netns] if netns else []  # exec: the PID is python's
         proc = subprocess.Popen(
-            [sys.executable, "-m", module],
+            [*in_ns, sys.executable, "-m", module],
             env=env,
             stdout=subprocess.PIPE,
             stderr=log,
             text=True,
             start_new_session=True,  # a Ctrl-C in the terminal reaches the launcher only
         )
-        service = Service(name, proc)
+        service = Service(name, proc, host=host)
         self.services.append(service)
         found = threading.Event()
 
@@ -118,7 +175,8 @@ class LocalCluster:
             for line in proc.stdout:
                 m = READY.search(line)
                 if m and not found.is_set():
-                    service.grpc_addr, service.metrics_port = m.group(2), int(m.group(3))
+                    port = m.group(2).rsplit(":", 1)[1]
+                    service.grpc_addr, service.metrics_port = f"{host}:{port}", int(m.group(3))
                     found.set()
 
         threading.Thread(target=read, daemon=True).start()
@@ -132,11 +190,25 @@ class LocalCluster:
 
     def start(self, on_started: Callable[[Service], None] | None = None) -> None:
         p = self.plan
-        prof = self._spawn("profiler", "services.profiler", self._env(), 60)
+        hub_ns, hub_host, worker_links = None, "127.0.0.1", None
+        if p.netns_profile is not None:
+            self.topology = Topology.up(p.netns_profile, p.log_dir.parent / "topology")
+            if len(self.topology.sites) != p.workers:
+                raise LaunchError(
+                    f"the profile has {len(self.topology.sites)} links; use as many workers"
+                )
+            hub_ns, hub_host, worker_links = (
+                self.topology.hub,
+                self.topology.hub_mgmt_ip,
+                self.topology.sites,
+            )
+        bind = {"bind_host": "0.0.0.0"} if hub_ns else {}
+        prof = self._spawn("profiler", "services.profiler", self._env(**bind), 60, hub_ns, hub_host)
         if on_started:
             on_started(prof)
+        prof_port = prof.grpc_addr.rsplit(":", 1)[1]
         agg_env = self._env(
-            profiler_addr=prof.grpc_addr,
+            profiler_addr=f"127.0.0.1:{prof_port}",  # same namespace as the aggregator
             policy=p.policy,
             clock=p.clock,
             preset=p.preset,
@@ -147,22 +219,28 @@ class LocalCluster:
             round_deadline_s=p.round_deadline_s,
             checkpoint_dir=p.checkpoint_dir or "",
             registration_timeout_s=300,
+            **bind,
         )
-        agg = self._spawn("aggregator", "services.aggregator", agg_env, 300)
+        agg = self._spawn("aggregator", "services.aggregator", agg_env, 300, hub_ns, hub_host)
         self._aggregator_env = agg_env
         if on_started:
             on_started(agg)
+        agg_port = agg.grpc_addr.rsplit(":", 1)[1]
         for i, sites in enumerate(p.site_ranges()):
+            ns, addr, hub_addr = worker_links[i] if worker_links else (None, "127.0.0.1", None)
             w = self._spawn(
                 f"worker-{i}",
                 "services.worker",
                 self._env(
-                    aggregator_addr=agg.grpc_addr,
+                    aggregator_addr=f"{hub_addr or '127.0.0.1'}:{agg_port}",
                     worker_id=f"worker-{i}",
-                    advertise_host="127.0.0.1",
+                    advertise_host=addr,
                     sites=sites,
+                    **bind,
                 ),
                 300,
+                ns,
+                addr,
             )
             if on_started:
                 on_started(w)
@@ -176,7 +254,8 @@ class LocalCluster:
         self.services.remove(old)
         port = old.grpc_addr.rsplit(":", 1)[1]
         env = {**self._aggregator_env, "POWERTRIP_GRPC_PORT": port}
-        return self._spawn("aggregator", "services.aggregator", env, 300)
+        hub = self.topology.hub if self.topology else None
+        return self._spawn("aggregator", "services.aggregator", env, 300, hub, old.host)
 
     # -- watch -----------------------------------------------------------------------------
     @property
@@ -225,6 +304,9 @@ class LocalCluster:
             except subprocess.TimeoutExpired:
                 s.process.kill()
                 s.process.wait()
+        if self.topology is not None:
+            self.topology.down()
+            self.topology = None
 
     def __enter__(self) -> LocalCluster:
         return self

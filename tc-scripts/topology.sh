@@ -3,7 +3,7 @@
 # one per site, each site joined to the hub by its own veth pair with a shaped link.
 #
 # Usage: topology.sh up [--profile FILE | --sites N [--seed S] [--rate-scale F]] [--allow-no-netem]
-#                       [--prefix P] [--subnet A.B.C] [--state-dir DIR]
+#                       [--mgmt] [--prefix P] [--subnet A.B.C] [--state-dir DIR]
 #        topology.sh down   [--prefix P] [--state-dir DIR]
 #        topology.sh status [--prefix P] [--state-dir DIR]
 #
@@ -16,6 +16,10 @@
 # (# comments allowed), or is generated from the site model with --sites (see
 # services/common/topology_profile.py, run with $PYTHON or python3). Without netem, up fails unless --allow-no-netem, which
 # shapes the rate only and status reports the delay as not applied.
+#
+# --mgmt adds an unshaped management link from the caller's namespace to the hub (caller
+# A.B.C.253, hub A.B.C.254, veth <P>m / <P>mh), so a launcher outside can reach the aggregator;
+# it goes away with the hub namespace.
 #
 # up records every namespace right after creating it in DIR/P.topology; down deletes exactly
 # those, then the state file. up never reuses a namespace that already exists, so down cannot
@@ -36,6 +40,7 @@ sites=""
 seed=0
 rate_scale=1
 allow_no_netem=0
+mgmt=0
 state=""
 up_complete=0
 
@@ -71,6 +76,10 @@ parse_args() {
                 ;;
             --allow-no-netem)
                 allow_no_netem=1
+                shift
+                ;;
+            --mgmt)
+                mgmt=1
                 shift
                 ;;
             *) usage ;;
@@ -122,6 +131,11 @@ teardown() {
     local kind name pids live
     while read -r kind name _; do
         [[ $kind == netns ]] && made=("$name" "${made[@]}")
+        # Our end of the management link: deleted now rather than with the hub, which the
+        # kernel tears down asynchronously.
+        if [[ $kind == mgmt ]] && ip link show "$name" &>/dev/null; then
+            ip link del "$name"
+        fi
     done <"$state"
     live=$(ip netns list | awk '{ print $1 }')
     for name in "${made[@]}"; do
@@ -189,6 +203,15 @@ up() {
         record site "$i" "${names[i]}" "$site" "$site_if" "$site_ip" "$hub_if" "$hub_ip" \
             "${rates[i]}" "${delays[i]}" "$applied"
     done
+    if [[ $mgmt == 1 ]]; then
+        # The caller's end lives here; deleting the hub namespace deletes the pair.
+        ip link add "${prefix}m" type veth peer name "${prefix}mh" netns "$hub"
+        ip addr add "$subnet.253/30" dev "${prefix}m"
+        ip -n "$hub" addr add "$subnet.254/30" dev "${prefix}mh"
+        ip link set "${prefix}m" up
+        ip -n "$hub" link set "${prefix}mh" up
+        record mgmt "${prefix}m" "$subnet.253" "$subnet.254"
+    fi
     up_complete=1
     status
 }
@@ -201,6 +224,9 @@ status() {
     local live
     live=$(ip netns list | awk '{ print $1 }')
     echo "topology '$prefix' ($state); hub namespace $prefix-hub (aggregator, profiler):"
+    local mgmt_line
+    mgmt_line=$(awk '$1 == "mgmt" { print "management link " $2 ": here " $3 ", hub " $4 }' "$state")
+    [[ -z $mgmt_line ]] || echo "$mgmt_line"
     printf '%-12s %-16s %-10s %-14s %-14s %-14s %s\n' \
         SITE NAMESPACE IFACE ADDRESS HUB-ADDRESS RATE DELAY
     local kind i name ns site_if site_ip hub_if hub_ip rate delay applied note

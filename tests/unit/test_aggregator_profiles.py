@@ -1,0 +1,64 @@
+"""What the aggregator's policy sees of the sites: modelled links on the emulated clock (as the
+emulator), the profiler's measurements on the wall clock once a site has been probed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from powertrip.v1 import common_pb2, profiler_pb2
+from services.aggregator.config import AggregatorConfig
+from services.aggregator.run import AggregatorRun
+from services.common.config import load_config
+from services.common.timing import comm_time_s
+
+
+def run_with(clock: str) -> AggregatorRun:
+    env = {
+        "POWERTRIP_PROFILER_ADDR": "127.0.0.1:1",
+        "POWERTRIP_NUM_SITES": "2",
+        "POWERTRIP_NUM_SAMPLES": "1000",
+        "POWERTRIP_CHECKPOINT_DIR": "",
+        "POWERTRIP_CLOCK": clock,
+    }
+    return AggregatorRun(load_config(AggregatorConfig, env))
+
+
+def reply() -> profiler_pb2.GetSiteProfilesResponse:
+    probed = common_pb2.SiteProfile(
+        site_id="site-001", power_fraction=0.5, modelled_latency_seconds=0.01,
+        modelled_bandwidth_bytes_per_second=1e9, rtt_seconds=0.2,
+        bandwidth_bytes_per_second=2.5e6, measured_at_seconds=3.0,
+    )  # fmt: skip
+    unprobed = common_pb2.SiteProfile(
+        site_id="site-000", power_fraction=0.9, modelled_latency_seconds=0.02,
+        modelled_bandwidth_bytes_per_second=5e8,
+    )  # fmt: skip
+    return profiler_pb2.GetSiteProfilesResponse(sites=[probed, unprobed])  # any order
+
+
+@pytest.fixture(scope="module")
+def wall():
+    return run_with("wall")
+
+
+def test_wall_clock_ranks_by_measured_links_once_probed(wall):
+    profile = wall._to_profile(reply())
+    size = wall.time_model.update_bytes  # the real model's bytes on the wall clock
+    want = comm_time_s(np.array([0.02, 0.1]), np.array([4e9, 2e7]), size, round_trip=True)
+    assert np.allclose(profile.comm_s, want)
+    assert profile.power.tolist() == [0.9, 0.5]
+
+
+def test_emulated_clock_uses_the_site_model_like_the_emulator():
+    emulated = run_with("emulated")
+    profile = emulated._to_profile(reply())
+    tm = emulated.time_model
+    want = comm_time_s(np.array([0.02, 0.01]), np.array([4e9, 8e9]), tm.update_bytes)
+    assert np.allclose(profile.comm_s, want)
+
+
+def test_a_profiler_with_another_number_of_sites_is_refused(wall):
+    short = profiler_pb2.GetSiteProfilesResponse(sites=reply().sites[:1])
+    with pytest.raises(RuntimeError, match="POWERTRIP_NUM_SITES"):
+        wall._to_profile(short)
