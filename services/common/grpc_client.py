@@ -19,13 +19,18 @@ from tenacity import (
 
 from services.common.config import ServiceConfig
 from services.common.grpc_options import client_options
+from services.common.tls import channel_credentials
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
 def make_channel(address: str, cfg: ServiceConfig) -> grpc.Channel:
-    return grpc.insecure_channel(address, options=client_options(cfg))
+    """A channel with the shared options; mutual TLS when ``cfg`` has TLS settings."""
+    creds = channel_credentials(cfg)
+    if creds is None:
+        return grpc.insecure_channel(address, options=client_options(cfg))
+    return grpc.secure_channel(address, creds, options=client_options(cfg))
 
 
 def is_unavailable(exc: BaseException) -> bool:
