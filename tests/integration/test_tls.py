@@ -11,11 +11,15 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
+from click.testing import CliRunner
+from cryptography import x509
+from cryptography.x509.oid import NameOID
 
 from powertrip.v1 import aggregator_pb2, aggregator_pb2_grpc
 from services.aggregator.config import AggregatorConfig
 from services.aggregator.run import AggregatorRun
 from services.aggregator.servicer import AggregatorServicer
+from services.cli import main as powertrip
 from services.cli_certs import issue, mint_cluster, new_ca, tls_env, write_pair
 from services.common.config import ConfigError, ServiceConfig, load_config
 from services.common.grpc_client import make_channel
@@ -150,6 +154,29 @@ def test_a_tls_file_that_does_not_exist_is_refused_at_start(pki):
 def test_the_allow_list_is_a_comma_separated_set_of_worker_ids(pki):
     assert aggregator_cfg(pki, " w0, w1 ,").allowed_worker_ids == {"w0", "w1"}
     assert aggregator_cfg(pki, "").allowed_worker_ids is None
+
+
+# -- powertrip certs ----------------------------------------------------------------------------
+
+
+def test_certs_mints_a_ca_and_one_private_certificate_per_service_and_worker(tmp_path):
+    r = CliRunner().invoke(powertrip, ["certs", "--out", str(tmp_path), "--workers", "w0,w1"])
+    assert r.exit_code == 0, r.output
+    ca = x509.load_pem_x509_certificate((tmp_path / "ca.pem").read_bytes())
+    for name in ("aggregator", "profiler", "operator", "w0", "w1"):
+        cert = x509.load_pem_x509_certificate((tmp_path / f"{name}.pem").read_bytes())
+        cert.verify_directly_issued_by(ca)
+        assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == name
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        assert {name, "localhost"} <= set(san.get_values_for_type(x509.DNSName))
+        assert (tmp_path / f"{name}.key").stat().st_mode & 0o077 == 0
+    assert not list(tmp_path.glob("ca.key"))  # the CA key is thrown away
+
+
+def test_certs_refuses_a_worker_id_that_is_a_service_name(tmp_path):
+    r = CliRunner().invoke(powertrip, ["certs", "--out", str(tmp_path), "--workers", "aggregator"])
+    assert r.exit_code == 2 and "collide" in r.output
+    assert not (tmp_path / "ca.pem").exists()
 
 
 # -- R14: unauthenticated callers fail the handshake ------------------------------------------
