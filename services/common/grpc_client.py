@@ -34,7 +34,14 @@ def make_channel(address: str, cfg: ServiceConfig) -> grpc.Channel:
 
 
 def is_unavailable(exc: BaseException) -> bool:
-    return isinstance(exc, grpc.RpcError) and exc.code() is grpc.StatusCode.UNAVAILABLE
+    """Transient UNAVAILABLE, worth a retry. A failed TLS handshake is also UNAVAILABLE but will
+    fail the same way every time (wrong CA, expired certificate), so it is not retried, like
+    Flower's ``_should_giveup_fn``. (A server rejecting *our* certificate shows only as "Socket
+    closed", which cannot be told from a transient drop, so that case is still retried.)"""
+    if not isinstance(exc, grpc.RpcError) or exc.code() is not grpc.StatusCode.UNAVAILABLE:
+        return False
+    details = exc.details() if hasattr(exc, "details") else ""
+    return "handshake failed" not in (details or "").lower()
 
 
 def retry_idempotent(

@@ -22,7 +22,7 @@ from services.aggregator.servicer import AggregatorServicer
 from services.cli import main as powertrip
 from services.cli_certs import issue, mint_cluster, new_ca, tls_env, write_pair
 from services.common.config import ConfigError, ServiceConfig, load_config
-from services.common.grpc_client import make_channel
+from services.common.grpc_client import make_channel, retry_idempotent
 from services.common.grpc_server import build_server, set_serving
 from services.launcher import ClusterPlan, LocalCluster
 from services.worker.sites_host import SiteUpdate
@@ -226,6 +226,23 @@ def test_an_expired_certificate_fails_the_handshake(expired_dir):
         assert run.registry.site_count == 0
     finally:
         server.stop(grace=None)
+
+
+def test_a_worker_that_cannot_verify_the_server_gives_up_at_once(aggregator, tmp_path):
+    """A wrong CA fails the same way every time: no retry storm (R14)."""
+    address, _ = aggregator
+    mint_cluster(tmp_path, ["w0"])  # another cluster's CA and certificates
+    stub = as_worker(address, tmp_path, "w0")
+    attempts = []
+
+    @retry_idempotent(max_seconds=10, max_attempts=5)
+    def join() -> None:
+        attempts.append(1)
+        register(stub, "w0", ["site-003"])
+
+    code, details = refusal(join)
+    assert code == C.UNAVAILABLE and "handshake failed" in details.lower()
+    assert len(attempts) == 1
 
 
 # -- R15: a certificate speaks only for its own worker id -------------------------------------
