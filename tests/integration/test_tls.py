@@ -24,7 +24,7 @@ from services.cli_certs import issue, mint_cluster, new_ca, tls_env, write_pair
 from services.common.config import ConfigError, ServiceConfig, load_config
 from services.common.grpc_client import make_channel, retry_idempotent
 from services.common.grpc_server import build_server, set_serving
-from services.launcher import ClusterPlan, LocalCluster
+from services.launcher import ClusterPlan, LaunchError, LocalCluster
 from services.worker.sites_host import SiteUpdate
 from services.worker.uploader import update_messages
 
@@ -177,6 +177,23 @@ def test_certs_refuses_a_worker_id_that_is_a_service_name(tmp_path):
     r = CliRunner().invoke(powertrip, ["certs", "--out", str(tmp_path), "--workers", "aggregator"])
     assert r.exit_code == 2 and "collide" in r.output
     assert not (tmp_path / "ca.pem").exists()
+
+
+def test_up_with_tls_mints_into_the_output_directory(tmp_path, monkeypatch):
+    plans: list[ClusterPlan] = []
+
+    class Recorder(LocalCluster):
+        def start(self, on_started=None) -> None:
+            plans.append(self.plan)
+            raise LaunchError("recorded")
+
+    monkeypatch.setattr("services.cli_up.LocalCluster", Recorder)
+    out = tmp_path / "up"
+    r = CliRunner().invoke(powertrip, ["up", "--tls", "--workers", "2", "--output", str(out)])
+    assert r.exit_code == 1 and "recorded" in r.output
+    assert plans[0].tls_dir == out / "tls"
+    r = CliRunner().invoke(powertrip, ["up", "--workers", "2", "--output", str(out)])
+    assert plans[1].tls_dir is None  # plaintext unless asked
 
 
 # -- R14: unauthenticated callers fail the handshake ------------------------------------------
