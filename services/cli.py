@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from services.cli_certs import certs
 from services.cli_curtail import curtail
 from services.cli_traces import traces
 from services.cli_up import up
@@ -90,6 +91,7 @@ def main() -> None:
 main.add_command(traces)
 main.add_command(up)
 main.add_command(curtail)
+main.add_command(certs)
 
 PRESET_HELP = "; ".join(f"{k}: {v['description']}" for k, v in PRESETS.items())
 

@@ -66,6 +66,11 @@ def write_rounds_csv(path: Path, policy: str, rounds: list[aggregator_pb2.RoundS
 @click.option("--samples", "num_samples", type=int, help="Dataset size (mnist1d).")
 @click.option("--k-star", type=int, help="k for static-optimal / random policies.")
 @click.option("--deadline", default=60.0, show_default=True, help="Round deadline, wall seconds.")
+@click.option(
+    "--tls",
+    is_flag=True,
+    help="Mutual TLS: mint a throw-away CA and certificates into OUTPUT/tls and use them.",
+)
 @click.option("--timeout", default=1800.0, show_default=True, help="Give up after this long.")
 @click.option(
     "--netns-profile",
@@ -95,6 +100,7 @@ def up(
     num_samples: int | None,
     k_star: int | None,
     deadline: float,
+    tls: bool,
     timeout: float,
     netns_profile: Path | None,
     output: Path,
@@ -120,6 +126,7 @@ def up(
             checkpoint_dir=output / "checkpoints",
             extra_env={"POWERTRIP_K_STAR": str(k_star)} if k_star else {},
             netns_profile=netns_profile,
+            tls_dir=output / "tls" if tls else None,
         )
         plan.site_ranges()
     except ValueError as exc:
@@ -143,7 +150,10 @@ def up(
             cluster.start(
                 lambda s: err.print(f"started {s.name} (pid {s.process.pid}) at {s.grpc_addr}")
             )
-            err.print(f"training: policy={policy} clock={clock} workers={workers} sites={sites}")
+            err.print(
+                f"training: policy={policy} clock={clock} workers={workers} sites={sites}"
+                + (f" tls={plan.tls_dir}" if plan.tls_dir else "")
+            )
             st = cluster.wait_done(timeout, show)
         except LaunchError as exc:
             err.print(f"[bold red]error:[/] {exc} (logs: {plan.log_dir})", highlight=False)

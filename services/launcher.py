@@ -20,6 +20,9 @@ from pathlib import Path
 import grpc
 
 from powertrip.v1 import aggregator_pb2, aggregator_pb2_grpc
+from services.cli_certs import mint_cluster, tls_env
+from services.common.config import ServiceConfig, load_config
+from services.common.grpc_client import make_channel
 
 READY = re.compile(r"READY service=(\w+) grpc=(\S+) metrics=(\d+)")
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -46,6 +49,13 @@ class ClusterPlan:
     # Root only: one network namespace per worker behind a tc-shaped veth to a hub namespace
     # holding the aggregator and profiler (tc-scripts/topology.sh; profile rows: name rate delay)
     netns_profile: Path | None = None
+    # Mutual TLS: mint a throw-away CA and one certificate per service into this directory and
+    # start every service with it; None = plaintext.
+    tls_dir: Path | None = None
+
+    @property
+    def worker_ids(self) -> list[str]:
+        return [f"worker-{i}" for i in range(self.workers)]
 
     def site_ranges(self) -> list[str]:
         """Sites split as evenly as possible: 12 over 3 workers -> 0-3, 4-7, 8-11."""
@@ -125,7 +135,7 @@ class LocalCluster:
         self.topology: Topology | None = None
 
     # -- start -----------------------------------------------------------------------------
-    def _env(self, **values: object) -> dict[str, str]:
+    def _env(self, tls_name: str | None = None, **values: object) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("POWERTRIP_")}
         env["PYTHONPATH"] = os.pathsep.join(
             [str(REPO_ROOT), str(REPO_ROOT / "protos"), env.get("PYTHONPATH", "")]
@@ -143,6 +153,8 @@ class LocalCluster:
         for key, value in {**base, **values}.items():
             if value is not None:
                 env[f"POWERTRIP_{key.upper()}"] = str(value)
+        if self.plan.tls_dir is not None and tls_name is not None:
+            env.update(tls_env(self.plan.tls_dir, tls_name))
         env.update(self.plan.extra_env)
         return env
 
@@ -203,11 +215,18 @@ class LocalCluster:
                 self.topology.sites,
             )
         bind = {"bind_host": "0.0.0.0"} if hub_ns else {}
-        prof = self._spawn("profiler", "services.profiler", self._env(**bind), 60, hub_ns, hub_host)
+        if p.tls_dir is not None:
+            if hub_ns is not None:  # the minted certificates name 127.0.0.1, not the veths
+                raise LaunchError("TLS together with a netns topology is not supported yet")
+            mint_cluster(p.tls_dir, p.worker_ids)
+        prof = self._spawn(
+            "profiler", "services.profiler", self._env("profiler", **bind), 60, hub_ns, hub_host
+        )
         if on_started:
             on_started(prof)
         prof_port = prof.grpc_addr.rsplit(":", 1)[1]
         agg_env = self._env(
+            "aggregator",
             profiler_addr=f"127.0.0.1:{prof_port}",  # same namespace as the aggregator
             policy=p.policy,
             clock=p.clock,
@@ -226,14 +245,15 @@ class LocalCluster:
         if on_started:
             on_started(agg)
         agg_port = agg.grpc_addr.rsplit(":", 1)[1]
-        for i, sites in enumerate(p.site_ranges()):
+        for i, (wid, sites) in enumerate(zip(p.worker_ids, p.site_ranges(), strict=True)):
             ns, addr, hub_addr = worker_links[i] if worker_links else (None, "127.0.0.1", None)
             w = self._spawn(
                 f"worker-{i}",
                 "services.worker",
                 self._env(
+                    wid,
                     aggregator_addr=f"{hub_addr or '127.0.0.1'}:{agg_port}",
-                    worker_id=f"worker-{i}",
+                    worker_id=wid,
                     advertise_host=addr,
                     sites=sites,
                     **bind,
@@ -264,9 +284,16 @@ class LocalCluster:
 
     def status(self, timeout_s: float = 5.0) -> aggregator_pb2.GetStatusResponse:
         if self._channel is None:
-            self._channel = grpc.insecure_channel(self.aggregator.grpc_addr)
+            self._channel = self._operator_channel(self.aggregator.grpc_addr)
         stub = aggregator_pb2_grpc.AggregatorServiceStub(self._channel)
         return stub.GetStatus(aggregator_pb2.GetStatusRequest(), timeout=timeout_s)
+
+    def _operator_channel(self, address: str) -> grpc.Channel:
+        """Plaintext, or mTLS as ``operator`` when the cluster runs with TLS."""
+        if self.plan.tls_dir is None:
+            return grpc.insecure_channel(address)
+        cfg = load_config(ServiceConfig, tls_env(self.plan.tls_dir, "operator"))
+        return make_channel(address, cfg)
 
     def wait_done(
         self,

@@ -42,6 +42,15 @@ class AggregatorConfig(ServiceConfig, CurtailSettings):
     max_failed_rounds: int = Field(3, ge=1)  # this many rounds in a row with no update: FAILED
     checkpoint_dir: str = "checkpoints"  # "" disables checkpoints
     exit_when_done: bool = False
+    # Comma-separated worker ids admitted to the run; unset admits any worker (with TLS: any
+    # holder of a certificate from the CA, under its own name).
+    allowed_workers: str | None = None
+
+    @property
+    def allowed_worker_ids(self) -> frozenset[str] | None:
+        if not self.allowed_workers:
+            return None
+        return frozenset(w.strip() for w in self.allowed_workers.split(",") if w.strip())
 
     @field_validator("policy")
     @classmethod

@@ -14,6 +14,7 @@ from services.aggregator import metrics
 from services.aggregator.curtail_run import CurtailmentRun
 from services.aggregator.run import AggregatorRun
 from services.common.errors import BadRequest, NotFound, StaleRound, translate_errors
+from services.common.identity import check_worker
 from services.common.sites import site_id, site_index
 from services.common.tensor_stream import StreamError, TensorStreamReceiver, specs_of
 
@@ -34,6 +35,7 @@ class AggregatorServicer(aggregator_pb2_grpc.AggregatorServiceServicer):
     def RegisterWorker(  # noqa: N802 - gRPC method name
         self, request: aggregator_pb2.RegisterWorkerRequest, context: grpc.ServicerContext
     ) -> aggregator_pb2.RegisterWorkerResponse:
+        check_worker(context, request.worker_id, self.run.cfg.allowed_worker_ids)
         try:
             sites = [site_index(s) for s in request.site_ids]
         except ValueError as exc:
@@ -78,6 +80,7 @@ class AggregatorServicer(aggregator_pb2_grpc.AggregatorServiceServicer):
         if first is None or first.WhichOneof("part") != "update":
             raise BadRequest("an update stream must open with its update header")
         head = first.update
+        check_worker(context, head.worker_id, self.run.cfg.allowed_worker_ids)
         try:
             site = site_index(head.site_id)
         except ValueError as exc:

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 PREFIX = "POWERTRIP_"
 
@@ -37,6 +38,33 @@ class ServiceConfig(BaseModel):
     # uploads cannot each buffer a growing window in memory; 4 MiB still fills a 100 ms path at
     # 300 Mbit/s.
     stream_window_mib: int = 4
+    # Mutual TLS: PEM files of this service's certificate, its key and the CA that signed every
+    # peer. All three unset (or empty) = plaintext, as before; a partial set is an error, so a
+    # typo cannot silently downgrade a deployment to plaintext.
+    tls_cert_path: str | None = None
+    tls_key_path: str | None = None
+    tls_ca_path: str | None = None
+
+    @field_validator("tls_cert_path", "tls_key_path", "tls_ca_path")
+    @classmethod
+    def _empty_is_unset(cls, v: str | None) -> str | None:
+        return v or None
+
+    @model_validator(mode="after")
+    def _tls_all_or_nothing(self) -> ServiceConfig:
+        names = ("tls_cert_path", "tls_key_path", "tls_ca_path")
+        missing = [env_name(n) for n in names if getattr(self, n) is None]
+        if 0 < len(missing) < len(names):
+            raise ValueError(f"TLS is half configured: {', '.join(missing)} not set")
+        if not missing:
+            for n in names:
+                if not Path(getattr(self, n)).is_file():
+                    raise ValueError(f"{env_name(n)}={getattr(self, n)!r}: no such file")
+        return self
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert_path is not None
 
 
 C = TypeVar("C", bound=ServiceConfig)

@@ -39,6 +39,10 @@ class BadRequest(ValueError):
     """A malformed request: missing field, broken chunk sequence, checksum mismatch."""
 
 
+class Forbidden(PermissionError):
+    """An authenticated caller acting for someone else, or not admitted to the run."""
+
+
 ERROR_CODES: dict[type[BaseException], grpc.StatusCode] = {
     BadRequest: grpc.StatusCode.INVALID_ARGUMENT,
     UpdateRejected: grpc.StatusCode.INVALID_ARGUMENT,
@@ -46,6 +50,7 @@ ERROR_CODES: dict[type[BaseException], grpc.StatusCode] = {
     StaleRound: grpc.StatusCode.FAILED_PRECONDITION,
     Busy: grpc.StatusCode.RESOURCE_EXHAUSTED,
     Duplicate: grpc.StatusCode.ALREADY_EXISTS,
+    Forbidden: grpc.StatusCode.PERMISSION_DENIED,
 }
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -19,17 +19,29 @@ from tenacity import (
 
 from services.common.config import ServiceConfig
 from services.common.grpc_options import client_options
+from services.common.tls import channel_credentials
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
 def make_channel(address: str, cfg: ServiceConfig) -> grpc.Channel:
-    return grpc.insecure_channel(address, options=client_options(cfg))
+    """A channel with the shared options; mutual TLS when ``cfg`` has TLS settings."""
+    creds = channel_credentials(cfg)
+    if creds is None:
+        return grpc.insecure_channel(address, options=client_options(cfg))
+    return grpc.secure_channel(address, creds, options=client_options(cfg))
 
 
 def is_unavailable(exc: BaseException) -> bool:
-    return isinstance(exc, grpc.RpcError) and exc.code() is grpc.StatusCode.UNAVAILABLE
+    """Transient UNAVAILABLE, worth a retry. A failed TLS handshake is also UNAVAILABLE but will
+    fail the same way every time (wrong CA, expired certificate), so it is not retried, like
+    Flower's ``_should_giveup_fn``. (A server rejecting *our* certificate shows only as "Socket
+    closed", which cannot be told from a transient drop, so that case is still retried.)"""
+    if not isinstance(exc, grpc.RpcError) or exc.code() is not grpc.StatusCode.UNAVAILABLE:
+        return False
+    details = exc.details() if hasattr(exc, "details") else ""
+    return "handshake failed" not in (details or "").lower()
 
 
 def retry_idempotent(

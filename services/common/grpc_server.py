@@ -12,6 +12,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from services.common.config import ServiceConfig
 from services.common.grpc_options import server_options
 from services.common.metrics import GrpcMetricsInterceptor
+from services.common.tls import server_credentials
 
 #: registers one servicer on a server, e.g. ``lambda s: add_XServicer_to_server(impl, s)``
 Registration = Callable[[grpc.Server], None]
@@ -28,6 +29,7 @@ def build_server(
 
     Returns (server, bound port, health servicer). Health starts NOT_SERVING for every name:
     the service flips it to SERVING once it can do its job (e.g. a checkpoint is loaded).
+    With TLS settings in ``cfg`` the port is mutual TLS, otherwise plaintext.
     """
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers),
@@ -40,7 +42,11 @@ def build_server(
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for name in ("", *service_names):
         health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-    port = server.add_insecure_port(address)
+    creds = server_credentials(cfg)
+    if creds is None:
+        port = server.add_insecure_port(address)
+    else:
+        port = server.add_secure_port(address, creds)
     if port == 0:
         raise OSError(f"cannot bind gRPC server to {address}")
     return server, port, health_servicer
