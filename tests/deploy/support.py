@@ -24,6 +24,15 @@ MONITORING = K8S / "components" / "monitoring"
 DASHBOARDS = MONITORING / "dashboards"
 SHARED_ENV = K8S / "base" / "powertrip.env"
 COMPOSE = REPO / "compose.yaml"
+# Curtailment mode (opt-in): a component merged over the default variant by an overlay outside
+# deploy/k8s (kustomize refuses an overlay inside the root it builds on), and a compose override.
+CURTAILMENT_COMPONENT = K8S / "components" / "curtailment"
+CURTAILMENT_ENV = CURTAILMENT_COMPONENT / "curtailment.env"
+CURTAILMENT_VARIANT = REPO / "deploy" / "variants" / "curtailment"
+COMPOSE_CURTAILMENT = REPO / "compose.curtailment.yaml"
+#: Every way to deploy: kustomization root, and compose files in ``-f`` order.
+K8S_VARIANTS = {"default": K8S, "curtailment": CURTAILMENT_VARIANT}
+COMPOSE_VARIANTS = {"default": (COMPOSE,), "curtailment": (COMPOSE, COMPOSE_CURTAILMENT)}
 DOCKERFILE = REPO / "Dockerfile"
 
 SERVICES_SRC = REPO / "services"
@@ -62,32 +71,121 @@ def read_env_file(path: Path) -> dict[str, str]:
     return env
 
 
-def render_kustomize_in_python(root: Path = K8S) -> list[dict[str, Any]]:
+def strategic_merge(base: Any, patch: Any) -> Any:
+    """Enough of a strategic-merge patch for our patches: maps merge, lists of named objects
+    (containers, env) merge by ``name``, anything else is replaced."""
+    if isinstance(base, dict) and isinstance(patch, dict):
+        out = dict(base)
+        for key, value in patch.items():
+            out[key] = strategic_merge(base[key], value) if key in base else value
+        return out
+    named = isinstance(base, list) and isinstance(patch, list)
+    if named and all(isinstance(e, dict) and "name" in e for e in [*base, *patch]):
+        out = list(base)
+        index = {e["name"]: i for i, e in enumerate(out)}
+        for item in patch:
+            if item["name"] in index:
+                out[index[item["name"]]] = strategic_merge(out[index[item["name"]]], item)
+            else:
+                out.append(item)
+        return out
+    return patch
+
+
+def render_kustomize_in_python(
+    root: Path = K8S, docs: list[dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
     """What ``kustomize build`` emits, minus transformations (names, labels, images).
 
-    Follows resources/components and runs configMapGenerator, which is all the structural checks
-    need; used when kubectl is absent.
+    Follows resources and components (a component works on what its parent has accumulated),
+    runs configMapGenerator (create, merge, replace) and strategic-merge patches, which is all
+    the structural checks need; used when kubectl is absent.
     """
     kustomization = load_yaml(root / "kustomization.yaml")
-    docs: list[dict[str, Any]] = []
-    for entry in [*kustomization.get("resources", []), *kustomization.get("components", [])]:
+    docs = [] if docs is None else docs
+    for entry in kustomization.get("resources", []):
         path = root / entry
         docs += (
             render_kustomize_in_python(path) if path.is_dir() else load_yaml_all(path.read_text())
         )
+    for entry in kustomization.get("components", []):
+        docs = render_kustomize_in_python(root / entry, docs)
     for gen in kustomization.get("configMapGenerator", []):
         data: dict[str, str] = {}
         for env_file in gen.get("envs", []):
             data.update(read_env_file(root / env_file))
         for name in gen.get("files", []):
             data[Path(name).name] = (root / name).read_text()
-        meta = {"name": gen["name"]}
-        docs.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data})
+        behavior = gen.get("behavior", "create")
+        if behavior == "create":
+            meta = {"name": gen["name"]}
+            docs.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data})
+        else:
+            existing = find(docs, "ConfigMap", gen["name"])
+            existing["data"] = {**existing["data"], **data} if behavior == "merge" else data
+    for entry in kustomization.get("patches", []):
+        patch = yaml.safe_load(
+            entry["patch"] if "patch" in entry else (root / entry["path"]).read_text()
+        )
+        target = entry.get("target", {"kind": patch["kind"], "name": patch["metadata"]["name"]})
+        hits = [
+            i
+            for i, d in enumerate(docs)
+            if d["kind"] == target["kind"] and d["metadata"]["name"] == target["name"]
+        ]
+        assert hits, f"{root}: patch target {target} not found"
+        for i in hits:
+            docs[i] = strategic_merge(docs[i], patch)
     return docs
 
 
-def kustomizations(root: Path = K8S) -> list[Path]:
-    return sorted(root.rglob("kustomization.yaml"))
+def kustomizations() -> list[Path]:
+    return sorted(
+        [
+            *K8S.rglob("kustomization.yaml"),
+            *(REPO / "deploy" / "variants").rglob("kustomization.yaml"),
+        ]
+    )
+
+
+def load_compose(*files: Path) -> dict[str, Any]:
+    """Compose files merged as ``docker compose -f A -f B`` does, for what we use: services merge
+    key by key, ``environment`` maps merge, later ``env_file`` lists replace earlier ones."""
+    merged: dict[str, Any] = {}
+    for path in files:
+        for key, value in load_yaml(path).items():
+            if key != "services":
+                merged[key] = value if key.startswith("x-") else {**merged.get(key, {}), **value}
+                continue
+            services = merged.setdefault("services", {})
+            for name, spec in value.items():
+                base = dict(services.get(name, {}))
+                for field_, setting in spec.items():
+                    if field_ == "environment":
+                        base[field_] = {**base.get(field_, {}), **setting}
+                    else:
+                        base[field_] = setting
+                services[name] = base
+    return merged
+
+
+def compose_env_files(service: dict[str, Any]) -> list[Path]:
+    files = service.get("env_file") or []
+    return [REPO / f for f in ([files] if isinstance(files, str) else files)]
+
+
+def compose_service_env(service: dict[str, Any]) -> dict[str, str]:
+    """A compose service's environment as its container sees it: env files in order (later
+    win), then ``environment``."""
+    env: dict[str, str] = {}
+    for path in compose_env_files(service):
+        env.update(read_env_file(path))
+    env.update({k: str(v) for k, v in (service.get("environment") or {}).items()})
+    return env
+
+
+def config_map_data(docs: list[dict[str, Any]], name: str = "powertrip-config") -> dict[str, str]:
+    return find(docs, "ConfigMap", name)["data"]
 
 
 WORKLOAD_KINDS = ("Deployment", "StatefulSet", "DaemonSet", "Job", "CronJob")
@@ -238,24 +336,56 @@ def _is_required(value: ast.expr | None) -> bool:
     return False
 
 
+def _annotated_fields(node: ast.ClassDef) -> dict[str, bool]:
+    out = {}
+    for stmt in node.body:
+        target = getattr(stmt, "target", None)
+        annotated = isinstance(stmt, ast.AnnAssign) and isinstance(target, ast.Name)
+        if annotated and target.id != "model_config":
+            out[target.id] = _is_required(stmt.value)
+    return out
+
+
+def _mixin_fields(
+    tree: ast.Module, name: str, seen: frozenset[str] = frozenset()
+) -> dict[str, bool]:
+    """Fields of a settings mixin ``name`` used as a base class in ``tree``: defined there, or
+    imported ``from services.x.y import name`` (read from services/x/y.py), with its own bases."""
+    if name in seen or name in {"BaseModel", "ServiceConfig"}:
+        return {}
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == name:
+            fields: dict[str, bool] = {}
+            for base in node.bases:
+                fields.update(_mixin_fields(tree, getattr(base, "id", ""), seen | {name}))
+            return {**fields, **_annotated_fields(node)}
+    for node in tree.body:
+        module = (node.module or "") if isinstance(node, ast.ImportFrom) else ""
+        names = [(a.name, a.asname) for a in getattr(node, "names", [])]
+        if module.startswith("services.") and (name, None) in names:
+            path = REPO / (module.replace(".", "/") + ".py")
+            return _mixin_fields(ast.parse(path.read_text(), str(path)), name, seen)
+    raise AssertionError(f"settings base class {name} not found")
+
+
 @functools.cache
 def config_classes() -> tuple[ConfigClass, ...]:
-    """``ServiceConfig`` and its subclasses, read from services/{common,<service>}/config.py."""
+    """``ServiceConfig`` and its subclasses, read from services/{common,<service>}/config.py,
+    with the fields of the settings mixins they inherit (e.g. ``CurtailSettings``)."""
     out = []
     for service in ("common", *SERVICES):
         path = SERVICES_SRC / service / "config.py"
-        for node in ast.parse(path.read_text(), str(path)).body:
+        tree = ast.parse(path.read_text(), str(path))
+        for node in tree.body:
             if not isinstance(node, ast.ClassDef):
                 continue
-            bases = {getattr(b, "id", getattr(b, "attr", None)) for b in node.bases}
+            bases = [getattr(b, "id", getattr(b, "attr", None)) for b in node.bases]
             if node.name != "ServiceConfig" and "ServiceConfig" not in bases:
                 continue
             cls = ConfigClass(node.name, service)
-            for stmt in node.body:
-                target = getattr(stmt, "target", None)
-                annotated = isinstance(stmt, ast.AnnAssign) and isinstance(target, ast.Name)
-                if annotated and target.id != "model_config":
-                    cls.fields[target.id] = _is_required(stmt.value)
+            for base in bases:
+                cls.fields.update(_mixin_fields(tree, str(base)))
+            cls.fields.update(_annotated_fields(node))
             out.append(cls)
     return tuple(out)
 

@@ -1,4 +1,5 @@
-"""compose.yaml: local multi-site emulation with the same config, names and files as k8s."""
+"""compose.yaml: local multi-site emulation with the same config, names and files as k8s; every
+check runs on compose.yaml alone and with the curtailment override (compose.curtailment.yaml)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,13 @@ from typing import Any
 import pytest
 
 from tests.deploy.support import (
-    COMPOSE,
     DASHBOARDS,
     MONITORING,
     REPO,
     SHARED_ENV,
     WORKLOAD_KINDS,
+    compose_service_env,
     find,
-    read_env_file,
     service_of_command,
     tool,
 )
@@ -60,12 +60,12 @@ def compose_tool() -> list[str] | None:
     return [legacy] if legacy else None
 
 
-def test_compose_config_is_valid():
+def test_compose_config_is_valid(compose_files):
     command = compose_tool()
     if command is None:
         pytest.skip("neither `docker compose` nor `docker-compose` installed")
     out = subprocess.run(
-        [*command, "-f", str(COMPOSE), "config", "-q"],
+        [*command, *(arg for f in compose_files for arg in ("-f", str(f))), "config", "-q"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -91,7 +91,10 @@ def test_compose_app_service_runs_the_image_with_the_shared_env_file(compose, na
     service = svc(compose, name)
     assert service["image"] == "powertrip:dev" and service["build"] == "."
     assert service_of_command(service["command"]) == name.split("-")[0]
-    assert as_list(service["env_file"]) == [SHARED_ENV_FILE]
+    # The shared settings first; a variant's own env file (later wins) may follow.
+    env_files = as_list(service["env_file"])
+    assert env_files[0] == SHARED_ENV_FILE and len(set(env_files)) == len(env_files)
+    assert all((REPO / f).is_file() for f in env_files)
     # Mirrors readOnlyRootFilesystem in k8s: a write outside /tmp and volumes fails locally too.
     assert service["read_only"] is True and "/tmp" in service["tmpfs"]
 
@@ -140,10 +143,12 @@ def test_compose_worker_can_shape_its_link_and_is_reachable(compose, name):
 
 
 def test_compose_workers_host_disjoint_sites_covering_the_run(compose):
-    num_sites = int(read_env_file(SHARED_ENV)["POWERTRIP_NUM_SITES"])
+    num_sites = int(compose_service_env(svc(compose, "aggregator"))["POWERTRIP_NUM_SITES"])
     seen: set[int] = set()
     for name in WORKERS:
-        lo, _, hi = svc(compose, name)["environment"]["POWERTRIP_SITES"].partition("-")
+        env = compose_service_env(svc(compose, name))
+        assert int(env["POWERTRIP_NUM_SITES"]) == num_sites, name
+        lo, _, hi = env["POWERTRIP_SITES"].partition("-")
         sites = set(range(int(lo), int(hi or lo) + 1))
         assert not sites & seen, f"{name} hosts sites another worker hosts"
         seen |= sites
@@ -155,14 +160,14 @@ def test_compose_workers_host_disjoint_sites_covering_the_run(compose):
     [("aggregator", "POWERTRIP_AGGREGATOR_ADDR"), ("profiler", "POWERTRIP_PROFILER_ADDR")],
 )
 def test_addresses_in_the_shared_env_resolve_in_compose_and_k8s(compose, k8s, service, variable):
-    host, _, port = read_env_file(SHARED_ENV)[variable].rpartition(":")
+    host, _, port = compose_service_env(svc(compose, "worker-eu-west"))[variable].rpartition(":")
     assert port == "50051"
     assert host in aliases(svc(compose, service))
     assert find(k8s, "Service", host)["spec"]["selector"]["app.kubernetes.io/name"] == host
 
 
 def test_compose_aggregator_keeps_checkpoints_in_a_named_volume(compose):
-    checkpoint_dir = read_env_file(SHARED_ENV)["POWERTRIP_CHECKPOINT_DIR"]
+    checkpoint_dir = compose_service_env(svc(compose, "aggregator"))["POWERTRIP_CHECKPOINT_DIR"]
     mounts = dict(reversed(v.split(":")[:2]) for v in svc(compose, "aggregator")["volumes"])
     assert mounts[checkpoint_dir] in compose["volumes"]
 

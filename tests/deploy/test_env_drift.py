@@ -12,12 +12,15 @@ import pytest
 
 from tests.deploy.support import (
     COMPOSE,
+    CURTAILMENT_ENV,
     DOCKERFILE,
     ENV_PREFIX,
     SERVICES,
     SHARED_ENV,
     WORKLOAD_KINDS,
     all_env_vars,
+    compose_env_files,
+    compose_service_env,
     env_vars,
     find,
     load_yaml,
@@ -52,11 +55,18 @@ def test_the_field_parser_sees_the_service_config():
     assert {"POWERTRIP_PROFILER_ADDR"} <= required("aggregator")
     assert {"POWERTRIP_AGGREGATOR_ADDR", "POWERTRIP_SITES"} <= required("worker")
     assert "POWERTRIP_SITES" not in known("aggregator")
+    # Fields inherited from settings mixins (CurtailSettings), not only those declared in place.
+    for service in ("aggregator", "profiler"):
+        assert {"POWERTRIP_CURTAIL_PRESET", "POWERTRIP_SITE_REGIONS"} <= known(service)
+    assert "POWERTRIP_CURTAIL_PRESET" not in known("worker")
+    assert {"POWERTRIP_MODE", "POWERTRIP_CURTAIL_POLICY"} <= known("aggregator")
     assert "POWERTRIP_NOT_A_FIELD" not in all_env_vars()
 
 
-def test_shared_env_file_sets_only_variables_some_service_reads():
-    assert powertrip_names(read_env_file(SHARED_ENV)) - all_env_vars() == set()
+@pytest.mark.parametrize("path", [SHARED_ENV, CURTAILMENT_ENV], ids=lambda p: p.name)
+def test_env_file_sets_only_variables_some_service_reads(path):
+    env = powertrip_names(read_env_file(path))
+    assert env and env - all_env_vars() == set()
 
 
 def test_image_env_sets_only_variables_some_service_reads():
@@ -68,45 +78,58 @@ def test_image_env_sets_only_variables_some_service_reads():
 # compose
 
 
-def compose_env(name: str) -> tuple[set[str], set[str]]:
-    """(variables from the shared env file, variables set for this service alone)."""
-    service = load_yaml(COMPOSE)["services"][name]
-    shared = set(read_env_file(SHARED_ENV)) if service.get("env_file") else set()
-    return powertrip_names(shared), powertrip_names(service.get("environment", {}))
+def compose_env(compose: dict[str, Any], name: str) -> tuple[set[str], set[str]]:
+    """(variables from the env files, variables set for this service alone)."""
+    service = compose["services"][name]
+    shared = set().union(*(read_env_file(f) for f in compose_env_files(service)))
+    return powertrip_names(shared), powertrip_names(service.get("environment") or {})
 
 
 @pytest.mark.parametrize("name", sorted(COMPOSE_SERVICES))
-def test_compose_service_sets_only_its_own_config_fields(name):
-    _, own = compose_env(name)
+def test_compose_env_files_set_only_variables_some_service_reads(compose, name):
+    shared, _ = compose_env(compose, name)
+    assert shared - all_env_vars() == set()
+
+
+@pytest.mark.parametrize("name", sorted(COMPOSE_SERVICES))
+def test_compose_service_sets_only_its_own_config_fields(compose, name):
+    _, own = compose_env(compose, name)
     assert own - known(COMPOSE_SERVICES[name]) == set()
 
 
 @pytest.mark.parametrize("name", sorted(COMPOSE_SERVICES))
-def test_compose_service_gets_every_required_variable(name):
-    shared, own = compose_env(name)
+def test_compose_service_gets_every_required_variable(compose, name):
+    shared, own = compose_env(compose, name)
     assert required(COMPOSE_SERVICES[name]) - (shared | own) == set()
 
 
-def test_compose_runs_every_service():
-    assert set(COMPOSE_SERVICES.values()) == set(SERVICES)
+def test_compose_runs_every_service(compose):
+    commands = (service_of_command(s.get("command")) for s in compose["services"].values())
+    assert {c for c in commands if c} == set(SERVICES)
 
 
-def test_compose_env_is_valid_config_for_every_service():
-    """Values, not just names: load each compose service's environment with the real loader."""
+def service_config_classes() -> dict[str, Any]:
     try:
-        load_config = importlib.import_module("services.common.config").load_config
-        classes = {
+        return {
             "aggregator": importlib.import_module("services.aggregator.config").AggregatorConfig,
             "profiler": importlib.import_module("services.profiler.config").ProfilerConfig,
             "worker": importlib.import_module("services.worker.config").WorkerConfig,
         }
     except (ImportError, AttributeError) as exc:
         pytest.skip(f"service config modules not importable from this checkout: {exc}")
+
+
+def load_service_config(service: str, env: dict[str, str]) -> Any:
+    """The service's config as its real loader builds it; raises ConfigError naming the bad
+    variable (values, not just names: e.g. curtailment mode on the wall clock)."""
+    load_config = importlib.import_module("services.common.config").load_config
+    return load_config(service_config_classes()[service], env)
+
+
+def test_compose_env_is_valid_config_for_every_service(compose):
+    service_config_classes()
     for name, service in COMPOSE_SERVICES.items():
-        spec = load_yaml(COMPOSE)["services"][name]
-        own = {k: str(v) for k, v in spec.get("environment", {}).items()}
-        env = {**read_env_file(SHARED_ENV), **own}
-        load_config(classes[service], env)  # raises ConfigError naming the bad variable
+        load_service_config(service, compose_service_env(compose["services"][name]))
 
 
 # --------------------------------------------------------------------------------------------
@@ -138,3 +161,16 @@ def test_k8s_workload_sets_only_config_fields(k8s, name):
 def test_k8s_workload_gets_every_required_variable(k8s, name):
     shared, own = k8s_env(k8s, name)
     assert required(K8S_WORKLOADS[name]) - (shared | own) == set()
+
+
+@pytest.mark.parametrize("name", ["powertrip-aggregator", "powertrip-profiler"])
+def test_k8s_config_is_valid_config_for_the_service(k8s, name):
+    (w,) = [d for d in k8s if d["kind"] in WORKLOAD_KINDS and d["metadata"]["name"] == name]
+    (c,) = pod_spec(w)["containers"]
+    env = {
+        k: v
+        for ref in c["envFrom"]
+        for k, v in find(k8s, "ConfigMap", ref["configMapRef"]["name"])["data"].items()
+    }
+    env |= {e["name"]: e["value"] for e in c.get("env", []) if "value" in e}
+    load_service_config(K8S_WORKLOADS[name], env)

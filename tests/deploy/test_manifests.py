@@ -1,6 +1,7 @@
-"""The Kubernetes default variant (deploy/k8s) meets reliability-matrix row R25.
+"""Every Kubernetes variant meets reliability-matrix row R25: the default one (deploy/k8s) and
+the opt-in curtailment mode (deploy/variants/curtailment).
 
-No cluster needed. The checks run on ``kubectl kustomize deploy/k8s`` when kubectl is installed,
+No cluster needed. The checks run on ``kubectl kustomize <variant>`` when kubectl is installed,
 else on a plain-Python render of the same kustomization; only the tool-specific tests skip.
 """
 
@@ -16,15 +17,15 @@ import pytest
 
 from tests.deploy.support import (
     K8S,
-    SHARED_ENV,
+    REPO,
     WORKLOAD_KINDS,
+    config_map_data,
     dockerfile_user,
     find,
     kustomizations,
     load_yaml,
     pod_labels,
     pod_spec,
-    read_env_file,
     render_kustomize_in_python,
     selector_matches,
     tool,
@@ -61,9 +62,9 @@ def effective_security(w: dict[str, Any], c: dict[str, Any], key: str) -> Any:
 # Rendering and kustomize layout
 
 
-def test_kustomize_builds_the_same_objects_as_the_python_render(kustomize_build):
+def test_kustomize_builds_the_same_objects_as_the_python_render(kustomize_build, k8s_variant):
     if kustomize_build is None:
-        pytest.skip("kubectl not installed: `kubectl kustomize deploy/k8s` not run")
+        pytest.skip("kubectl not installed: `kubectl kustomize` not run")
 
     def key(d: dict[str, Any], hashed: bool) -> tuple[str, str]:
         name = d["metadata"]["name"]
@@ -72,10 +73,18 @@ def test_kustomize_builds_the_same_objects_as_the_python_render(kustomize_build)
         return d["kind"], name
 
     built = sorted(key(d, hashed=True) for d in kustomize_build)
-    assert built == sorted(key(d, hashed=False) for d in render_kustomize_in_python())
+    python = render_kustomize_in_python(k8s_variant)
+    assert built == sorted(key(d, hashed=False) for d in python)
+    # ... with the same settings: the ConfigMap merge and the patches are modelled, not skipped.
+    assert config_map_data(kustomize_build) == config_map_data(python)
+    for name in SERVICE_WORKLOADS:
+        ours, theirs = workload(python, name), workload(kustomize_build, name)
+        assert ours["spec"]["replicas"] == theirs["spec"]["replicas"], name
+        by_name = [{e["name"]: e for e in containers(w)[0].get("env", [])} for w in (ours, theirs)]
+        assert by_name[0] == by_name[1], name  # order aside: kustomize puts patched ones first
 
 
-def test_default_variant_passes_the_kubernetes_schema(k8s):
+def test_variant_passes_the_kubernetes_schema(k8s):
     validator = pytest.importorskip(
         "kubernetes_validate", reason="kubernetes-validate not installed: no schema check"
     )
@@ -100,7 +109,7 @@ def test_root_kustomization_is_the_default_variant():
         assert load_yaml(K8S / component / "kustomization.yaml")["kind"] == "Component"
 
 
-@pytest.mark.parametrize("path", kustomizations(), ids=lambda p: str(p.relative_to(K8S)))
+@pytest.mark.parametrize("path", kustomizations(), ids=lambda p: str(p.relative_to(REPO)))
 def test_kustomizations_use_labels_not_deprecated_common_labels(path: Path):
     assert "commonLabels" not in load_yaml(path)
 
@@ -118,7 +127,7 @@ def test_every_object_and_pod_is_labelled_part_of_powertrip(kustomize_build):
 # Workloads (R25)
 
 
-def test_default_variant_runs_exactly_the_checked_workloads(k8s):
+def test_variant_runs_exactly_the_checked_workloads(k8s):
     # A new workload must be added to WORKLOADS, which puts it under every check below.
     assert sorted(d["metadata"]["name"] for d in k8s if d["kind"] in WORKLOAD_KINDS) == sorted(
         WORKLOADS
@@ -237,9 +246,21 @@ def test_every_config_map_reference_resolves(k8s):
         assert set(refs) <= config_maps, w["metadata"]["name"]
 
 
+@pytest.mark.parametrize("name", WORKLOADS)
+def test_env_references_name_variables_defined_before_them(k8s, name):
+    # Kubernetes expands $(VAR) only from variables listed earlier; a later one stays literal
+    # (a patch that reorders env can break POWERTRIP_ADVERTISE_HOST=$(POD_NAME)...).
+    for c in containers(workload(k8s, name)):
+        defined: set[str] = set()
+        for var in c.get("env", []):
+            refs = set(re.findall(r"\$\((\w+)\)", var.get("value", "")))
+            assert refs <= defined, f"{name}/{c['name']}: {var['name']} uses {refs - defined}"
+            defined.add(var["name"])
+
+
 def test_aggregator_checkpoints_on_a_persistent_volume(k8s):
     w = workload(k8s, "powertrip-aggregator")
-    checkpoint_dir = read_env_file(SHARED_ENV)["POWERTRIP_CHECKPOINT_DIR"]
+    checkpoint_dir = config_map_data(k8s)["POWERTRIP_CHECKPOINT_DIR"]
     (c,) = containers(w)
     (mount,) = [m for m in c["volumeMounts"] if m["mountPath"] == checkpoint_dir]
     volumes = {v["name"]: v for v in pod_spec(w)["volumes"]}
@@ -254,12 +275,14 @@ def expand_k8s_refs(text: str, env: dict[str, str]) -> str:
     return re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), text)
 
 
-def worker_pod_env(sts: dict[str, Any], ordinal: int, tmp_path: Path) -> dict[str, str]:
+def worker_pod_env(
+    sts: dict[str, Any], config: dict[str, str], ordinal: int, tmp_path: Path
+) -> dict[str, str]:
     """Run the worker container's command for pod ``ordinal`` with a stand-in ``python`` that
     prints the environment the real worker would start with."""
     (c,) = containers(sts)
     pod_name = f"{sts['metadata']['name']}-{ordinal}"
-    env = dict(read_env_file(SHARED_ENV))  # what envFrom powertrip-config provides
+    env = dict(config)  # what envFrom powertrip-config provides
     for var in c.get("env", []):
         if "valueFrom" in var:
             assert var["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
@@ -293,10 +316,11 @@ def parse_sites(spec: str) -> set[int]:
 @pytest.mark.skipif(tool("sh") is None, reason="no POSIX sh to run the worker command")
 def test_worker_pods_host_disjoint_sites_covering_the_run(k8s, tmp_path):
     sts = workload(k8s, "powertrip-worker")
-    num_sites = int(read_env_file(SHARED_ENV)["POWERTRIP_NUM_SITES"])
+    config = config_map_data(k8s)
+    num_sites = int(config["POWERTRIP_NUM_SITES"])
     seen: set[int] = set()
     for ordinal in range(sts["spec"]["replicas"]):
-        env = worker_pod_env(sts, ordinal, tmp_path)
+        env = worker_pod_env(sts, config, ordinal, tmp_path)
         sites = parse_sites(env["POWERTRIP_SITES"])
         assert sites and not sites & seen, f"pod {ordinal} hosts {sorted(sites)}"
         seen |= sites
