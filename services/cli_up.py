@@ -12,6 +12,7 @@ from rich.table import Table
 
 from powertrip.v1 import aggregator_pb2
 from services.aggregator.policies import validate_policy_name
+from services.emulator.config import PRESETS
 from services.launcher import ClusterPlan, LaunchError, LocalCluster
 
 err = Console(stderr=True, soft_wrap=True)
@@ -45,7 +46,13 @@ def write_rounds_csv(path: Path, policy: str, rounds: list[aggregator_pb2.RoundS
     help="emulated: the emulator's time model while the bytes really move; wall: real time, "
     "with each site's update released at compute time / power.",
 )
-@click.option("--preset", default="quick", show_default=True, help="Experiment preset.")
+@click.option(
+    "--preset",
+    type=click.Choice(sorted(PRESETS)),
+    default="quick",
+    show_default=True,
+    help="Experiment preset (what `powertrip experiment` runs with the same name).",
+)
 @click.option(
     "--mode",
     type=click.Choice(["powertrip", "curtailment"]),
