@@ -15,6 +15,7 @@ class Worker:
     worker_id: str
     address: str
     sites: tuple[int, ...]
+    ready: bool = True  # sites loaded: can train when a round starts
 
 
 class WorkerRegistry:
@@ -24,7 +25,9 @@ class WorkerRegistry:
         self._site_owner: dict[int, str] = {}
         self._lock = threading.Lock()
 
-    def register(self, worker_id: str, address: str, sites: Sequence[int]) -> tuple[Worker, bool]:
+    def register(
+        self, worker_id: str, address: str, sites: Sequence[int], ready: bool = True
+    ) -> tuple[Worker, bool]:
         """Add or replace a worker (a restarted worker re-registers under its id).
 
         Returns (worker, changed): workers re-register periodically as a heartbeat, so that an
@@ -43,7 +46,7 @@ class WorkerRegistry:
                 if owner is not None and owner != worker_id:
                     raise Duplicate(f"{site_id(s)} is already hosted by worker {owner!r}")
             old = self._workers.get(worker_id)
-            worker = Worker(worker_id, address, tuple(sorted(set(sites))))
+            worker = Worker(worker_id, address, tuple(sorted(set(sites))), ready)
             if old == worker:
                 return old, False
             if old is not None:
@@ -56,8 +59,9 @@ class WorkerRegistry:
 
     @property
     def site_count(self) -> int:
+        """Sites of workers that are ready to train (a run waits for these)."""
         with self._lock:
-            return len(self._site_owner)
+            return sum(len(w.sites) for w in self._workers.values() if w.ready)
 
     def owner(self, site: int) -> Worker | None:
         with self._lock:

@@ -40,7 +40,9 @@ class AggregatorServicer(aggregator_pb2_grpc.AggregatorServiceServicer):
             sites = [site_index(s) for s in request.site_ids]
         except ValueError as exc:
             raise BadRequest(str(exc)) from None
-        worker, changed = self.run.registry.register(request.worker_id, request.address, sites)
+        worker, changed = self.run.registry.register(
+            request.worker_id, request.address, sites, request.ready
+        )
         metrics.REGISTERED_SITES.set(self.run.registry.site_count)
         if not changed:  # a heartbeat from a worker we know
             return self._registration_reply()

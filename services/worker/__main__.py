@@ -51,24 +51,26 @@ def main() -> int:
     address = f"{cfg.advertise_host}:{port}"
 
     @retry_idempotent(max_seconds=cfg.register_timeout_s, max_attempts=1000)
-    def register() -> aggregator_pb2.RegisterWorkerResponse:
+    def register(ready: bool = True) -> aggregator_pb2.RegisterWorkerResponse:
         return stub.RegisterWorker(
             aggregator_pb2.RegisterWorkerRequest(
                 worker_id=cfg.worker_id,
                 address=address,
                 site_ids=[site_id(s) for s in cfg.site_indices],
+                ready=ready,
             ),
             timeout=cfg.rpc_timeout_s,
         )
 
     try:
-        reply = register()
+        reply = register(ready=False)  # the run configuration first; rounds wait for ready
         if reply.mode == "curtailment":
             curtail = CurtailmentConfig.model_validate_json(reply.curtail_config_json)
             runner.start(StreamHost(curtail, cfg.site_indices))
         else:
             run_cfg = ExperimentConfig.model_validate_json(reply.run_config_json)
             runner.start(SitesHost(run_cfg, reply.run_seed, cfg.site_indices))
+        register(ready=True)
     except Exception as exc:
         logger.error("cannot join the run at %s: %s", cfg.aggregator_addr, exc)
         server.stop(grace=None)

@@ -22,14 +22,16 @@ RUN_STATE_DONE: RunState
 RUN_STATE_FAILED: RunState
 
 class RegisterWorkerRequest(_message.Message):
-    __slots__ = ("worker_id", "address", "site_ids")
+    __slots__ = ("worker_id", "address", "site_ids", "ready")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     SITE_IDS_FIELD_NUMBER: _ClassVar[int]
+    READY_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     address: str
     site_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., site_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    ready: bool
+    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., site_ids: _Optional[_Iterable[str]] = ..., ready: _Optional[bool] = ...) -> None: ...
 
 class RegisterWorkerResponse(_message.Message):
     __slots__ = ("run_config_json", "run_seed", "mode", "curtail_config_json")
