@@ -115,6 +115,9 @@ class Service:
     name: str
     process: subprocess.Popen
     host: str = "127.0.0.1"  # where this namespace reaches the service
+    module: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+    netns: str | None = None
     grpc_addr: str = ""
     metrics_port: int = 0
 
@@ -178,7 +181,7 @@ class LocalCluster:
             text=True,
             start_new_session=True,  # a Ctrl-C in the terminal reaches the launcher only
         )
-        service = Service(name, proc, host=host)
+        service = Service(name, proc, host=host, module=module, env=env, netns=netns)
         self.services.append(service)
         found = threading.Event()
 
@@ -241,7 +244,6 @@ class LocalCluster:
             **bind,
         )
         agg = self._spawn("aggregator", "services.aggregator", agg_env, 300, hub_ns, hub_host)
-        self._aggregator_env = agg_env
         if on_started:
             on_started(agg)
         agg_port = agg.grpc_addr.rsplit(":", 1)[1]
@@ -265,17 +267,20 @@ class LocalCluster:
             if on_started:
                 on_started(w)
 
-    def restart_aggregator(self) -> Service:
-        """SIGKILL the aggregator and start it again on the same port (workers find it by their
-        heartbeat; it resumes from its last checkpoint)."""
-        old = self.aggregator
+    def restart(self, name: str) -> Service:
+        """SIGKILL one service and start it again on the same port: workers find a restarted
+        aggregator by their heartbeat (it resumes from its checkpoint), and a restarted worker
+        registers again under its id."""
+        old = next(s for s in self.services if s.name == name)
         old.process.kill()
         old.process.wait()
         self.services.remove(old)
         port = old.grpc_addr.rsplit(":", 1)[1]
-        env = {**self._aggregator_env, "POWERTRIP_GRPC_PORT": port}
-        hub = self.topology.hub if self.topology else None
-        return self._spawn("aggregator", "services.aggregator", env, 300, hub, old.host)
+        env = {**old.env, "POWERTRIP_GRPC_PORT": port}
+        return self._spawn(name, old.module, env, 300, old.netns, old.host)
+
+    def restart_aggregator(self) -> Service:
+        return self.restart("aggregator")
 
     # -- watch -----------------------------------------------------------------------------
     @property
