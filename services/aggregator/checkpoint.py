@@ -65,19 +65,31 @@ def save(directory: Path, round_index: int, params: Mapping[str, NDArray], state
     return model
 
 
+def _load(manifest_path: Path) -> Checkpoint | None:
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        model = manifest_path.parent / manifest["model"]
+        if _sha256(model) != manifest["sha256"]:
+            raise ValueError("SHA-256 mismatch")
+        with np.load(model, allow_pickle=False) as z:
+            params = {k: z[k] for k in z.files}
+    except (OSError, ValueError, KeyError) as exc:
+        logger.warning("skipping checkpoint %s: %s", manifest_path.name, exc)
+        return None
+    state = {k: v for k, v in manifest.items() if k not in ("round", "model", "sha256")}
+    return Checkpoint(int(manifest["round"]), params, state)
+
+
 def load_latest(directory: Path) -> Checkpoint | None:
     """The newest checkpoint that verifies; None when there is none."""
     for manifest_path in sorted(directory.glob("round-*.json"), reverse=True):
-        try:
-            manifest = json.loads(manifest_path.read_text())
-            model = directory / manifest["model"]
-            if _sha256(model) != manifest["sha256"]:
-                raise ValueError("SHA-256 mismatch")
-            with np.load(model, allow_pickle=False) as z:
-                params = {k: z[k] for k in z.files}
-        except (OSError, ValueError, KeyError) as exc:
-            logger.warning("skipping checkpoint %s: %s", manifest_path.name, exc)
-            continue
-        state = {k: v for k, v in manifest.items() if k not in ("round", "model", "sha256")}
-        return Checkpoint(int(manifest["round"]), params, state)
+        ckpt = _load(manifest_path)
+        if ckpt is not None:
+            return ckpt
     return None
+
+
+def load_round(directory: Path, round_index: int) -> Checkpoint | None:
+    """One round's checkpoint if it is still kept and verifies (the fallback of the newest)."""
+    path = directory / f"round-{round_index:06d}.json"
+    return _load(path) if path.exists() else None

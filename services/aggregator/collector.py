@@ -29,6 +29,7 @@ class RoundCollector:
     selected: Sequence[int]
     template: Mapping[str, NDArray]
     split_half: bool = False
+    direction: Mapping[str, NDArray] | None = None  # previous global delta, for projections
     agg: StreamingFedAvg = field(init=False)
     half: StreamingFedAvg | None = field(init=False)
     accepted: list[int] = field(default_factory=list)  # folded, in fold order
@@ -36,7 +37,7 @@ class RoundCollector:
     closed: bool = False
 
     def __post_init__(self) -> None:
-        self.agg = StreamingFedAvg(self.template)
+        self.agg = StreamingFedAvg(self.template, direction=self.direction)
         self.half = StreamingFedAvg(self.template) if self.split_half else None
         self._half_sites = {int(s) for j, s in enumerate(self.selected) if j % 2 == 0}
         self._expected = {int(s) for s in self.selected}

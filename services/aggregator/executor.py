@@ -68,6 +68,10 @@ class GrpcRoundExecutor:
         self._channels: dict[str, tuple[str, grpc.Channel]] = {}
         self._lock = threading.Lock()
         self.collector: Inbox | None = None
+        # Directional noise scale: keep the last global delta (one model-sized copy) so the
+        # next round can fold each update's projection on it. Off unless a policy asks.
+        self.track_direction = False
+        self._direction: Params | None = None
         self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="broadcast")
 
     def evaluate_initial(self) -> tuple[float, float]:
@@ -155,7 +159,10 @@ class GrpcRoundExecutor:
         profile: SiteProfile,
         split_half: bool,
     ) -> RoundOutcome | None:
-        collector = RoundCollector(round_index, [int(s) for s in selected], self.params, split_half)
+        direction = self._direction if self.track_direction else None
+        collector = RoundCollector(
+            round_index, [int(s) for s in selected], self.params, split_half, direction
+        )
         self.collector = collector
         groups, orphans = self.registry.group(collector.selected)
         for s in orphans:
@@ -170,15 +177,33 @@ class GrpcRoundExecutor:
             logger.warning("round %d: no update arrived; model unchanged", round_index)
             return None
         dispersion = collector.agg.dispersion()
-        half_loss = half_sites = None
+        half_loss = half_sites = half_accuracy = None
         if collector.half is not None and collector.half.count > 0 and len(selected) >= 2:
-            half_loss = self.evaluate(collector.half.apply(self.params))[1]
+            half_accuracy, half_loss = self.evaluate(collector.half.apply(self.params))
             half_sites = collector.half.dispersion()[2]
+        projection = collector.agg.projection()
+        previous = self.params
         self.params = collector.agg.apply(self.params, in_place=True)
+        if self.track_direction:  # new - old, the emulator's arithmetic
+            self.resume_direction(previous)
         accuracy, loss = self.evaluate(self.params)
         return RoundOutcome(
-            accuracy, loss, dispersion, len(collector.accepted), half_loss, half_sites, self.params
+            accuracy,
+            loss,
+            dispersion,
+            len(collector.accepted),
+            half_loss,
+            half_sites,
+            self.params,
+            projection,
+            half_accuracy,
         )
+
+    def resume_direction(self, previous: Params) -> None:
+        """Set the last global delta from the model before the current one (after a restart,
+        from the fallback checkpoint), so the next round projects as in an uninterrupted run."""
+        self._direction = None  # never two model-sized deltas at once
+        self._direction = {k: self.params[k] - previous[k] for k in self.params}
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

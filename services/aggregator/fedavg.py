@@ -27,10 +27,18 @@ class StreamingFedAvg:
     """Sample-weighted mean of deltas, w_{t+1} = w_t + sum_i (n_i / sum_j n_j) * delta_i.
 
     Also tracks the weighted mean squared norm of the deltas, so the dispersion of the round's
-    updates (the noise-scale gain model's input) costs no extra memory.
+    updates (the noise-scale gain model's input) costs no extra memory. Given a ``direction``
+    (the previous round's global delta), it also folds each update's projection on that unit
+    direction, p_i = d_i . u, as two scalars (weighted sums of p_i and p_i^2): the dispersion
+    along the direction the model is moving, for the directional noise scale.
     """
 
-    def __init__(self, template: Params, accumulate_dtype: type[np.floating] | None = None):
+    def __init__(
+        self,
+        template: Params,
+        accumulate_dtype: type[np.floating] | None = None,
+        direction: Params | None = None,
+    ):
         self._spec = {name: (a.shape, a.dtype) for name, a in template.items()}
         self._sum = {
             name: np.zeros(shape, dtype=accumulate_dtype or dtype)
@@ -40,6 +48,19 @@ class StreamingFedAvg:
         self._sum_sq_weights = 0.0
         self._weighted_sq_norm = 0.0
         self.count = 0
+        self._direction: dict[str, NDArray] | None = None
+        self._direction_norm = 0.0
+        self._weighted_proj = 0.0
+        self._weighted_sq_proj = 0.0
+        if direction is not None:
+            if direction.keys() != self._spec.keys() or any(
+                np.shape(direction[n]) != shape for n, (shape, _) in self._spec.items()
+            ):
+                raise ValueError("direction tensors must match the update template")
+            norm_sq = sum(float(np.vdot(v, v)) for v in direction.values())
+            if np.isfinite(norm_sq) and norm_sq > 0:  # a zero or broken direction: no projection
+                self._direction = {n: np.asarray(v).reshape(-1) for n, v in direction.items()}
+                self._direction_norm = float(np.sqrt(norm_sq))
 
     def validate(self, delta: Params, weight: float) -> None:
         """Raise UpdateRejected naming the first problem; never touches the accumulator."""
@@ -85,11 +106,15 @@ class StreamingFedAvg:
             )
         covered = dict.fromkeys(self._sum, 0)
         sq = 0.0
+        proj = 0.0
+        u = self._direction
         for name, start, values in pieces:
             flat = self._sum[name].reshape(-1)
             a = values.reshape(-1)
             flat[start : start + a.size] += weight * a
             sq += float(np.vdot(a, a))
+            if u is not None:
+                proj += float(np.vdot(u[name][start : start + a.size], a))
             covered[name] += a.size
         short = [n for n, c in covered.items() if c != self._sum[n].size]
         if short:  # a caller bug, not a bad update: the sum is already touched
@@ -97,6 +122,10 @@ class StreamingFedAvg:
         self.total_weight += weight
         self._sum_sq_weights += weight * weight
         self._weighted_sq_norm += weight * sq
+        if u is not None:
+            p = proj / self._direction_norm
+            self._weighted_proj += weight * p
+            self._weighted_sq_proj += weight * p * p
         self.count += 1
 
     def mean_delta(self) -> dict[str, NDArray[np.floating]]:
@@ -149,3 +178,13 @@ class StreamingFedAvg:
             sq_of_mean += float(np.vdot(m, m))
         k_eff = self.total_weight**2 / self._sum_sq_weights
         return self._weighted_sq_norm / self.total_weight, sq_of_mean, k_eff
+
+    def projection(self) -> tuple[float, float] | None:
+        """(weighted mean of d_i . u, weighted mean of (d_i . u)^2) for the unit direction u;
+        None without a direction. Same weights as ``dispersion``, so its k_eff applies."""
+        if self.count == 0:
+            raise ValueError("no update was aggregated this round")
+        if self._direction is None:
+            return None
+        w = self.total_weight
+        return self._weighted_proj / w, self._weighted_sq_proj / w

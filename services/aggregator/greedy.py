@@ -7,8 +7,11 @@ gain per second: growing at once, shrinking only after ``patience`` consecutive 
 Options kept side by side (spec §3.2-§3.5, docs/reproduction.md):
 - gain ``log`` (the paper's, reconstructed), ``kappa-headroom`` (spec §3.5), and two of the
   project's own that measure how much averaging more sites helps: ``noise-scale`` (dispersion of
-  the site updates, tr(Sigma)/|G|^2) and ``split-half`` (validation loss of the model averaged
-  from half of the sites against the full average);
+  the site updates, tr(Sigma)/|G|^2), ``noise-directional`` (the same along the direction the model
+  moves: the variance of the updates' projections on the last global delta over their squared
+  mean; the default since docs/reproduction.md §5.1) and ``split-half`` (validation loss of the
+  model averaged from half of the sites against the full average; ``split-half-accuracy`` fits
+  the same on the validation error 1 - accuracy, the quantity time-to-accuracy measures);
 - estimator ``mean-power`` (as written), ``max`` and ``aggregate`` (scoring.Estimator);
 - search ``window-argmax`` (§3.2) or ``incremental-prefix`` (§3.4).
 """
@@ -36,7 +39,9 @@ class GainModel(StrEnum):
     LOG = "log"
     KAPPA_HEADROOM = "kappa-headroom"
     NOISE_SCALE = "noise-scale"
+    NOISE_DIRECTIONAL = "noise-directional"
     SPLIT_HALF = "split-half"
+    SPLIT_HALF_ACCURACY = "split-half-accuracy"
 
 
 class SearchMode(StrEnum):
@@ -83,7 +88,11 @@ class PowerTripGreedy(SelectionPolicy):
     def __init__(self, config: GreedyConfig | None = None, name: str = "powertrip"):
         self.config = config or GreedyConfig()
         self.name = name
-        self.wants_split_half = self.config.gain is GainModel.SPLIT_HALF
+        self.wants_split_half = self.config.gain in (
+            GainModel.SPLIT_HALF,
+            GainModel.SPLIT_HALF_ACCURACY,
+        )
+        self.wants_direction = self.config.gain is GainModel.NOISE_DIRECTIONAL
         self.k: int | None = None
         self.k_history: list[int] = []
         self._shrink_votes = 0
@@ -92,6 +101,8 @@ class PowerTripGreedy(SelectionPolicy):
         self._feedback: RoundFeedback | None = None
         self._noise_trace: float | None = None  # EMA of tr(Sigma), per-site update variance
         self._signal: float | None = None  # EMA of |G|^2, the squared norm of the true update
+        self._noise_par: float | None = None  # EMA of u'Sigma u along the last global delta u
+        self._signal_par: float | None = None  # EMA of (G.u)^2
         self._penalty: float | None = None  # EMA of c: loss added by averaging only 1 site
         self._progress: float | None = None  # EMA of the noise-free loss decrease per round
 
@@ -142,8 +153,8 @@ class PowerTripGreedy(SelectionPolicy):
             headroom = 1.0 - trend / self._best_gain if self._best_gain > 0 else 0.0
             headroom = min(max(headroom, 0.0), 1.0)
             return trend * (1.0 + self.config.kappa * headroom * np.log((1 + kc) / (1 + k)))
-        if gain is GainModel.NOISE_SCALE:
-            b = self.noise_scale()
+        if gain in (GainModel.NOISE_SCALE, GainModel.NOISE_DIRECTIONAL):
+            b = self.noise_scale(directional=gain is GainModel.NOISE_DIRECTIONAL)
             return trend * (kc / (kc + b)) / (k / (k + b))
         b = self.averaging_scale()
         return trend * self._averaged_progress(kc, b) / self._averaged_progress(np.array(k), b)
@@ -162,15 +173,29 @@ class PowerTripGreedy(SelectionPolicy):
         return self._penalty / self._progress
 
     def _update_split_half(self, fb: RoundFeedback) -> None:
-        """Fit L(m) = L_inf + c/m through the full and half averages of this round's updates."""
-        values = (fb.loss, fb.previous_loss, fb.half_loss, fb.half_sites, fb.effective_sites)
-        if any(v is None for v in values):
+        """Fit L(m) = L_inf + c/m through the full and half averages of this round's updates.
+
+        L is the validation loss, or the validation error 1 - accuracy for split-half-accuracy.
+        """
+        if self.config.gain is GainModel.SPLIT_HALF_ACCURACY:
+            if fb.half_accuracy is None:
+                return
+            full, previous, half = (
+                1.0 - fb.accuracy,
+                1.0 - fb.previous_accuracy,
+                1.0 - fb.half_accuracy,
+            )
+        else:
+            if fb.loss is None or fb.previous_loss is None or fb.half_loss is None:
+                return
+            full, previous, half = fb.loss, fb.previous_loss, fb.half_loss
+        if fb.half_sites is None or fb.effective_sites is None:
             return
         m_full, m_half = float(fb.effective_sites), float(fb.half_sites)
         if m_half >= m_full - 1e-9:
             return
-        penalty = max((fb.half_loss - fb.loss) / (1.0 / m_half - 1.0 / m_full), 0.0)
-        progress = fb.previous_loss - (fb.loss - penalty / m_full)
+        penalty = max((half - full) / (1.0 / m_half - 1.0 / m_full), 0.0)
+        progress = previous - (full - penalty / m_full)
         a = self.config.noise_smoothing
         if self._penalty is None:
             self._penalty, self._progress = penalty, progress
@@ -178,11 +203,29 @@ class PowerTripGreedy(SelectionPolicy):
             self._penalty = a * self._penalty + (1 - a) * penalty
             self._progress = a * (self._progress or 0.0) + (1 - a) * progress
 
-    def noise_scale(self) -> float:
-        """B = tr(Sigma) / |G|^2 in units of sites: averaging k updates gives progress k/(k+B)."""
-        if self._noise_trace is None or self._signal is None:
+    def noise_scale(self, directional: bool = False) -> float:
+        """B = tr(Sigma) / |G|^2 in units of sites: averaging k updates gives progress k/(k+B).
+
+        ``directional``: B_par = u'Sigma u / (G.u)^2 along the last global delta u, the noise
+        the loss feels when the curvature is concentrated along the direction of travel (B_crit
+        = tr(H Sigma) / G'HG with H ~ lambda u u'). Falls back to B before the first projection.
+        """
+        noise, signal = self._noise_trace, self._signal
+        if directional and self._noise_par is not None:
+            noise, signal = self._noise_par, self._signal_par
+        if noise is None or signal is None:
             return 0.0
-        return self._noise_trace / max(self._signal, 1e-12 * max(self._noise_trace, 1e-30))
+        return noise / max(signal, 1e-12 * max(noise, 1e-30))
+
+    @staticmethod
+    def noise_estimate(mean_sq: float, sq_of_mean: float, k_eff: float) -> tuple[float, float]:
+        """Unbiased (noise, signal) from one round's k_eff weighted updates.
+
+        E[mean |d_i|^2] = |G|^2 + tr(S);  E[|mean d|^2] = |G|^2 + tr(S)/k_eff. The same holds
+        for the scalar projections p_i = d_i.u with u'Su and (G.u)^2.
+        """
+        noise = max(mean_sq - sq_of_mean, 0.0) / (1.0 - 1.0 / k_eff)
+        return noise, max(sq_of_mean - noise / k_eff, 0.0)
 
     def _update_noise(self, fb: RoundFeedback) -> None:
         if fb.mean_sq_norm is None or fb.sq_norm_of_mean is None or not fb.effective_sites:
@@ -190,15 +233,21 @@ class PowerTripGreedy(SelectionPolicy):
         k_eff = fb.effective_sites
         if k_eff <= 1.0 + 1e-9:
             return
-        # E[mean |d_i|^2] = |G|^2 + tr(S);  E[|mean d|^2] = |G|^2 + tr(S)/k_eff.
-        trace = max(fb.mean_sq_norm - fb.sq_norm_of_mean, 0.0) / (1.0 - 1.0 / k_eff)
-        signal = max(fb.sq_norm_of_mean - trace / k_eff, 0.0)
         a = self.config.noise_smoothing
+        trace, signal = self.noise_estimate(fb.mean_sq_norm, fb.sq_norm_of_mean, k_eff)
         if self._noise_trace is None:
             self._noise_trace, self._signal = trace, signal
         else:
             self._noise_trace = a * self._noise_trace + (1 - a) * trace
             self._signal = a * (self._signal or 0.0) + (1 - a) * signal
+        if fb.mean_proj is None or fb.mean_sq_proj is None:
+            return
+        noise, signal = self.noise_estimate(fb.mean_sq_proj, fb.mean_proj**2, k_eff)
+        if self._noise_par is None:
+            self._noise_par, self._signal_par = noise, signal
+        else:
+            self._noise_par = a * self._noise_par + (1 - a) * noise
+            self._signal_par = a * (self._signal_par or 0.0) + (1 - a) * signal
 
     def _next_k(self, k: int, prefix_times: NDArray[np.float64], fb: RoundFeedback) -> int:
         n = prefix_times.size

@@ -22,19 +22,27 @@ from services.common.timing import RoundTimeModel
 #: The paper's Algorithm 1 as reconstructed in spec §3.2 (Eq. 8 ranking, log gain, mean power).
 PAPER_GREEDY = GreedyConfig()
 
-#: The project's own default (docs/reproduction.md): rank by each site's own round time, project
-#: gains with the measured update noise scale, estimate the round by its true straggler.
-PROJECT_GREEDY = GreedyConfig(
+#: The project's previous default (``powertrip-noise``): rank by each site's own round time,
+#: project gains with the measured update noise scale B = tr(Sigma)/|G|^2, estimate the round by
+#: its true straggler.
+NOISE_GREEDY = GreedyConfig(
     gain=GainModel.NOISE_SCALE,
     estimator=Estimator.MAX,
     ranking=RankingConfig(ranking=Ranking.ROUND_TIME),
 )
 
+#: The project's default (docs/reproduction.md §5): the same, with the noise scale measured along
+#: the direction the model moves (the projections of the updates on the last global delta).
+#: Two sites at least: one site measures no dispersion, so its noise scale would freeze.
+PROJECT_GREEDY = replace(NOISE_GREEDY, gain=GainModel.NOISE_DIRECTIONAL, min_sites=2)
+
 VARIANTS: dict[str, GreedyConfig] = {
     "powertrip": PROJECT_GREEDY,
     "powertrip-paper": PAPER_GREEDY,
-    "powertrip-noise": PROJECT_GREEDY,
-    "powertrip-split": replace(PROJECT_GREEDY, gain=GainModel.SPLIT_HALF, min_sites=2),
+    "powertrip-noise": NOISE_GREEDY,
+    "powertrip-directional": PROJECT_GREEDY,
+    "powertrip-split": replace(NOISE_GREEDY, gain=GainModel.SPLIT_HALF, min_sites=2),
+    "powertrip-split-acc": replace(NOISE_GREEDY, gain=GainModel.SPLIT_HALF_ACCURACY, min_sites=2),
     "powertrip-prefix": replace(PAPER_GREEDY, search=SearchMode.INCREMENTAL_PREFIX),
     "powertrip-kappa": replace(PAPER_GREEDY, gain=GainModel.KAPPA_HEADROOM),
     "powertrip-maxest": replace(PAPER_GREEDY, estimator=Estimator.MAX),

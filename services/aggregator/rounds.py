@@ -76,6 +76,9 @@ class RoundOutcome:
     half_loss: float | None = None  # split-half probe, when requested
     half_sites: float | None = None
     params: Any = None  # the new global model, in the executor's own representation
+    # StreamingFedAvg.projection(): the updates' dispersion along the previous global delta
+    projection: tuple[float, float] | None = None
+    half_accuracy: float | None = None  # split-half probe: accuracy of the half average
 
 
 class RoundExecutor(Protocol):
@@ -160,6 +163,7 @@ def run_rounds(
             )
         else:
             mean_sq, sq_mean, k_eff = outcome.dispersion
+            mean_proj, mean_sq_proj = outcome.projection or (None, None)
             policy.observe(
                 RoundFeedback(
                     r,
@@ -174,6 +178,9 @@ def run_rounds(
                     previous_loss=loss,
                     half_loss=outcome.half_loss,
                     half_sites=outcome.half_sites,
+                    half_accuracy=outcome.half_accuracy,
+                    mean_proj=mean_proj,
+                    mean_sq_proj=mean_sq_proj,
                 )
             )
             accuracy, loss = outcome.accuracy, outcome.loss
@@ -210,6 +217,8 @@ class JournalEntry:
                 "contributions": o.contributions,
                 "half_loss": o.half_loss,
                 "half_sites": o.half_sites,
+                "projection": None if o.projection is None else list(o.projection),
+                "half_accuracy": o.half_accuracy,
             },
         }
 
@@ -225,6 +234,8 @@ class JournalEntry:
                 o["contributions"],
                 o["half_loss"],
                 o["half_sites"],
+                projection=tuple(o["projection"]) if o.get("projection") else None,
+                half_accuracy=o.get("half_accuracy"),
             )
         return cls(int(data["round"]), tuple(data["selected"]), outcome)
 

@@ -99,10 +99,12 @@ class AggregatorRun:
         self._checkpoints = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
         journal: list[JournalEntry] = []
         initial: tuple[float, float] | None = None
+        self._resumed_round: int | None = None
         if self._checkpoints is not None:
             ckpt = checkpoint.load_latest(self._checkpoints)
             if ckpt is not None:
                 params = ckpt.params
+                self._resumed_round = ckpt.round
                 journal = [JournalEntry.from_json(e) for e in ckpt.state.get("journal", [])]
                 initial = tuple(ckpt.state["initial"]) if "initial" in ckpt.state else None
                 logger.info(
@@ -276,6 +278,15 @@ class AggregatorRun:
                 greedy_overrides=exp.greedy.overrides(),
                 round_time_model=exp.ground_truth,
             )
+            # Keep the last global delta (one model-sized copy) only for a policy that uses it.
+            self.executor.track_direction = getattr(policy, "wants_direction", False)
+            if self.executor.track_direction and self._resumed_round is not None:
+                assert self._checkpoints is not None
+                before = checkpoint.load_round(self._checkpoints, self._resumed_round - 1)
+                if before is not None:
+                    self.executor.resume_direction(before.params)
+                else:
+                    logger.warning("no checkpoint before the resumed one: next round unprojected")
             run_rounds(
                 policy,
                 self.journaled,

@@ -51,6 +51,11 @@ class RoundFeedback:
     previous_loss: float | None = None
     half_loss: float | None = None
     half_sites: float | None = None
+    half_accuracy: float | None = None
+    # Projections p_i = delta_i . u on the previous round's unit global delta u (same weights):
+    # weighted mean of p_i and of p_i^2. None when the executor had no previous delta.
+    mean_proj: float | None = None
+    mean_sq_proj: float | None = None
 
 
 @dataclass(frozen=True)

@@ -112,7 +112,11 @@ class Emulator:
         self._initial: tuple[float, float] | None = None
 
     def _train_round(
-        self, params: dict[str, torch.Tensor], selected: np.ndarray, round_index: int
+        self,
+        params: dict[str, torch.Tensor],
+        selected: np.ndarray,
+        round_index: int,
+        direction: dict[str, np.ndarray] | None = None,
     ) -> RoundOutcome:
         fed = self.fed
         updates = fed.trainer.train(
@@ -123,7 +127,7 @@ class Emulator:
             [site_seed(self.seed, round_index, int(i)) for i in selected],
         )
         template = {k: v.numpy() for k, v in params.items()}
-        agg = StreamingFedAvg(template)
+        agg = StreamingFedAvg(template, direction=direction)
         half = StreamingFedAvg(template)  # every other site: the split-half averaging probe
         for j in range(len(selected)):
             delta = {k: v[j].numpy() for k, v in updates.deltas.items()}
@@ -133,12 +137,22 @@ class Emulator:
         dispersion = agg.dispersion()
         new = {k: torch.from_numpy(v) for k, v in agg.apply(template).items()}
         acc, loss = fed.trainer.evaluate(new, fed.x_test, fed.y_test)
-        half_loss, half_sites = None, None
+        half_loss = half_sites = half_acc = None
         if len(selected) >= 2:
             half_model = {k: torch.from_numpy(v) for k, v in half.apply(template).items()}
-            half_loss = fed.trainer.evaluate(half_model, fed.x_test, fed.y_test)[1]
+            half_acc, half_loss = fed.trainer.evaluate(half_model, fed.x_test, fed.y_test)
             half_sites = half.dispersion()[2]
-        return RoundOutcome(acc, loss, dispersion, len(selected), half_loss, half_sites, params=new)
+        return RoundOutcome(
+            acc,
+            loss,
+            dispersion,
+            len(selected),
+            half_loss,
+            half_sites,
+            params=new,
+            projection=agg.projection(),
+            half_accuracy=half_acc,
+        )
 
     def run(
         self,
@@ -172,12 +186,15 @@ class Emulator:
 class _CachedExecutor:
     """One run's view of an Emulator: current params plus the selection-history cache key.
 
-    Always computes the split-half probe so a cached round serves every policy.
+    Always computes the split-half probe and the projection on the previous global delta (both
+    follow from the selection history, which the cache key already fixes) so a cached round
+    serves every policy.
     """
 
     def __init__(self, emulator: Emulator) -> None:
         self.em = emulator
         self.params = emulator.fed.initial_params
+        self.previous: dict[str, torch.Tensor] | None = None
         self.key = b"root"
 
     def evaluate_initial(self) -> tuple[float, float]:
@@ -192,7 +209,10 @@ class _CachedExecutor:
         self.key = _chain(self.key, selected)
         trained = self.em.cache.get(self.key)
         if trained is None:
-            trained = self.em._train_round(self.params, selected, round_index)
+            direction = None
+            if self.previous is not None:
+                direction = {k: (v - self.previous[k]).numpy() for k, v in self.params.items()}
+            trained = self.em._train_round(self.params, selected, round_index, direction)
             self.em.cache.put(self.key, trained)
-        self.params = trained.params
+        self.previous, self.params = self.params, trained.params
         return trained

@@ -122,9 +122,12 @@ def test_a_checkpoint_is_written_after_every_round(finished_run):
 
 
 def test_emulated_clock_run_matches_powertrip_experiment(finished_run):
-    """Same code, same seed: the same sites every round, and the same time-to-accuracy within
-    one round (site updates differ in the last float bit because the emulator trains all
-    selected sites in one batch and a worker only its own; folds are in selection order)."""
+    """Same code, same seed: the same sites every round, and both reach the target. Site updates
+    differ in the last float bit (the emulator trains all selected sites in one batch, a worker
+    only its own; folds are in selection order), and with 12 sites that grows to a few points of
+    accuracy by round 10 (e.g. 0.382 vs 0.349), while the curve near the target swings by
+    +-0.04 a round: the round that first crosses it can differ by a few rounds (14 vs 18 with
+    the directional default, docs/reproduction.md §5.1; 15 vs 15 with `powertrip-noise`)."""
     status, _, _, _, _ = finished_run
     cfg = build_config(
         "quick", num_sites=SITES, policies=("powertrip",), target_accuracy=TARGET, max_rounds=40
@@ -137,8 +140,9 @@ def test_emulated_clock_run_matches_powertrip_experiment(finished_run):
         assert list(svc.selected_site_ids) == [site_id(s) for s in emu.selected], svc.round
         assert svc.clock_seconds == pytest.approx(emu.time_s, rel=1e-9)
     emulated_tta = emulated.time_to(TARGET)
+    assert emulated_tta is not None and status.time_to_accuracy_seconds > 0
     one_round = max(r.duration_s for r in emulated.rounds)
-    assert abs(status.time_to_accuracy_seconds - emulated_tta) <= one_round
+    assert abs(status.time_to_accuracy_seconds - emulated_tta) <= 5 * one_round
 
 
 def test_a_worker_killed_mid_run_costs_its_sites_not_the_round(tmp_path):

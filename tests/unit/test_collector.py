@@ -9,6 +9,7 @@ import pytest
 
 from services.aggregator.collector import RoundCollector
 from services.aggregator.fedavg import StreamingFedAvg
+from services.aggregator.rounds import JournalEntry, RoundOutcome
 from services.common.errors import Duplicate, StaleRound
 from services.common.tensor_stream import TensorStreamReceiver, encode, specs_of
 
@@ -89,3 +90,25 @@ def test_the_split_half_sum_takes_every_other_selected_site():
     col.close()
     assert col.half is not None and col.half.count == 2  # sites 5 and 9
     assert col.half.total_weight == 5.0 + 9.0
+
+
+def test_streamed_updates_project_on_the_direction_like_whole_ones():
+    direction = update(1)
+    col = RoundCollector(1, SELECTED, TEMPLATE, direction=direction)
+    ref = StreamingFedAvg(TEMPLATE, direction=direction)
+    for s in SELECTED:
+        deliver(col, s)
+        ref.add(update(s), float(s))
+    col.close()
+    assert col.agg.projection() == pytest.approx(ref.projection(), rel=1e-6)
+
+
+def test_journal_entries_keep_the_projection_and_read_old_journals():
+    entry = JournalEntry(
+        3, (1, 2), RoundOutcome(0.5, 1.2, (2.0, 1.0, 2.0), 2, projection=(0.5, 1.0))
+    )
+    back = JournalEntry.from_json(entry.to_json())
+    assert back.outcome is not None and back.outcome.projection == (0.5, 1.0)
+    old = entry.to_json()
+    del old["outcome"]["projection"]  # written before projections existed
+    assert JournalEntry.from_json(old).outcome.projection is None

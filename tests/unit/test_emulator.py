@@ -124,3 +124,39 @@ def test_automatic_target_is_the_lowest_best_accuracy_of_the_sweep(tiny_cfg):
     best = [max(r.accuracy for r in run.rounds) for _, run in result.runs]
     assert result.target_accuracy == min(best)
     assert all(s.reached for s in result.summaries)
+
+
+def test_rounds_after_the_first_report_projections_on_the_previous_global_delta(
+    tiny_cfg, tiny_data
+):
+    seen = []
+
+    class Spy(StaticTopK):
+        def observe(self, feedback):
+            seen.append((feedback.mean_proj, feedback.mean_sq_proj, feedback.sq_norm_of_mean))
+
+    _, emu = _emulator(tiny_cfg, tiny_data)
+    emu.run(Spy(4), None, 3)
+    assert seen[0][:2] == (None, None)  # round 1 has no previous delta
+    for mean_proj, mean_sq_proj, sq_of_mean in seen[1:]:
+        # Cauchy-Schwarz and Jensen: (mean p)^2 <= |mean d|^2 and (mean p)^2 <= mean p^2
+        assert mean_proj**2 <= sq_of_mean * (1 + 1e-6)
+        assert mean_proj**2 <= mean_sq_proj * (1 + 1e-6)
+
+
+def test_the_directional_variant_runs_in_the_emulator(tiny_cfg, tiny_data):
+    _, emu = _emulator(tiny_cfg, tiny_data)
+    policy = build_policy("powertrip-directional")
+    emu.run(policy, None, 4)
+    assert policy._noise_par is not None
+
+
+def test_the_split_half_accuracy_variant_gets_the_half_models_accuracy(tiny_cfg, tiny_data):
+    _, emu = _emulator(tiny_cfg, tiny_data)
+    policy = build_policy("powertrip-split-acc")
+    seen = []
+    observe = policy.observe
+    policy.observe = lambda fb: (seen.append(fb.half_accuracy), observe(fb))
+    emu.run(policy, None, 3)
+    assert all(a is not None and 0.0 <= a <= 1.0 for a in seen)
+    assert policy._penalty is not None

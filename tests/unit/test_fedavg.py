@@ -280,3 +280,57 @@ def test_mutating_the_template_after_construction_does_not_change_the_result():
     params["w"][:] = 7.0
     agg.add(delta([1.0, 2.0], [0.0]), 1.0)
     assert agg.mean_delta()["w"].tolist() == [1.0, 2.0]
+
+
+# ------------------------------------------------------------- projection on a direction
+
+
+def two_sites_along(direction) -> StreamingFedAvg:
+    agg = StreamingFedAvg(template(), direction=direction)
+    agg.add(delta([1.0, 2.0], [0.0]), 1.0)
+    agg.add(delta([5.0, 6.0], [2.0]), 3.0)
+    return agg
+
+
+def test_projection_on_a_hand_made_round():
+    # Prepare: u = ([3, 0], [4]), |u| = 5 -> unit ([0.6, 0], [0.8])
+    agg = two_sites_along(delta([3.0, 0.0], [4.0]))
+
+    # Execute
+    mean_proj, mean_sq_proj = agg.projection()
+
+    # Assert:
+    #   p_A = 0.6 * 1 = 0.6, p_B = 0.6 * 5 + 0.8 * 2 = 4.6
+    #   weighted mean (0.6 + 3 * 4.6) / 4 = 3.6 (= mean delta ([4, 5], [1.5]) . u = 2.4 + 1.2)
+    #   weighted mean of squares (0.36 + 3 * 21.16) / 4 = 15.96
+    assert mean_proj == pytest.approx(3.6)
+    assert mean_sq_proj == pytest.approx(15.96)
+
+
+def test_projection_does_not_depend_on_the_length_of_the_direction():
+    short = two_sites_along(delta([3.0, 0.0], [4.0])).projection()
+    long = two_sites_along(delta([300.0, 0.0], [400.0])).projection()
+    assert long == pytest.approx(short)
+
+
+@pytest.mark.parametrize(
+    "direction", [None, delta([0.0, 0.0], [0.0])], ids=["no-direction", "zero-direction"]
+)
+def test_without_a_usable_direction_there_is_no_projection(direction):
+    assert two_sites_along(direction).projection() is None
+
+
+def test_a_direction_that_does_not_match_the_model_is_refused():
+    with pytest.raises(ValueError, match="direction"):
+        StreamingFedAvg(template(), direction={"w": np.ones(3), "b": np.ones(1)})
+
+
+def test_sliced_updates_give_the_same_projection_as_whole_ones():
+    u = delta([3.0, 0.0], [4.0])
+    whole = two_sites_along(u)
+    sliced = StreamingFedAvg(template(), direction=u)
+    for w, b, weight in (([1.0, 2.0], [0.0], 1.0), ([5.0, 6.0], [2.0], 3.0)):
+        d = delta(w, b)
+        pieces = [("w", 1, d["w"][1:]), ("b", 0, d["b"]), ("w", 0, d["w"][:1])]
+        sliced.add_pieces(pieces, weight)
+    assert sliced.projection() == pytest.approx(whole.projection())

@@ -510,3 +510,125 @@ def test_split_half_policy_never_drops_below_two_sites():
     ctx = RoundContext(1, 0.0, profile, 10.0, 1.5e9, np.random.default_rng(0))
     policy = PowerTripGreedy(GreedyConfig(gain=GainModel.SPLIT_HALF, min_sites=2, k0=1))
     assert len(policy.select(ctx)) == 2
+
+
+# ----------------------------------------------------------------- directional noise scale
+
+
+def directional_feedback(
+    signal: float, trace: float, signal_par: float, noise_par: float, k_eff: float
+) -> RoundFeedback:
+    """Expected statistics for |G|^2, tr(Sigma) and, along u, (G.u)^2 and u'Sigma u."""
+    return feedback(
+        0.2,
+        0.3,
+        mean_sq_norm=signal + trace,
+        sq_norm_of_mean=signal + trace / k_eff,
+        effective_sites=k_eff,
+        mean_proj=math.sqrt(signal_par + noise_par / k_eff),
+        mean_sq_proj=signal_par + noise_par,
+    )
+
+
+def test_directional_noise_scale_uses_the_projections_only():
+    # Prepare: B = 12 / 2 = 6 overall; along u: (G.u)^2 = 1.5, u'Sigma u = 0.75 -> B_par = 0.5
+    #   mean p^2 = 2.25, (mean p)^2 = 1.5 + 0.75 / 4 = 1.6875
+    #   noise = (2.25 - 1.6875) / 0.75 = 0.75, signal = 1.6875 - 0.75 / 4 = 1.5
+    policy = greedy(gain=GainModel.NOISE_DIRECTIONAL)
+
+    # Execute
+    policy.observe(directional_feedback(2.0, 12.0, 1.5, 0.75, 4.0))
+
+    # Assert
+    assert policy.noise_scale() == pytest.approx(6.0)
+    assert policy.noise_scale(directional=True) == pytest.approx(0.5)
+    # gain k'/(k'+0.5) relative to k = 4 (4 / 4.5), trend 0.1:
+    #   k'=1: 0.1 * (1 / 1.5) * (4.5 / 4) = 0.075;  k'=2: 0.1 * 0.8 * 1.125 = 0.09
+    assert policy.projected_gain(np.array([1, 2, 4]), 4) == pytest.approx([0.075, 0.09, 0.1])
+    assert policy.wants_direction
+    assert not greedy(gain=GainModel.NOISE_SCALE).wants_direction
+
+
+def test_directional_noise_scale_falls_back_to_b_before_the_first_projection():
+    policy = greedy(gain=GainModel.NOISE_DIRECTIONAL)
+    policy.observe(dispersion_feedback(2.0, 6.0, 4.0))  # round 1: no previous delta yet
+    assert policy.noise_scale(directional=True) == pytest.approx(3.0)
+
+
+def test_directional_statistics_are_smoothed_separately():
+    # EMA 0.7: u'Su = 0.7 * 0.75 + 0.3 * 3 = 1.425, (G.u)^2 = 0.7 * 1.5 + 0.3 * 1 = 1.35
+    policy = greedy(gain=GainModel.NOISE_DIRECTIONAL, noise_smoothing=0.7)
+    policy.observe(directional_feedback(2.0, 12.0, 1.5, 0.75, 4.0))
+    policy.observe(directional_feedback(2.0, 12.0, 1.0, 3.0, 4.0))
+    assert policy.noise_scale(directional=True) == pytest.approx(1.425 / 1.35)
+
+
+def test_directional_noise_scale_from_real_fedavg_projections():
+    # Prepare: d_i = G + N(0, 0.12 I) in 50 dims, |G|^2 = 2 -> B = 6 / 2 = 3; projected on
+    # u = G / |G|: (G.u)^2 = 2 and u'Sigma u = 0.12 -> B_par = 0.06, isotropic noise mostly
+    # lies off the direction of travel
+    rng = np.random.default_rng(0)
+    policy = greedy(gain=GainModel.NOISE_DIRECTIONAL, noise_smoothing=0.9)
+    g = np.full(50, 0.2)
+
+    # Execute
+    for r in range(1, 61):
+        agg = StreamingFedAvg({"w": np.zeros(50)}, direction={"w": g})
+        for weight in rng.uniform(1.0, 3.0, size=100):
+            agg.add({"w": g + math.sqrt(0.12) * rng.standard_normal(50)}, float(weight))
+        mean_sq, sq_mean, k_eff = agg.dispersion()
+        mean_proj, mean_sq_proj = agg.projection()
+        policy.observe(
+            feedback(
+                0.2,
+                0.3,
+                rnd=r,
+                mean_sq_norm=mean_sq,
+                sq_norm_of_mean=sq_mean,
+                effective_sites=k_eff,
+                mean_proj=mean_proj,
+                mean_sq_proj=mean_sq_proj,
+            )
+        )
+
+    # Assert
+    assert policy.noise_scale() == pytest.approx(3.0, rel=0.1)
+    assert policy.noise_scale(directional=True) == pytest.approx(0.06, rel=0.2)
+
+
+# ------------------------------------------------------------------ split-half on accuracy
+
+
+def test_split_half_accuracy_fits_the_validation_error_not_the_loss():
+    # m = 8 sites reach accuracy 0.70 (error 0.30), their half (m = 4) 0.68 (error 0.32), the
+    # round began at 0.60 (error 0.40): c = 0.02 / (1/4 - 1/8) = 0.16, E_inf = 0.30 - 0.16/8
+    # = 0.28, noise-free progress 0.40 - 0.28 = 0.12, b = 0.16 / 0.12 = 4/3. The losses would
+    # give b = 4/3 * 10 (half_loss 2.5): they must be ignored.
+    policy = PowerTripGreedy(GreedyConfig(gain=GainModel.SPLIT_HALF_ACCURACY, min_sites=2))
+    assert policy.wants_split_half
+    policy.observe(
+        RoundFeedback(
+            1,
+            np.arange(8),
+            10.0,
+            0.70,
+            0.60,
+            effective_sites=8.0,
+            loss=1.5,
+            previous_loss=2.0,
+            half_loss=2.5,
+            half_sites=4.0,
+            half_accuracy=0.68,
+        )
+    )
+    assert policy.averaging_scale() == pytest.approx(4 / 3)
+
+
+def test_split_half_accuracy_waits_for_a_half_accuracy():
+    policy = PowerTripGreedy(GreedyConfig(gain=GainModel.SPLIT_HALF_ACCURACY, min_sites=2))
+    policy.observe(
+        RoundFeedback(
+            1, np.arange(8), 10.0, 0.7, 0.6, effective_sites=8.0, half_loss=1.6, half_sites=4.0
+        )
+    )
+    assert policy.averaging_scale() == 0.0

@@ -269,7 +269,15 @@ def test_centralized_power_must_be_in_0_1(bad_fraction):
 @pytest.mark.parametrize(
     ("name", "gain", "estimator", "ranking", "search"),
     [
-        ("powertrip", GainModel.NOISE_SCALE, Estimator.MAX, Ranking.ROUND_TIME, None),
+        ("powertrip", GainModel.NOISE_DIRECTIONAL, Estimator.MAX, Ranking.ROUND_TIME, None),
+        ("powertrip-noise", GainModel.NOISE_SCALE, Estimator.MAX, Ranking.ROUND_TIME, None),
+        (
+            "powertrip-split-acc",
+            GainModel.SPLIT_HALF_ACCURACY,
+            Estimator.MAX,
+            Ranking.ROUND_TIME,
+            None,
+        ),
         ("powertrip-paper", GainModel.LOG, Estimator.MEAN_POWER, Ranking.POWER_TO_COST, None),
         (
             "powertrip-prefix",
@@ -413,3 +421,9 @@ def test_project_powertrip_estimates_rounds_with_the_systems_time_model():
     assert per_site.config.estimator is Estimator.MAX
     assert eq7.config.estimator is Estimator.AGGREGATE
     assert paper.config.estimator is Estimator.MEAN_POWER  # Algorithm 1 as written, always
+
+
+def test_the_default_keeps_two_sites_so_it_can_measure_dispersion():
+    policy = build_policy("powertrip")
+    assert policy.config.min_sites == 2 and policy.wants_direction
+    assert build_policy("powertrip-noise").config.min_sites == 1
