@@ -148,6 +148,7 @@ def serve(mode: str, model_mib: int, tensors: int, uploads: int, timeout_s: floa
     """Aggregator child: print {"port"}, wait for the uploads, commit, print the result."""
     from powertrip.v1 import aggregator_pb2_grpc
     from services.aggregator.collector import RoundCollector
+    from services.aggregator.fedavg import delta_sketch, sketch_stride
     from services.aggregator.registry import WorkerRegistry
     from services.aggregator.servicer import AggregatorServicer
     from services.common.config import ServiceConfig
@@ -160,7 +161,8 @@ def serve(mode: str, model_mib: int, tensors: int, uploads: int, timeout_s: floa
     for s in range(uploads):
         registry.register(f"worker-{s}", f"127.0.0.1:{20000 + s}", [s])
     executor = SimpleNamespace(collector=None, params=None)
-    run = SimpleNamespace(registry=registry, executor=executor)
+    run_cfg = SimpleNamespace(allowed_worker_ids=None)  # the field the servicer reads
+    run = SimpleNamespace(registry=registry, executor=executor, cfg=run_cfg)
     servicer = AggregatorServicer(run)  # type: ignore[arg-type]  # only .registry/.executor used
     server, port, _ = build_server(
         [lambda srv: aggregator_pb2_grpc.add_AggregatorServiceServicer_to_server(servicer, srv)],
@@ -175,10 +177,14 @@ def serve(mode: str, model_mib: int, tensors: int, uploads: int, timeout_s: floa
         n: np.full(shape, P0, dtype=np.float32)
         for n, shape in shapes_for(model_mib, tensors).items()
     }
+    # The default policy projects updates on the last global delta: the aggregator keeps its
+    # strided sketch (at most fedavg.SKETCH_MAX coordinates), as GrpcRoundExecutor does.
+    stride = sketch_stride(params)
+    direction = {n: np.full(-(-a.size // stride), 1e-3, np.float32) for n, a in params.items()}
     rss_post = _status_kib("VmRSS")
     selected = list(range(uploads))
     collector = (
-        RoundCollector(round=1, selected=selected, template=params)
+        RoundCollector(round=1, selected=selected, template=params, direction=direction)
         if mode == "streaming"
         else NaiveCollector(selected)
     )
@@ -191,7 +197,9 @@ def serve(mode: str, model_mib: int, tensors: int, uploads: int, timeout_s: floa
     t_commit = time.time()
     collector.close()
     if mode == "streaming":
+        previous = params
         new = collector.agg.apply(params, in_place=True)
+        direction = delta_sketch(new, previous, stride)  # the next round's direction
         accepted, failed = len(collector.accepted), dict(collector.failed)
     else:
         new = collector.apply(params)

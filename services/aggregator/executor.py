@@ -17,6 +17,7 @@ from numpy.typing import NDArray
 from powertrip.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from services.aggregator import metrics
 from services.aggregator.collector import RoundCollector
+from services.aggregator.fedavg import delta_sketch, sketch_stride
 from services.aggregator.registry import WorkerRegistry
 from services.aggregator.rounds import RoundOutcome
 from services.common.config import ServiceConfig
@@ -201,9 +202,9 @@ class GrpcRoundExecutor:
 
     def resume_direction(self, previous: Params) -> None:
         """Set the last global delta from the model before the current one (after a restart,
-        from the fallback checkpoint), so the next round projects as in an uninterrupted run."""
-        self._direction = None  # never two model-sized deltas at once
-        self._direction = {k: self.params[k] - previous[k] for k in self.params}
+        from the fallback checkpoint), so the next round projects as in an uninterrupted run.
+        Only a strided sketch is kept (``fedavg.SKETCH_MAX``), never a model-sized copy."""
+        self._direction = delta_sketch(self.params, previous, sketch_stride(self.params))
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

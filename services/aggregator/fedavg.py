@@ -14,6 +14,24 @@ from numpy.typing import NDArray
 
 Params = Mapping[str, NDArray[np.floating]]
 
+#: at most this many coordinates of the direction are kept (4 MiB of float32): the projections
+#: are exact below it and a strided sample above it, so a 256 MiB model's direction costs 4 MiB
+SKETCH_MAX = 1 << 20
+
+
+def sketch_stride(template: Params) -> int:
+    """Every ``stride``-th coordinate of each flattened tensor forms the direction sketch."""
+    total = sum(int(np.prod(np.shape(a), dtype=np.int64)) for a in template.values())
+    return max(1, -(-total // SKETCH_MAX))
+
+
+def delta_sketch(new: Params, old: Params, stride: int) -> dict[str, NDArray[np.floating]]:
+    """The strided coordinates of new - old (the last global delta), without a full copy."""
+    return {
+        k: np.asarray(new[k]).reshape(-1)[::stride] - np.asarray(old[k]).reshape(-1)[::stride]
+        for k in new
+    }
+
 
 class UpdateRejected(ValueError):
     """An update that must not reach the global model; ``reason`` is a bounded metric label."""
@@ -28,9 +46,10 @@ class StreamingFedAvg:
 
     Also tracks the weighted mean squared norm of the deltas, so the dispersion of the round's
     updates (the noise-scale gain model's input) costs no extra memory. Given a ``direction``
-    (the previous round's global delta), it also folds each update's projection on that unit
-    direction, p_i = d_i . u, as two scalars (weighted sums of p_i and p_i^2): the dispersion
-    along the direction the model is moving, for the directional noise scale.
+    (``delta_sketch`` of the previous round's global delta), it also folds each update's
+    projection on that unit direction, p_i = d_i . u, as two scalars (weighted sums of p_i and
+    p_i^2): the dispersion along the direction the model is moving, for the directional noise
+    scale. Models above ``SKETCH_MAX`` coordinates project on a strided sample of them.
     """
 
     def __init__(
@@ -52,9 +71,12 @@ class StreamingFedAvg:
         self._direction_norm = 0.0
         self._weighted_proj = 0.0
         self._weighted_sq_proj = 0.0
-        if direction is not None:
+        self.stride = sketch_stride(template)
+        if direction is not None:  # a delta_sketch(...) with this template's stride
+            sizes = {n: -(-int(np.prod(shape, dtype=np.int64)) // self.stride)
+                     for n, (shape, _) in self._spec.items()}  # fmt: skip
             if direction.keys() != self._spec.keys() or any(
-                np.shape(direction[n]) != shape for n, (shape, _) in self._spec.items()
+                np.size(direction[n]) != sizes[n] for n in sizes
             ):
                 raise ValueError("direction tensors must match the update template")
             norm_sq = sum(float(np.vdot(v, v)) for v in direction.values())
@@ -113,8 +135,11 @@ class StreamingFedAvg:
             a = values.reshape(-1)
             flat[start : start + a.size] += weight * a
             sq += float(np.vdot(a, a))
-            if u is not None:
-                proj += float(np.vdot(u[name][start : start + a.size], a))
+            if u is not None:  # the sketched coordinates inside this piece
+                first = -start % self.stride
+                sampled = a[first :: self.stride]
+                lo = (start + first) // self.stride
+                proj += float(np.vdot(u[name][lo : lo + sampled.size], sampled))
             covered[name] += a.size
         short = [n for n, c in covered.items() if c != self._sum[n].size]
         if short:  # a caller bug, not a bad update: the sum is already touched

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from services.aggregator.fedavg import StreamingFedAvg
+from services.aggregator.fedavg import StreamingFedAvg, delta_sketch, sketch_stride
 from services.aggregator.rounds import (
     RoundOutcome,
     RoundRecord,
@@ -211,7 +211,9 @@ class _CachedExecutor:
         if trained is None:
             direction = None
             if self.previous is not None:
-                direction = {k: (v - self.previous[k]).numpy() for k, v in self.params.items()}
+                new = {k: v.numpy() for k, v in self.params.items()}
+                old = {k: v.numpy() for k, v in self.previous.items()}
+                direction = delta_sketch(new, old, sketch_stride(new))
             trained = self.em._train_round(self.params, selected, round_index, direction)
             self.em.cache.put(self.key, trained)
         self.previous, self.params = self.params, trained.params

@@ -334,3 +334,30 @@ def test_sliced_updates_give_the_same_projection_as_whole_ones():
         pieces = [("w", 1, d["w"][1:]), ("b", 0, d["b"]), ("w", 0, d["w"][:1])]
         sliced.add_pieces(pieces, weight)
     assert sliced.projection() == pytest.approx(whole.projection())
+
+
+def test_a_large_model_projects_on_a_strided_sketch_of_the_direction(monkeypatch):
+    """Above SKETCH_MAX coordinates only every stride-th one is kept: projections are those of
+    the updates restricted to the sketch, however the update arrives in slices."""
+    import services.aggregator.fedavg as fedavg
+
+    monkeypatch.setattr(fedavg, "SKETCH_MAX", 4)
+    rng = np.random.default_rng(0)
+    tmpl = {"w": np.zeros((3, 5), np.float32), "b": np.zeros(7, np.float32)}  # 22 -> stride 6
+    assert fedavg.sketch_stride(tmpl) == 6
+    old = {k: rng.standard_normal(v.shape).astype(np.float32) for k, v in tmpl.items()}
+    new = {k: v + rng.standard_normal(v.shape).astype(np.float32) for k, v in old.items()}
+    sketch = fedavg.delta_sketch(new, old, 6)
+    assert [v.size for v in sketch.values()] == [3, 2]  # coordinates 0, 6, 12 and 0, 6
+    d = {k: rng.standard_normal(v.shape).astype(np.float32) for k, v in tmpl.items()}
+    whole = StreamingFedAvg(tmpl, direction=sketch)
+    whole.add(d, 1.0)
+    sliced = StreamingFedAvg(tmpl, direction=sketch)
+    flat = d["w"].reshape(-1)
+    pieces = [("w", 0, flat[:4]), ("w", 4, flat[4:11]), ("w", 11, flat[11:]), ("b", 0, d["b"])]
+    sliced.add_pieces(pieces, 1.0)
+    u = np.concatenate([(new[k] - old[k]).reshape(-1)[::6] for k in ("w", "b")])
+    sampled = np.concatenate([d[k].reshape(-1)[::6] for k in ("w", "b")])
+    expected = float(np.vdot(u, sampled)) / float(np.linalg.norm(u))
+    assert whole.projection()[0] == pytest.approx(expected, rel=1e-6)
+    assert sliced.projection() == pytest.approx(whole.projection(), rel=1e-6)
