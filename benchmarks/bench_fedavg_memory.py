@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
@@ -23,32 +22,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from memprobe import kib, reset_peak  # noqa: E402  (benchmarks/ is on the path)
+
 from services.aggregator.fedavg import StreamingFedAvg  # noqa: E402
 
 MiB = 1 << 20
-
-
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise KeyError(field)
-
-
-def _reset_peak() -> bool:
-    """Reset VmHWM to the current RSS (Linux >= 4.0); False when not permitted."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def _kib(field: str, exact: bool) -> int:
-    """`field` from /proc/self/status, or ru_maxrss (KiB on Linux) when the reset failed."""
-    return _status_kib(field) if exact else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
 def updates(shapes: dict[str, tuple[int, ...]], k: int) -> Iterator[dict[str, np.ndarray]]:
@@ -62,8 +40,8 @@ def child(method: str, k: int, model_mib: int, tensors: int) -> dict[str, float]
     n = model_mib * MiB // 4 // tensors
     shapes = {f"t{j}": (n,) for j in range(tensors)}
     template = {name: np.empty(s, dtype=np.float32) for name, s in shapes.items()}  # untouched
-    exact = _reset_peak()
-    before_kib = _kib("VmRSS", exact)
+    exact = reset_peak()
+    before_kib = kib("VmRSS", exact)
     if method == "streaming":
         agg = StreamingFedAvg(template)
         for delta in updates(shapes, k):
@@ -76,7 +54,7 @@ def child(method: str, k: int, model_mib: int, tensors: int) -> dict[str, float]
             kept.append(delta)
             del delta
         mean = {name: np.mean([u[name] for u in kept], axis=0) for name in shapes}
-    after_kib = _kib("VmHWM", exact)
+    after_kib = kib("VmHWM", exact)
     expected = (k - 1) / 2
     if not all(np.allclose(a, expected) for a in mean.values()):
         raise AssertionError(f"{method}: wrong mean")

@@ -48,6 +48,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from memprobe import kib, reset_peak, status_kib  # noqa: E402  (benchmarks/ is on the path)
+
 MiB = 1 << 20
 TARGET_X = 2.5  # issue 3: aggregator peak RSS < 2.5x the model size
 P0 = 1.0  # every element of the global model before the round
@@ -71,31 +73,6 @@ def shapes_for(model_mib: int, tensors: int) -> dict[str, tuple[int, ...]]:
 def expected_value(uploads: int) -> float:
     total = sum(weight(s) for s in range(uploads))
     return P0 + sum(weight(s) * delta_value(s) for s in range(uploads)) / total
-
-
-# --- memory probes (same method as bench_fedavg_memory.py) -------------------------------------
-
-
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise KeyError(field)
-
-
-def _reset_peak() -> bool:
-    """Reset VmHWM to the current RSS (Linux >= 4.0); False when not permitted."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def _peak_kib(exact: bool) -> int:
-    return _status_kib("VmHWM") if exact else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
 # --- aggregator side --------------------------------------------------------------------------
@@ -171,8 +148,8 @@ def serve(mode: str, model_mib: int, tensors: int, uploads: int, timeout_s: floa
     )
     server.start()
 
-    exact = _reset_peak()
-    rss_pre = _status_kib("VmRSS")
+    exact = reset_peak()
+    rss_pre = status_kib("VmRSS")
     params = {
         n: np.full(shape, P0, dtype=np.float32)
         for n, shape in shapes_for(model_mib, tensors).items()
@@ -181,7 +158,7 @@ def serve(mode: str, model_mib: int, tensors: int, uploads: int, timeout_s: floa
     # strided sketch (at most fedavg.SKETCH_MAX coordinates), as GrpcRoundExecutor does.
     stride = sketch_stride(params)
     direction = {n: np.full(-(-a.size // stride), 1e-3, np.float32) for n, a in params.items()}
-    rss_post = _status_kib("VmRSS")
+    rss_post = status_kib("VmRSS")
     selected = list(range(uploads))
     collector = (
         RoundCollector(round=1, selected=selected, template=params, direction=direction)
@@ -190,7 +167,7 @@ def serve(mode: str, model_mib: int, tensors: int, uploads: int, timeout_s: floa
     )
     executor.params = params
     executor.collector = collector
-    _reset_peak()
+    reset_peak()
     print(json.dumps({"port": port}), flush=True)
 
     complete = collector.wait(timeout_s)
@@ -204,7 +181,7 @@ def serve(mode: str, model_mib: int, tensors: int, uploads: int, timeout_s: floa
     else:
         new = collector.apply(params)
         accepted, failed = len(collector.kept), dict(collector.failed)
-    peak = _peak_kib(exact)
+    peak = kib("VmHWM", exact)
     t_done = time.time()
     server.stop(None)
 

@@ -1,5 +1,9 @@
 """One open round on the aggregator: who may submit, what arrived, the running FedAvg sums.
 
+``RoundGate`` holds what every kind of round shares (admission, failures, the wait for the
+last update, closing at the deadline); ``RoundCollector`` folds FedAvg sums on top of it, and
+curtailment's ``DeltaInbox`` keeps each delta whole.
+
 Updates are checked chunk by chunk while they stream in (``TensorStreamReceiver``) and folded
 once the checksum matches: a stream that dies mid-way or carries a bad value never touches the
 sums. Folds happen in the order the policy selected the sites (a verified update that arrives
@@ -13,7 +17,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from typing import Any
 
 from numpy.typing import NDArray
 
@@ -23,29 +27,36 @@ from services.common.sites import site_id
 from services.common.tensor_stream import TensorStreamReceiver
 
 
-@dataclass
-class RoundCollector:
-    round: int
-    selected: Sequence[int]
-    template: Mapping[str, NDArray]
-    split_half: bool = False
-    direction: Mapping[str, NDArray] | None = None  # previous global delta, for projections
-    agg: StreamingFedAvg = field(init=False)
-    half: StreamingFedAvg | None = field(init=False)
-    accepted: list[int] = field(default_factory=list)  # folded, in fold order
-    failed: dict[int, str] = field(default_factory=dict)
-    closed: bool = False
+class RoundGate:
+    """Who may submit to one open round, which sites are still owed, and when it is over."""
 
-    def __post_init__(self) -> None:
-        self.agg = StreamingFedAvg(self.template, direction=self.direction)
-        self.half = StreamingFedAvg(self.template) if self.split_half else None
-        self._half_sites = {int(s) for j, s in enumerate(self.selected) if j % 2 == 0}
-        self._expected = {int(s) for s in self.selected}
+    def __init__(self, round_index: int, selected: Sequence[int]) -> None:
+        self.round = round_index
+        self.selected = [int(s) for s in selected]
+        self.failed: dict[int, str] = {}
+        self.closed = False
+        self._expected = set(self.selected)
         self._in_flight: set[int] = set()
-        self._ready: dict[int, tuple[TensorStreamReceiver, float]] = {}
-        self._next = 0  # position in ``selected`` of the next update to fold
         self._cv = threading.Condition()
 
+    # -- what a subclass keeps (called with the lock held, except _prepare) ------------------
+    def _delivered(self, site: int) -> bool:
+        raise NotImplementedError
+
+    def _prepare(self, rx: TensorStreamReceiver) -> Any:
+        """Outside the lock: turn a verified stream into what ``_keep`` stores."""
+        return rx
+
+    def _keep(self, site: int, item: Any, weight: float) -> None:
+        raise NotImplementedError
+
+    def _discard(self, item: Any) -> None:
+        """A late arrival, refused: release what ``_prepare`` made."""
+
+    def _changed(self) -> None:
+        """A site delivered, failed or the round closed."""
+
+    # -- the calls the servicer and the executor make ------------------------------------
     def admit(self, site: int, round_index: int) -> None:
         """Check an update header before its bytes are read."""
         with self._cv:
@@ -54,52 +65,35 @@ class RoundCollector:
                 raise StaleRound(f"round {round_index} is {state}")
             if site not in self._expected:
                 raise StaleRound(f"{site_id(site)} was not selected in round {self.round}")
-            if site in self.accepted or site in self._in_flight or site in self._ready:
+            if self._delivered(site) or site in self._in_flight:
                 raise Duplicate(f"{site_id(site)} already submitted round {self.round}")
             # A rejected stream may be sent again whole while the round is open (R9).
             self.failed.pop(site, None)
             self._in_flight.add(site)
 
     def commit(self, site: int, rx: TensorStreamReceiver, weight: float) -> None:
-        """Take a verified update (and ownership of ``rx``); it is folded in selection order."""
+        """Take a verified update (and ownership of ``rx``)."""
+        item = self._prepare(rx)
         with self._cv:
             self._in_flight.discard(site)
             if self.closed:
-                rx.close()
+                self._discard(item)
                 raise StaleRound(f"round {self.round} closed before {site_id(site)} finished")
-            self._ready[site] = (rx, weight)
-            self._drain()
+            self._keep(site, item, weight)
+            self._changed()
             self._cv.notify_all()
 
     def fail(self, site: int, reason: str) -> None:
         with self._cv:
             self._in_flight.discard(site)
-            if site not in self.accepted and site not in self._ready:
+            if not self._delivered(site):
                 self.failed.setdefault(site, reason)
-            self._drain()
+            self._changed()
             self._cv.notify_all()
-
-    def _drain(self) -> None:
-        """Fold every update whose predecessors in selection order are folded (or, once the
-        round is closed, failed: until then a rejected site may still resend)."""
-        while self._next < len(self.selected):
-            s = int(self.selected[self._next])
-            if s in self._ready:
-                rx, weight = self._ready.pop(s)
-                try:
-                    self.agg.add_pieces(rx.pieces(), weight)
-                    if self.half is not None and s in self._half_sites:
-                        self.half.add_pieces(rx.pieces(), weight)
-                finally:
-                    rx.close()
-                self.accepted.append(s)
-            elif not (self.closed and s in self.failed):
-                return
-            self._next += 1
 
     @property
     def done(self) -> bool:
-        delivered = len(self.accepted) + len(self._ready)
+        delivered = sum(self._delivered(s) for s in self._expected)
         return delivered + len(self.failed) >= len(self._expected)
 
     def wait(self, timeout_s: float) -> bool:
@@ -116,7 +110,55 @@ class RoundCollector:
     def close(self) -> None:
         with self._cv:
             self.closed = True
-            for s in self._expected - set(self.accepted) - self._ready.keys() - self.failed.keys():
-                self.failed[s] = "deadline"
-            self._drain()
+            for s in self.selected:
+                if not self._delivered(s):
+                    self.failed.setdefault(s, "deadline")
+            self._changed()
             self._cv.notify_all()
+
+
+class RoundCollector(RoundGate):
+    """FedAvg sums of a round, folded in selection order."""
+
+    def __init__(
+        self,
+        round: int,  # noqa: A002 - the round's number, as everywhere else
+        selected: Sequence[int],
+        template: Mapping[str, NDArray],
+        split_half: bool = False,
+        direction: Mapping[str, NDArray] | None = None,  # last global delta, for projections
+    ) -> None:
+        super().__init__(round, selected)
+        self.agg = StreamingFedAvg(template, direction=direction)
+        self.half = StreamingFedAvg(template) if split_half else None
+        self.accepted: list[int] = []  # folded, in fold order
+        self._half_sites = {s for j, s in enumerate(self.selected) if j % 2 == 0}
+        self._ready: dict[int, tuple[TensorStreamReceiver, float]] = {}
+        self._next = 0  # position in ``selected`` of the next update to fold
+
+    def _delivered(self, site: int) -> bool:
+        return site in self._ready or site in self.accepted
+
+    def _keep(self, site: int, item: TensorStreamReceiver, weight: float) -> None:
+        self._ready[site] = (item, weight)
+
+    def _discard(self, item: TensorStreamReceiver) -> None:
+        item.close()
+
+    def _changed(self) -> None:
+        """Fold every update whose predecessors in selection order are folded (or, once the
+        round is closed, failed: until then a rejected site may still resend)."""
+        while self._next < len(self.selected):
+            s = self.selected[self._next]
+            if s in self._ready:
+                rx, weight = self._ready.pop(s)
+                try:
+                    self.agg.add_pieces(rx.pieces(), weight)
+                    if self.half is not None and s in self._half_sites:
+                        self.half.add_pieces(rx.pieces(), weight)
+                finally:
+                    rx.close()
+                self.accepted.append(s)
+            elif not (self.closed and s in self.failed):
+                return
+            self._next += 1

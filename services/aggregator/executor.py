@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Protocol
 
 import grpc
 import numpy as np
@@ -16,7 +14,7 @@ from numpy.typing import NDArray
 
 from powertrip.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from services.aggregator import metrics
-from services.aggregator.collector import RoundCollector
+from services.aggregator.collector import RoundCollector, RoundGate
 from services.aggregator.fedavg import delta_sketch, sketch_stride
 from services.aggregator.registry import WorkerRegistry
 from services.aggregator.rounds import RoundOutcome
@@ -25,7 +23,6 @@ from services.common.grpc_client import make_channel
 from services.common.sites import SiteProfile, site_id
 from services.common.tensor_stream import (
     DEFAULT_CHUNK_BYTES,
-    TensorStreamReceiver,
     encode,
     wrap_tensor_stream,
 )
@@ -33,17 +30,6 @@ from services.common.tensor_stream import (
 logger = logging.getLogger(__name__)
 Params = dict[str, NDArray]
 Evaluate = Callable[[Params], tuple[float, float]]
-
-
-class Inbox(Protocol):
-    """Where a round's updates go: the FedAvg ``RoundCollector`` or curtailment's
-    ``DeltaInbox``; the servicer feeds either through the same calls."""
-
-    round: int
-
-    def admit(self, site: int, round_index: int) -> None: ...
-    def commit(self, site: int, rx: TensorStreamReceiver, weight: float) -> None: ...
-    def fail(self, site: int, reason: str) -> None: ...
 
 
 class GrpcRoundExecutor:
@@ -68,7 +54,7 @@ class GrpcRoundExecutor:
         self._initial = initial
         self._channels: dict[str, tuple[str, grpc.Channel]] = {}
         self._lock = threading.Lock()
-        self.collector: Inbox | None = None
+        self.collector: RoundGate | None = None  # the open round, fed by the servicer
         # Directional noise scale: keep the last global delta (one model-sized copy) so the
         # next round can fold each update's projection on it. Off unless a policy asks.
         self.track_direction = False
@@ -114,7 +100,7 @@ class GrpcRoundExecutor:
 
     def send_round(
         self,
-        collector: Inbox,
+        collector: RoundGate,
         worker_id: str,
         sites: list[int],
         spec: common_pb2.RoundSpec,
@@ -140,20 +126,8 @@ class GrpcRoundExecutor:
             for s in sites:
                 collector.fail(s, f"start_{exc.code().name.lower()}")
 
+    @metrics.ROUND_WALL.time()
     def execute(
-        self,
-        round_index: int,
-        selected: NDArray[np.int64],
-        profile: SiteProfile,
-        split_half: bool,
-    ) -> RoundOutcome | None:
-        started = time.perf_counter()
-        try:
-            return self._execute(round_index, selected, profile, split_half)
-        finally:
-            metrics.ROUND_WALL.observe(time.perf_counter() - started)
-
-    def _execute(
         self,
         round_index: int,
         selected: NDArray[np.int64],
