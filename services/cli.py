@@ -2,24 +2,20 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
 import click
 from pydantic import ValidationError
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from services.cli_certs import certs
+from services.cli_common import CommaList, describe_validation, err, fail, out
 from services.cli_curtail import curtail
 from services.cli_traces import traces
 from services.cli_up import up
 from services.emulator.config import PRESETS, ExperimentConfig, build_config
-
-err = Console(stderr=True, soft_wrap=True)
-out = Console(width=None if sys.stdout.isatty() else 140)
 
 # CLI flag for each config field, so validation errors name what the user typed.
 FLAG_FOR_FIELD = {
@@ -35,23 +31,6 @@ FLAG_FOR_FIELD = {
 }
 
 
-class CommaList(click.ParamType):
-    """``10,20,50`` -> (10, 20, 50), each item converted by ``kind``."""
-
-    def __init__(self, kind: type) -> None:
-        self.kind = kind
-        self.name = f"{kind.__name__}[,{kind.__name__}...]"
-
-    def convert(self, value, param, ctx):  # noqa: ANN001 - click's signature
-        if isinstance(value, tuple):
-            return value
-        try:
-            return tuple(self.kind(v.strip()) for v in value.split(",") if v.strip())
-        except ValueError:
-            kind = self.kind.__name__
-            self.fail(f"{value!r} is not a comma-separated list of {kind}", param, ctx)
-
-
 class TargetAccuracy(click.ParamType):
     """A number, or ``auto`` for the spec's rule (decided after the static sweep)."""
 
@@ -64,22 +43,6 @@ class TargetAccuracy(click.ParamType):
             return float(value)
         except ValueError:
             self.fail(f"{value!r} is neither a number nor 'auto'", param, ctx)
-
-
-def _fail(message: str) -> None:
-    err.print(f"[bold red]error:[/] {message}", highlight=False)
-    sys.exit(2)
-
-
-def _describe_validation(exc: ValidationError) -> str:
-    parts = []
-    for e in exc.errors():
-        loc = [str(x) for x in e["loc"] if x != "greedy"]  # greedy params are top-level flags
-        field = ".".join(loc) or "configuration"
-        flag = FLAG_FOR_FIELD.get(field, "--" + field.replace("_", "-") if e["loc"] else field)
-        msg = e["msg"].removeprefix("Value error, ")
-        parts.append(f"{flag}: {msg}" if e["loc"] else msg)
-    return "invalid experiment configuration: " + "; ".join(parts)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -192,9 +155,9 @@ def experiment(
     try:
         cfg = build_config(preset, **options, **({"greedy": greedy} if greedy else {}))
     except ValidationError as exc:
-        _fail(_describe_validation(exc))
+        fail(describe_validation(exc, "experiment configuration", FLAG_FOR_FIELD, {"greedy"}))
     except ValueError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     out_dir = output or Path("results") / cfg.name
     if threads is not None:
         import torch
@@ -237,9 +200,9 @@ def _run_experiment(cfg: ExperimentConfig, out_dir: Path, plots: bool) -> None:
             result = run_study(cfg, progress=progress)
             bar.update(task, description="done")
     except DatasetError as exc:
-        _fail(f"dataset: {exc}")
+        fail(f"dataset: {exc}")
     except ValueError as exc:  # a configuration the data cannot satisfy (e.g. natural split)
-        _fail(str(exc))
+        fail(str(exc))
     paths = write_outputs(result, out_dir)
     pngs = write_plots(result, out_dir) if plots else []
     _print_table(result)

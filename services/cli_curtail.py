@@ -5,23 +5,19 @@ the command with one line (exit 2)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import click
 from pydantic import ValidationError
-from rich.console import Console
 from rich.table import Table
 
+from services.cli_common import CommaList, describe_validation, err, fail, out
 from services.emulator.curtailment.config import (
     CURTAIL_POLICIES,
     CURTAIL_PRESETS,
     CurtailmentConfig,
     build_curtail_config,
 )
-
-err = Console(stderr=True, soft_wrap=True)
-out = Console(width=None if sys.stdout.isatty() else 160)
 
 FLAG_FOR_FIELD = {
     "carbon_trace_path": "--carbon-trace",
@@ -32,33 +28,6 @@ FLAG_FOR_FIELD = {
     "num_shards": "--shards",
     "target_accuracy": "--target",
 }
-
-
-def _fail(message: str) -> None:
-    err.print(f"[bold red]error:[/] {message}", highlight=False)
-    sys.exit(2)
-
-
-def _describe(exc: ValidationError) -> str:
-    parts = []
-    for e in exc.errors():
-        field = ".".join(str(x) for x in e["loc"])
-        flag = FLAG_FOR_FIELD.get(field, "--" + field.replace("_", "-")) if field else ""
-        msg = e["msg"].removeprefix("Value error, ")
-        parts.append(f"{flag}: {msg}" if flag else msg)
-    return "invalid curtailment configuration: " + "; ".join(parts)
-
-
-def _comma(kind: type):  # noqa: ANN202 - a click callback factory
-    def parse(ctx, param, value):  # noqa: ANN001, ANN202 - click's signature
-        if value is None:
-            return None
-        try:
-            return tuple(kind(v.strip()) for v in value.split(",") if v.strip())
-        except ValueError:
-            raise click.BadParameter(f"{value!r} is not a comma-separated list") from None
-
-    return parse
 
 
 PRESET_HELP = "; ".join(f"{k}: {v['description']}" for k, v in CURTAIL_PRESETS.items())
@@ -80,10 +49,10 @@ PRESET_HELP = "; ".join(f"{k}: {v['description']}" for k, v in CURTAIL_PRESETS.i
     help="WattTime-style (time, one column per region) or Electricity Maps carbon file; "
     "default: the embedded synthetic trace.",
 )
-@click.option("--regions", callback=_comma(str), help="Trace regions, one site each (A,B,C).")
+@click.option("--regions", type=CommaList(str), help="Trace regions, one site each (A,B,C).")
 @click.option(
     "--policies",
-    callback=_comma(str),
+    type=CommaList(str),
     help=f"Comma-separated, from {', '.join(CURTAIL_POLICIES)} (baselines always run).",
 )
 @click.option("--hours", type=float, help="Observation period from the trace start.")
@@ -97,7 +66,7 @@ PRESET_HELP = "; ".join(f"{k}: {v['description']}" for k, v in CURTAIL_PRESETS.i
 )
 @click.option("--outer", type=click.Choice(["fedavg", "nesterov"]), help="Outer step (B1).")
 @click.option("--carbon-weight", type=float, help="γ: carbon term of the combined score.")
-@click.option("--site-power", callback=_comma(float), help="Per-site power fractions in (0, 1].")
+@click.option("--site-power", type=CommaList(float), help="Per-site power fractions in (0, 1].")
 @click.option("--sites-per-region", type=int, help="Sites per region (default 1).")
 @click.option("--always-on-sites", type=int, help="Sites of the always-on federated baseline.")
 @click.option("--update-gb", type=float, help="Update size in decimal GB (upload time).")
@@ -121,9 +90,9 @@ def curtail(
     try:
         cfg = build_curtail_config(preset, **options)
     except ValidationError as exc:
-        _fail(_describe(exc))
+        fail(describe_validation(exc, "curtailment configuration", FLAG_FOR_FIELD))
     except ValueError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     if threads is not None:
         import torch
 
@@ -151,9 +120,9 @@ def _run(cfg: CurtailmentConfig, out_dir: Path, plots: bool) -> None:
     try:
         study = run_curtailment_study(cfg, progress=progress)
     except (TraceError, DatasetError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
     except ValueError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     paths = write_curtailment_outputs(study, out_dir)
     pngs = write_curtailment_plots(study, out_dir) if plots else []
     _print_table(study)

@@ -4,14 +4,13 @@ it. A file the readers reject ends the command with one line naming file and lin
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import click
 import numpy as np
-from rich.console import Console
 from rich.table import Table
 
+from services.cli_common import err, fail, out
 from services.profiler.carbon import (
     HOLD_S,
     THRESHOLD,
@@ -25,15 +24,8 @@ from services.profiler.power_traces import PowerTrace, is_power_header, read_pow
 from services.profiler.synthetic_power import synthetic_power_trace
 from services.profiler.trace_io import TraceError, read_header
 
-err = Console(stderr=True, soft_wrap=True)
-out = Console(width=None if sys.stdout.isatty() else 140)
 HOURS = 3600.0
 DAYS = 86_400.0
-
-
-def _fail(message: str) -> None:
-    err.print(f"[bold red]error:[/] {message}", highlight=False)
-    sys.exit(2)
 
 
 def sniff_kind(path: Path) -> str:
@@ -261,14 +253,14 @@ def traces(
     reduced exports), or carbon-intensity files (WattTime-style or Electricity Maps CSV).
     """
     if synthetic == bool(paths):
-        _fail("give trace files, or --synthetic for the embedded trace (not both)")
+        fail("give trace files, or --synthetic for the embedded trace (not both)")
     try:
         if synthetic:
             kind = "carbon" if kind == "carbon" else "power"
         elif kind == "auto":
             kinds = {sniff_kind(p) for p in paths}
             if len(kinds) > 1:
-                _fail("the files mix power and carbon traces; give one kind at a time")
+                fail("the files mix power and carbon traces; give one kind at a time")
             kind = kinds.pop()
         if kind == "power":
             trace = (
@@ -283,7 +275,7 @@ def traces(
             )
             summaries = [carbon_summary(c, threshold, hold_s) for c in carbon]
     except (TraceError, ValueError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
 
     if as_json:
         doc = summaries[0] if len(summaries) == 1 else {"kind": kind, "files": summaries}
@@ -298,5 +290,5 @@ def traces(
             else:
                 plot_carbon(carbon, plot, threshold, hold_s)
         except (OSError, ValueError) as exc:
-            _fail(f"cannot write plot {plot}: {exc}")
+            fail(f"cannot write plot {plot}: {exc}")
         (err if as_json else out).print(f"plot: {plot}", highlight=False)

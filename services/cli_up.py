@@ -7,16 +7,13 @@ import sys
 from pathlib import Path
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from powertrip.v1 import aggregator_pb2
 from services.aggregator.policies import validate_policy_name
+from services.cli_common import err, fail, out
 from services.emulator.config import PRESETS
 from services.launcher import ClusterPlan, LaunchError, LocalCluster
-
-err = Console(stderr=True, soft_wrap=True)
-out = Console(width=None if sys.stdout.isatty() else 140)
 
 
 def write_rounds_csv(path: Path, policy: str, rounds: list[aggregator_pb2.RoundSummary]) -> None:
@@ -137,8 +134,7 @@ def up(
         )
         plan.site_ranges()
     except ValueError as exc:
-        err.print(f"[bold red]error:[/] {exc}", highlight=False)
-        sys.exit(2)
+        fail(str(exc))
     output.mkdir(parents=True, exist_ok=True)
     last = [0]
 
