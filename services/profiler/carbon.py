@@ -22,6 +22,7 @@ from numpy.typing import NDArray
 
 from services.profiler.trace_io import (
     TraceError,
+    ar1,
     check_width,
     csv_rows,
     parse_bool,
@@ -262,11 +263,9 @@ def synthetic_carbon_trace(
         depth = rng.uniform(0.6, 0.9)
         phase = rng.uniform(0.0, 2 * np.pi)
         solar = np.maximum(0.0, np.sin(2 * np.pi * t / 86_400.0 + phase))
-        noise = np.empty(steps)
-        noise[0] = rng.normal(0.0, noise_sigma)
+        first = rng.normal(0.0, noise_sigma)
         shocks = rng.normal(0.0, noise_sigma * np.sqrt(1 - ar_coef**2), size=steps)
-        for k in range(1, steps):
-            noise[k] = ar_coef * noise[k - 1] + shocks[k]
+        noise = ar1(first, shocks, ar_coef)
         out[r] = np.maximum(base * (1.0 - depth * solar) + noise, 1.0)
     return CarbonTrace(
         tuple(regions),

@@ -18,6 +18,7 @@ from services.profiler.power_traces import (
     PowerSeries,
     PowerTrace,
 )
+from services.profiler.trace_io import ar1
 
 DAY_S = 86_400.0
 
@@ -50,10 +51,8 @@ def synthetic_power_trace(
     for d, mean in enumerate(means):
         phase = rng.uniform(0.0, 2 * np.pi)
         shocks = rng.normal(0.0, innovation, size=steps)
-        noise = np.empty(steps)
-        noise[0] = rng.normal(0.0, noise_sigma)  # start in the stationary distribution
-        for k in range(1, steps):
-            noise[k] = ar_coef * noise[k - 1] + shocks[k]
+        # start in the stationary distribution
+        noise = ar1(rng.normal(0.0, noise_sigma), shocks, ar_coef)
         spare = mean + diurnal_amplitude * np.sin(2 * np.pi * t / DAY_S + phase) + noise
         spare = np.clip(spare, *clip)
         series.append(PowerSeries(f"synthetic-{d}", t.copy(), 1.0 - spare))

@@ -11,6 +11,8 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
+import numpy as np
+
 TRUE_WORDS = frozenset({"true", "1"})
 FALSE_WORDS = frozenset({"false", "0"})
 
@@ -118,3 +120,13 @@ def parse_timestamp(path: Path, line: int, column: str, text: str) -> datetime:
     except ValueError:
         raise TraceError(path, f"not an ISO timestamp: {text!r}", line, column) from None
     return stamp.replace(tzinfo=UTC) if stamp.tzinfo is None else stamp.astimezone(UTC)
+
+
+def ar1(first: float, shocks: np.ndarray, coef: float) -> np.ndarray:
+    """x[0] = first, x[k] = coef * x[k-1] + shocks[k]: the AR(1) noise of the synthetic traces
+    (callers draw ``first`` and ``shocks`` so each keeps its own random stream)."""
+    noise = np.empty(shocks.size)
+    noise[0] = first
+    for k in range(1, shocks.size):
+        noise[k] = coef * noise[k - 1] + shocks[k]
+    return noise
