@@ -37,12 +37,8 @@ from services.common.grpc_client import make_channel, retry_idempotent
 from services.common.sites import site_id
 from services.emulator.curtailment.engine import ElasticEngine, ElasticRun
 from services.emulator.curtailment.learner import Evaluate, FoldingLearner, Params
-from services.emulator.curtailment.study import (
-    StreamSetup,
-    build_engine,
-    build_policy,
-    build_sites,
-)
+from services.emulator.curtailment.sites import build_sites
+from services.emulator.curtailment.study import StreamSetup, build_engine, build_policy
 from services.profiler.carbon import CarbonTrace
 
 logger = logging.getLogger(__name__)

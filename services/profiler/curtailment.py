@@ -13,7 +13,7 @@ from services.aggregator.availability import (
 )
 from services.common.sites import site_id
 from services.emulator.curtailment.config import CurtailmentConfig
-from services.emulator.curtailment.study import build_sites, load_carbon
+from services.emulator.curtailment.sites import build_sites, load_carbon
 from services.profiler.carbon import CarbonTrace
 
 

@@ -16,7 +16,7 @@ from services.aggregator.selection import SelectAll
 from services.aggregator.wall_clock import WallClockRounds
 from services.emulator.curtailment.config import build_curtail_config
 from services.emulator.curtailment.engine import ElasticEngine, LearnOutcome
-from services.emulator.curtailment.study import build_sites
+from services.emulator.curtailment.sites import build_sites
 from services.profiler.carbon import read_carbon_trace
 
 TRAIN_ROWS = 32_000  # the preset's mnist1d training set

@@ -13,7 +13,7 @@ from services.common.carbon_wire import from_availability_reply
 from services.common.config import ConfigError, load_config
 from services.common.grpc_server import build_server
 from services.emulator.curtailment.config import build_curtail_config
-from services.emulator.curtailment.study import build_sites, load_carbon
+from services.emulator.curtailment.sites import build_sites, load_carbon
 from services.profiler.catalogue import SiteCatalogue
 from services.profiler.config import ProfilerConfig
 from services.profiler.curtailment import CarbonFeed

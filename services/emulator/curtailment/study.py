@@ -35,22 +35,16 @@ from services.aggregator.emissions import EnergyReport, account
 from services.aggregator.outer_step import NesterovOuter
 from services.aggregator.selection import SelectAll, SelectionPolicy
 from services.aggregator.wall_clock import WallClockRounds
-from services.common.sites import generate_sites
-from services.common.timing import comm_time_s
 from services.emulator.config import MODEL_FOR_WORKLOAD, WORKLOAD_DEFAULTS
 from services.emulator.curtailment.config import CurtailmentConfig
 from services.emulator.curtailment.engine import ElasticEngine, ElasticRun, ElasticSite
 from services.emulator.curtailment.learner import StreamLearner
+from services.emulator.curtailment.sites import build_sites, load_carbon
 from services.emulator.federation import load_workload
-from services.profiler.carbon import CarbonTrace, read_carbon_trace, synthetic_carbon_trace
+from services.profiler.carbon import CarbonTrace
 from services.worker.datasets import Dataset
 from services.worker.models import build_model
 from services.worker.trainer import LocalTrainingConfig, SiteTrainer, get_params, resolve_device
-
-#: Embedded trace: the generator's levels lowered so that its three regions are curtailed for
-#: about as long as the paper's (22 vs 24 site-hours below θ in 18 h, seed 1).
-SYNTHETIC_BASE_RANGE = (120.0, 300.0)
-SYNTHETIC_SEED = 1
 
 Progress = Callable[[int, int, str], None]
 
@@ -84,49 +78,6 @@ class CurtailmentStudy:
             r: mine / e.emissions_kg if e.emissions_kg > 0 else None
             for r, e in self.single_site.items()
         }
-
-
-def load_carbon(cfg: CurtailmentConfig) -> CarbonTrace:
-    if cfg.carbon_trace_path is None:
-        return synthetic_carbon_trace(
-            hours=cfg.hours, seed=SYNTHETIC_SEED, base_range=SYNTHETIC_BASE_RANGE
-        )
-    return read_carbon_trace(cfg.carbon_trace_path)
-
-
-def build_sites(cfg: CurtailmentConfig, trace: CarbonTrace) -> tuple[ElasticSite, ...]:
-    """One site per region (or several), links from the distance model of spec §4.3. A site at
-    power fraction P draws idle + P·(train - idle) while training: a power cap idles GPUs
-    (Eq. 6) but the node's idle draw remains."""
-    regions = cfg.regions or trace.regions
-    unknown = [r for r in regions if r not in trace.regions]
-    if unknown:
-        raise ValueError(
-            f"--regions: {', '.join(unknown)} not in the carbon trace "
-            f"(it has {', '.join(trace.regions)})"
-        )
-    n = len(regions) * cfg.sites_per_region
-    power = cfg.site_power or (1.0,) * n
-    if len(power) != n:
-        raise ValueError(f"--site-power: {len(power)} value(s) for {n} site(s)")
-    geo = generate_sites(n, np.random.default_rng(cfg.site_seed))
-    comm = comm_time_s(geo.latency_s, geo.bandwidth_bps, cfg.update_gb * 1e9)
-    sites = []
-    for k in range(n):
-        region = regions[k // cfg.sites_per_region]
-        name = region if cfg.sites_per_region == 1 else f"{region}-{k % cfg.sites_per_region}"
-        sites.append(
-            ElasticSite(
-                name,
-                region,
-                float(power[k]),
-                float(comm[k]),
-                float(geo.distance_mi[k]),
-                cfg.idle_kw + float(power[k]) * (cfg.train_kw - cfg.idle_kw),
-                cfg.idle_kw,
-            )
-        )
-    return tuple(sites)
 
 
 class StreamSetup:
