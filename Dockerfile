@@ -6,8 +6,9 @@ ARG PYTHON_VERSION=3.11
 FROM python:${PYTHON_VERSION}-slim-bookworm AS wheel
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY powertrip powertrip
 COPY services services
-COPY protos protos
+COPY tc-scripts tc-scripts
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 FROM python:${PYTHON_VERSION}-slim-bookworm

@@ -20,14 +20,13 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "protos"))
 
 import torch  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from services.emulator.config import build_config  # noqa: E402
-from services.emulator.study import run_study  # noqa: E402
-from services.launcher import ClusterPlan, LocalCluster  # noqa: E402
+from powertrip.experiment import build_config  # noqa: E402
+from powertrip.study.powertrip import run_study  # noqa: E402
+from services.cli.launcher import ClusterPlan, LocalCluster  # noqa: E402
 
 
 def total(url: str, name: str) -> float:

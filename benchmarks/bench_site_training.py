@@ -23,10 +23,10 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from services.worker.datasets import load_mnist1d  # noqa: E402
-from services.worker.models import build_model  # noqa: E402
-from services.worker.partition import partition_iid  # noqa: E402
-from services.worker.trainer import LocalTrainingConfig, Params, SiteTrainer, get_params  # noqa: E402
+from powertrip.learning.datasets import load_mnist1d  # noqa: E402
+from powertrip.learning.models import build_model  # noqa: E402
+from powertrip.learning.partition import partition_iid  # noqa: E402
+from powertrip.learning.trainer import LocalTrainingConfig, SiteTrainer, TorchParams, get_params  # noqa: E402
 
 NUM_PARTITIONS, BATCH, LR = 100, 20, 0.2
 
@@ -34,12 +34,12 @@ NUM_PARTITIONS, BATCH, LR = 100, 20, 0.2
 def train_one_by_one(
     trainer: SiteTrainer,
     model: nn.Module,
-    global_params: Params,
+    global_params: TorchParams,
     x: torch.Tensor,
     y: torch.Tensor,
     parts: Sequence[np.ndarray],
     seeds: Sequence[int],
-) -> Params:
+) -> TorchParams:
     """Baseline: each site in turn, nn.Module + torch.optim.SGD, same batch schedule."""
     deltas: dict[str, list[torch.Tensor]] = {name: [] for name in global_params}
     for idx, seed in zip(parts, seeds, strict=True):
@@ -55,7 +55,7 @@ def train_one_by_one(
     return {name: torch.stack(d) for name, d in deltas.items()}
 
 
-def timed(fn: Callable[[], Params]) -> tuple[float, Params]:
+def timed(fn: Callable[[], TorchParams]) -> tuple[float, TorchParams]:
     start = time.perf_counter()
     out = fn()
     return time.perf_counter() - start, out
@@ -83,10 +83,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     trainer = SiteTrainer(model, LocalTrainingConfig(lr=LR, batch_size=BATCH), torch.device("cpu"))
     steps = len(trainer._site_schedule(len(parts[0]), seeds[0]))
 
-    def baseline(k: int) -> Params:
+    def baseline(k: int) -> TorchParams:
         return train_one_by_one(trainer, plain, global_params, x, y, parts[:k], seeds[:k])
 
-    def batched(k: int) -> Params:
+    def batched(k: int) -> TorchParams:
         return trainer.train(global_params, x, y, parts[:k], seeds[:k]).deltas
 
     baseline(2), batched(2)  # warm-up (allocator, vmap tracing caches, lazy imports)

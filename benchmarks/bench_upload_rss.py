@@ -123,9 +123,9 @@ class NaiveCollector:
 
 def serve(mode: str, model_mib: int, tensors: int, uploads: int, timeout_s: float) -> None:
     """Aggregator child: print {"port"}, wait for the uploads, commit, print the result."""
+    from powertrip.fedavg import delta_sketch, sketch_stride
     from powertrip.v1 import aggregator_pb2_grpc
     from services.aggregator.collector import RoundCollector
-    from services.aggregator.fedavg import delta_sketch, sketch_stride
     from services.aggregator.registry import WorkerRegistry
     from services.aggregator.servicer import AggregatorServicer
     from services.common.config import ServiceConfig

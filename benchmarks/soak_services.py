@@ -22,9 +22,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "protos"))
 
-from services.launcher import ClusterPlan, LocalCluster  # noqa: E402
+from services.cli.launcher import ClusterPlan, LocalCluster  # noqa: E402
 
 
 def proc_stats(pid: int) -> tuple[int, int, int]:

@@ -14,7 +14,7 @@
 # Each link is shaped with shape.sh on both ends (rate and one-way delay each way, so the RTT is
 # twice the delay). The profile is a whitespace-, tab- or comma-separated table "name rate delay"
 # (# comments allowed), or is generated from the site model with --sites (see
-# services/common/topology_profile.py, run with $PYTHON or python3). Without netem, up fails unless --allow-no-netem, which
+# services/netem/topology_profile.py, run with $PYTHON or python3). Without netem, up fails unless --allow-no-netem, which
 # shapes the rate only and status reports the delay as not applied.
 #
 # --mgmt adds an unshaped management link from the caller's namespace to the hub (caller
@@ -102,7 +102,7 @@ read_profile() {
         cat -- "$profile"
     elif [[ -n $sites ]]; then
         PYTHONPATH="$HERE/..${PYTHONPATH:+:$PYTHONPATH}" "${PYTHON:-python3}" \
-            -m services.common.topology_profile --sites "$sites" --seed "$seed" \
+            -m services.netem.topology_profile --sites "$sites" --seed "$seed" \
             --rate-scale "$rate_scale"
     else
         die "up needs --profile FILE or --sites N"
@@ -233,7 +233,7 @@ status() {
     while read -r kind i name ns site_if site_ip hub_if hub_ip rate delay applied; do
         [[ $kind == site ]] || continue
         note=""
-        [[ $applied == yes ]] || note=" (NOT applied: no netem; use services.common.delay_relay)"
+        [[ $applied == yes ]] || note=" (NOT applied: no netem; use services.netem.delay_relay)"
         grep -qxF -- "$ns" <<<"$live" || note+=" [namespace missing]"
         printf '%-12s %-16s %-10s %-14s %-14s %-14s %s\n' \
             "$name" "$ns" "$site_if" "$site_ip" "$hub_ip" "$rate" "$delay$note"

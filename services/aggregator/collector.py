@@ -21,9 +21,9 @@ from typing import Any
 
 from numpy.typing import NDArray
 
-from services.aggregator.fedavg import StreamingFedAvg
+from powertrip.fedavg import StreamingFedAvg
+from powertrip.sites import site_id
 from services.common.errors import Duplicate, StaleRound
-from services.common.sites import site_id
 from services.common.tensor_stream import TensorStreamReceiver
 
 

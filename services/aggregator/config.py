@@ -1,6 +1,6 @@
 """Aggregator settings (POWERTRIP_* environment variables).
 
-The training run itself is an experiment configuration (``services.emulator.config``): a preset
+The training run itself is an experiment configuration (``powertrip.experiment``): a preset
 plus the overrides below, so the service and ``powertrip experiment`` share one definition.
 """
 
@@ -10,10 +10,10 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from services.aggregator.policies import validate_policy_name
-from services.common.config import ServiceConfig
-from services.emulator.config import ExperimentConfig, build_config
-from services.emulator.curtailment.config import CurtailmentConfig, CurtailSettings
+from powertrip.curtailment.config import CurtailmentConfig
+from powertrip.experiment import ExperimentConfig, build_config
+from powertrip.selection.registry import validate_policy_name
+from services.common.config import CurtailSettings, ServiceConfig
 
 
 class AggregatorConfig(ServiceConfig, CurtailSettings):

@@ -20,26 +20,27 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
+from powertrip.curtailment.availability import SiteAvailability
+from powertrip.curtailment.cursor import ShardCursor
+from powertrip.curtailment.emissions import EnergyReport, account
+from powertrip.curtailment.engine import ElasticEngine, ElasticRun
+from powertrip.curtailment.learner import Evaluate, FoldingLearner
+from powertrip.curtailment.sites import build_sites
+from powertrip.learning.trainer import TorchParams
+from powertrip.outer_step import NesterovOuter
+from powertrip.rounds import RoundRecord
+from powertrip.sites import site_id
+from powertrip.study.curtailment import StreamSetup, build_engine, build_policy
+from powertrip.traces.carbon import CarbonTrace
 from powertrip.v1 import common_pb2, profiler_pb2, profiler_pb2_grpc
 from services.aggregator import metrics
-from services.aggregator.availability import SiteAvailability
 from services.aggregator.config import AggregatorConfig
-from services.aggregator.data_cursor import ShardCursor
 from services.aggregator.delta_inbox import DeltaInbox
-from services.aggregator.emissions import EnergyReport, account
 from services.aggregator.executor import GrpcRoundExecutor
-from services.aggregator.outer_step import NesterovOuter
 from services.aggregator.registry import WorkerRegistry
-from services.aggregator.rounds import RoundRecord
 from services.aggregator.run import RunState, RunStatus, wait_for_sites
-from services.common.carbon_wire import from_availability_reply
 from services.common.grpc_client import make_channel, retry_idempotent
-from services.common.sites import site_id
-from services.emulator.curtailment.engine import ElasticEngine, ElasticRun
-from services.emulator.curtailment.learner import Evaluate, FoldingLearner, Params
-from services.emulator.curtailment.sites import build_sites
-from services.emulator.curtailment.study import StreamSetup, build_engine, build_policy
-from services.profiler.carbon import CarbonTrace
+from services.common.wire import from_availability_reply
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ class GrpcLearner(FoldingLearner):
     def __init__(
         self,
         transport: GrpcRoundExecutor,
-        params: Params,
+        params: TorchParams,
         evaluate: Evaluate,
         batch_size: int,
         run_seed: int,
@@ -67,8 +68,8 @@ class GrpcLearner(FoldingLearner):
         self.sub_rounds = 0
 
     def train_sites(
-        self, params: Params, sites: Sequence[int], rows: Sequence[NDArray[np.int64]]
-    ) -> list[Params]:
+        self, params: TorchParams, sites: Sequence[int], rows: Sequence[NDArray[np.int64]]
+    ) -> list[TorchParams]:
         self.sub_rounds += 1
         n = self.sub_rounds
         arrays = {k: v.numpy() for k, v in params.items()}
@@ -136,7 +137,7 @@ class CurtailmentRun:
         trainer = self.setup.trainer
         params = {k: v.numpy().copy() for k, v in self.setup.params.items()}
 
-        def evaluate(p: Params) -> tuple[float, float]:
+        def evaluate(p: TorchParams) -> tuple[float, float]:
             return trainer.evaluate(p, x_test, y_test)
 
         self.executor = GrpcRoundExecutor(  # the transport: channels, broadcast, update checks

@@ -12,15 +12,15 @@ import grpc
 import numpy as np
 from numpy.typing import NDArray
 
+from powertrip.fedavg import NumpyParams, delta_sketch, sketch_stride
+from powertrip.rounds import RoundOutcome
+from powertrip.sites import SiteProfile, site_id
 from powertrip.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from services.aggregator import metrics
 from services.aggregator.collector import RoundCollector, RoundGate
-from services.aggregator.fedavg import delta_sketch, sketch_stride
 from services.aggregator.registry import WorkerRegistry
-from services.aggregator.rounds import RoundOutcome
 from services.common.config import ServiceConfig
 from services.common.grpc_client import make_channel
-from services.common.sites import SiteProfile, site_id
 from services.common.tensor_stream import (
     DEFAULT_CHUNK_BYTES,
     encode,
@@ -28,15 +28,14 @@ from services.common.tensor_stream import (
 )
 
 logger = logging.getLogger(__name__)
-Params = dict[str, NDArray]
-Evaluate = Callable[[Params], tuple[float, float]]
+Evaluate = Callable[[NumpyParams], tuple[float, float]]
 
 
 class GrpcRoundExecutor:
     def __init__(
         self,
         registry: WorkerRegistry,
-        params: Params,
+        params: NumpyParams,
         evaluate: Evaluate,
         run_seed: int,
         deadline_s: float,
@@ -58,7 +57,7 @@ class GrpcRoundExecutor:
         # Directional noise scale: keep the last global delta (one model-sized copy) so the
         # next round can fold each update's projection on it. Off unless a policy asks.
         self.track_direction = False
-        self._direction: Params | None = None
+        self._direction: NumpyParams | None = None
         self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="broadcast")
 
     def evaluate_initial(self) -> tuple[float, float]:
@@ -78,7 +77,7 @@ class GrpcRoundExecutor:
         return worker_pb2_grpc.WorkerServiceStub(cached[1])
 
     def _round_stream(
-        self, spec: common_pb2.RoundSpec, params: Params
+        self, spec: common_pb2.RoundSpec, params: NumpyParams
     ) -> Iterator[worker_pb2.StartRoundRequest]:
         yield worker_pb2.StartRoundRequest(spec=spec)
         yield from wrap_tensor_stream(
@@ -104,7 +103,7 @@ class GrpcRoundExecutor:
         worker_id: str,
         sites: list[int],
         spec: common_pb2.RoundSpec,
-        params: Params,
+        params: NumpyParams,
     ) -> None:
         """Start ``spec`` on one worker with ``params``; a refusal fails its sites in
         ``collector`` (the round goes on without them)."""
@@ -174,7 +173,7 @@ class GrpcRoundExecutor:
             half_accuracy,
         )
 
-    def resume_direction(self, previous: Params) -> None:
+    def resume_direction(self, previous: NumpyParams) -> None:
         """Set the last global delta from the model before the current one (after a restart,
         from the fallback checkpoint), so the next round projects as in an uninterrupted run.
         Only a strided sketch is kept (``fedavg.SKETCH_MAX``), never a model-sized copy."""

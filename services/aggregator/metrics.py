@@ -36,7 +36,7 @@ UPDATES = Counter(
 REGISTERED_SITES = Gauge("powertrip_registered_sites", "Sites hosted by registered workers.")
 CHECKPOINT_ROUND = Gauge("powertrip_checkpoint_round", "Round of the last checkpoint written.")
 
-# Curtailment mode (spec §5.7): priced by services.aggregator.emissions, as `powertrip curtail`.
+# Curtailment mode (spec §5.7): priced by powertrip.curtailment.emissions, as `powertrip curtail`.
 ENERGY = Counter("powertrip_energy_kwh_total", "Energy drawn by each site (kWh).", ["site"])
 EMISSIONS = Counter(
     "powertrip_emissions_grams_total", "Operational emissions of each site (gCO2).", ["site"]

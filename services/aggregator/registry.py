@@ -6,8 +6,8 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from powertrip.sites import site_id
 from services.common.errors import BadRequest, Duplicate, NotFound
-from services.common.sites import site_id
 
 
 @dataclass(frozen=True)

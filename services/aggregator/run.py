@@ -18,24 +18,25 @@ import grpc
 import numpy as np
 import torch
 
-from powertrip.v1 import profiler_pb2, profiler_pb2_grpc
-from services.aggregator import checkpoint, metrics
-from services.aggregator.config import AggregatorConfig
-from services.aggregator.executor import GrpcRoundExecutor, Params
-from services.aggregator.policies import build_policy
-from services.aggregator.registry import WorkerRegistry
-from services.aggregator.rounds import (
+from powertrip.clock import Clock, EmulatedClock, WallClock
+from powertrip.fedavg import NumpyParams
+from powertrip.learning.federation import build_federation, load_workload
+from powertrip.rounds import (
     JournaledExecutor,
     JournalEntry,
     RoundRecord,
     TimeModel,
     run_rounds,
 )
-from services.common.clock import Clock, EmulatedClock, WallClock
+from powertrip.selection.registry import build_policy
+from powertrip.sites import SiteProfile, site_id, site_index
+from powertrip.timing import comm_time_s
+from powertrip.v1 import profiler_pb2, profiler_pb2_grpc
+from services.aggregator import checkpoint, metrics
+from services.aggregator.config import AggregatorConfig
+from services.aggregator.executor import GrpcRoundExecutor
+from services.aggregator.registry import WorkerRegistry
 from services.common.grpc_client import make_channel, retry_idempotent
-from services.common.sites import SiteProfile, site_id, site_index
-from services.common.timing import comm_time_s
-from services.emulator.federation import build_federation, load_workload
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +95,7 @@ class AggregatorRun:
         data = load_workload(exp, seed=exp.seed)
         fed = build_federation(exp, data, self.run_seed)
         self._trainer, self._x_test, self._y_test = fed.trainer, fed.x_test, fed.y_test
-        params: Params = {k: v.numpy().copy() for k, v in fed.initial_params.items()}
+        params: NumpyParams = {k: v.numpy().copy() for k, v in fed.initial_params.items()}
         self.clock: Clock = EmulatedClock() if cfg.clock == "emulated" else WallClock()
         self._checkpoints = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
         journal: list[JournalEntry] = []
@@ -129,7 +130,7 @@ class AggregatorRun:
         metrics.TIME_TO_ACCURACY.set(math.nan)
 
     # -- pieces the round loop calls -------------------------------------------------------
-    def _evaluate(self, params: Params) -> tuple[float, float]:
+    def _evaluate(self, params: NumpyParams) -> tuple[float, float]:
         tensors = {k: torch.from_numpy(v) for k, v in params.items()}
         return self._trainer.evaluate(tensors, self._x_test, self._y_test)
 

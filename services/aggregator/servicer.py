@@ -9,13 +9,13 @@ from collections.abc import Callable, Iterator
 
 import grpc
 
+from powertrip.sites import site_id, site_index
 from powertrip.v1 import aggregator_pb2, aggregator_pb2_grpc
 from services.aggregator import metrics
 from services.aggregator.curtail_run import CurtailmentRun
 from services.aggregator.run import AggregatorRun
 from services.common.errors import BadRequest, NotFound, StaleRound, translate_errors
 from services.common.identity import check_worker
-from services.common.sites import site_id, site_index
 from services.common.tensor_stream import StreamError, TensorStreamReceiver, specs_of
 
 logger = logging.getLogger(__name__)

@@ -12,7 +12,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from powertrip.curtailment.config import CurtailmentConfig, build_curtail_config
 
 PREFIX = "POWERTRIP_"
 
@@ -90,3 +99,34 @@ def load_config(cls: type[C], env: Mapping[str, str] | None = None) -> C:
         if err["type"] == "missing":
             raise ConfigError(f"{var} is required but not set") from None
         raise ConfigError(f"{var}={values.get(field)!r}: {err['msg']}") from None
+
+
+class CurtailSettings(BaseModel):
+    """The curtailment run as services read it from the environment (POWERTRIP_CURTAIL_PRESET,
+    POWERTRIP_CARBON_TRACE_PATH, POWERTRIP_SITE_REGIONS="A,B,C", ...): mixed into the profiler's
+    and the aggregator's settings, so both build one ``CurtailmentConfig`` the same way."""
+
+    curtail_preset: str = "curtailment"
+    carbon_trace_path: Path | None = None  # None: the embedded synthetic trace
+    site_regions: str | None = None  # comma-separated; None: every region of the trace
+    sites_per_region: int | None = Field(None, ge=1)
+    curtail_threshold: float | None = Field(None, gt=0)
+    curtail_hold_s: float | None = Field(None, ge=0)
+    provisioning_s: float | None = Field(None, ge=0)
+    curtail_hours: float | None = Field(None, gt=0)
+
+    def curtail_config(self, **overrides: object) -> CurtailmentConfig:
+        regions = None
+        if self.site_regions:
+            regions = tuple(r.strip() for r in self.site_regions.split(",") if r.strip())
+        return build_curtail_config(
+            self.curtail_preset,
+            carbon_trace_path=self.carbon_trace_path,
+            regions=regions,
+            sites_per_region=self.sites_per_region,
+            threshold=self.curtail_threshold,
+            hold_s=self.curtail_hold_s,
+            provisioning_s=self.provisioning_s,
+            hours=self.curtail_hours,
+            **overrides,
+        )

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from services.aggregator.fedavg import UpdateRejected
+from powertrip.fedavg import UpdateRejected
 
 logger = logging.getLogger(__name__)
 

@@ -9,12 +9,12 @@ import threading
 from powertrip.v1 import profiler_pb2_grpc
 from services.common.config import ConfigError, load_config
 from services.common.grpc_server import build_server, serve
-from services.common.latency import log_latency_path
 from services.common.logging import configure
 from services.common.metrics import start_metrics_server
+from services.netem.latency import log_latency_path
 from services.profiler.catalogue import SiteCatalogue
 from services.profiler.config import ProfilerConfig
-from services.profiler.curtailment import CarbonFeed
+from services.profiler.feed import CarbonFeed
 from services.profiler.servicer import LinkProber, ProfilerServicer
 
 SERVICE = "powertrip.v1.ProfilerService"

@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from services.common.sites import PowerSource, SiteSet, generate_sites
+from powertrip.sites import PowerSource, SiteSet, generate_sites
+from powertrip.traces.power_model import build_power
 from services.profiler.config import ProfilerConfig
 from services.profiler.links import LinkEstimate
-from services.profiler.power_model import build_power
 
 
 @dataclass(frozen=True)

@@ -6,10 +6,9 @@ from pathlib import Path
 
 from pydantic import Field, model_validator
 
-from services.common.config import ServiceConfig
-from services.common.sites import DistanceMode
-from services.emulator.curtailment.config import CurtailSettings
-from services.profiler.power_model import PowerModel
+from powertrip.sites import DistanceMode
+from powertrip.traces.power_model import PowerModel
+from services.common.config import CurtailSettings, ServiceConfig
 
 
 class ProfilerConfig(ServiceConfig, CurtailSettings):
@@ -17,7 +16,7 @@ class ProfilerConfig(ServiceConfig, CurtailSettings):
     num_sites: int = Field(50, ge=1)
     site_seed: int = 0
     distance_mode: DistanceMode = DistanceMode.STRATIFIED
-    # Power over time, built by the emulator's own builder (services/profiler/power_model.py).
+    # Power over time, built by the emulator's own builder (powertrip/traces/power_model.py).
     power_model: PowerModel = "uniform"
     power_trace_path: Path | None = None  # Google powerdata_2019 file or folder (google-trace)
     # Link probes.

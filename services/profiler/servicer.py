@@ -9,16 +9,16 @@ from dataclasses import dataclass
 
 import grpc
 
+from powertrip.sites import site_id, site_index
 from powertrip.v1 import common_pb2, profiler_pb2, profiler_pb2_grpc, worker_pb2_grpc
-from services.common.carbon_wire import availability_reply
 from services.common.config import ServiceConfig
 from services.common.errors import BadRequest, NotFound, translate_errors
 from services.common.grpc_client import make_channel
-from services.common.sites import site_id, site_index
+from services.common.wire import availability_reply
 from services.profiler import metrics
 from services.profiler.catalogue import SiteCatalogue
 from services.profiler.config import ProfilerConfig
-from services.profiler.curtailment import CarbonFeed
+from services.profiler.feed import CarbonFeed
 from services.profiler.links import LinkEstimate
 from services.profiler.probe_budget import ProbeBudget
 from services.profiler.probes import measure_bandwidth, measure_rtt

@@ -6,18 +6,18 @@ import logging
 import sys
 import threading
 
+from powertrip.curtailment.config import CurtailmentConfig
+from powertrip.experiment import ExperimentConfig
+from powertrip.sites import site_id
 from powertrip.v1 import aggregator_pb2, aggregator_pb2_grpc, worker_pb2_grpc
 from services.common.config import ConfigError, load_config
 from services.common.grpc_client import make_channel, retry_idempotent
 from services.common.grpc_server import build_server, serve
 from services.common.logging import configure
 from services.common.metrics import start_metrics_server
-from services.common.sites import site_id
 from services.common.tensor_stream import DEFAULT_CHUNK_BYTES
-from services.emulator.config import ExperimentConfig
-from services.emulator.curtailment.config import CurtailmentConfig
 from services.worker.config import WorkerConfig
-from services.worker.rounds import RoundRunner
+from services.worker.runner import RoundRunner
 from services.worker.servicer import WorkerServicer
 from services.worker.sites_host import SitesHost
 from services.worker.stream_host import StreamHost

@@ -6,8 +6,8 @@ import socket
 
 from pydantic import Field, field_validator
 
+from powertrip.sites import parse_site_list
 from services.common.config import ServiceConfig
-from services.common.sites import parse_site_list
 
 
 class WorkerConfig(ServiceConfig):

@@ -12,12 +12,12 @@ from collections.abc import Iterator
 import grpc
 import numpy as np
 
+from powertrip.sites import site_id, site_index
 from powertrip.v1 import worker_pb2, worker_pb2_grpc
 from services.common.errors import BadRequest, Busy, NotFound, translate_errors
-from services.common.sites import site_id, site_index
 from services.common.tensor_stream import StreamError, TensorStreamReceiver
 from services.worker import metrics
-from services.worker.rounds import RoundJob, RoundRunner
+from services.worker.runner import RoundJob, RoundRunner
 
 logger = logging.getLogger(__name__)
 MAX_PROBE_BYTES = 64 << 20

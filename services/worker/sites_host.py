@@ -16,9 +16,9 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
-from services.emulator.config import ExperimentConfig
-from services.emulator.engine import Federation, site_seed
-from services.emulator.federation import build_federation, load_workload
+from powertrip.emulate import Federation, site_seed
+from powertrip.experiment import ExperimentConfig
+from powertrip.learning.federation import build_federation, load_workload
 
 
 @dataclass(frozen=True)

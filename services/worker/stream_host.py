@@ -11,9 +11,9 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
-from services.emulator.curtailment.config import CurtailmentConfig
-from services.emulator.curtailment.learner import check_stream_trainer, train_stream_rows
-from services.emulator.curtailment.study import StreamSetup
+from powertrip.curtailment.config import CurtailmentConfig
+from powertrip.curtailment.learner import check_stream_trainer, train_stream_rows
+from powertrip.study.curtailment import StreamSetup
 from services.worker.sites_host import SiteUpdate
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from powertrip.sites import site_id
 from powertrip.v1 import aggregator_pb2, aggregator_pb2_grpc
-from services.common.sites import site_id
 from services.common.tensor_stream import encode, wrap_tensor_stream
 from services.worker.sites_host import SiteUpdate
 

@@ -76,7 +76,7 @@ def test_default_variant_runs_powertrip_rounds(where):
 def test_curtailment_variant_runs_the_curtailment_mode_of_a_preset(where):
     cfg = load("aggregator", SETTINGS[where]("curtailment"))
     assert cfg.mode == "curtailment" and cfg.clock == "emulated"
-    presets = importlib.import_module("services.emulator.curtailment.config").CURTAIL_PRESETS
+    presets = importlib.import_module("powertrip.curtailment.config").CURTAIL_PRESETS
     assert cfg.curtail_preset in presets
     cfg.curtailment()  # the preset plus the overrides builds a valid curtailment run
 
@@ -91,7 +91,7 @@ def test_k8s_and_compose_configure_the_curtailment_mode_alike():
 def test_profiler_serves_exactly_the_sites_of_the_run(where):
     """The run fails before its first round unless the profiler's curtailment sites are
     site-000 .. NUM_SITES-1; workers are checked to cover exactly NUM_SITES elsewhere."""
-    feed = pytest.importorskip("services.profiler.curtailment").CarbonFeed
+    feed = pytest.importorskip("services.profiler.feed").CarbonFeed
     env = SETTINGS[where]("curtailment")
     profiler = load("profiler", env)
     sites = feed.build(profiler.curtail_config()).availability

@@ -8,7 +8,8 @@ from pathlib import Path
 import grpc_tools
 from grpc_tools import protoc
 
-PROTOS = Path(__file__).resolve().parents[2] / "protos"
+REPO = Path(__file__).resolve().parents[2]
+PROTOS = REPO / "protos"
 WKT = Path(grpc_tools.__file__).parent / "_proto"
 
 
@@ -28,7 +29,7 @@ def test_generated_stubs_match_the_proto_sources(tmp_path):
     assert rc == 0
     generated = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*.py*"))
     assert generated, "protoc produced nothing"
-    stale = [str(p) for p in generated if not filecmp.cmp(tmp_path / p, PROTOS / p, shallow=False)]
+    stale = [str(p) for p in generated if not filecmp.cmp(tmp_path / p, REPO / p, shallow=False)]
     assert not stale, f"regenerate the stubs (README, 'Protos'): {stale}"
-    checked_in = sorted(p.relative_to(PROTOS) for p in (PROTOS / "powertrip/v1").glob("*_pb2*"))
+    checked_in = sorted(p.relative_to(REPO) for p in (REPO / "powertrip/v1").glob("*_pb2*"))
     assert checked_in == generated

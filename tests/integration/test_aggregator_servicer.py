@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from powertrip.fedavg import StreamingFedAvg
 from powertrip.v1 import aggregator_pb2, aggregator_pb2_grpc
 from services.aggregator.collector import RoundCollector
 from services.aggregator.config import AggregatorConfig
-from services.aggregator.fedavg import StreamingFedAvg
 from services.aggregator.run import AggregatorRun
 from services.aggregator.servicer import AggregatorServicer
 from services.common.config import load_config

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 
+from powertrip.curtailment.config import build_curtail_config
+from powertrip.sites import site_id
+from powertrip.study.curtailment import run_curtailment_study
 from powertrip.v1 import aggregator_pb2
-from services.common.sites import site_id
-from services.emulator.curtailment.config import build_curtail_config
-from services.emulator.curtailment.study import run_curtailment_study
-from services.launcher import ClusterPlan, LocalCluster
+from services.cli.launcher import ClusterPlan, LocalCluster
 from tests.integration.test_services_e2e import scrape
 
 pytestmark = pytest.mark.slow

@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from powertrip.v1 import aggregator_pb2, profiler_pb2, profiler_pb2_grpc
-from services.launcher import ClusterPlan, LocalCluster
+from services.cli.launcher import ClusterPlan, LocalCluster
 
 
 def _netns_works() -> bool:

@@ -174,7 +174,7 @@ def start_relay(shaped_worker, procs, tmp_path):
             [
                 sys.executable,
                 "-m",
-                "services.common.delay_relay",
+                "services.netem.delay_relay",
                 "--listen",
                 "127.0.0.1:0",
                 "--target",

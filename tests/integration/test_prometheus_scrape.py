@@ -14,7 +14,7 @@ import urllib.request
 import pytest
 
 from powertrip.v1 import aggregator_pb2
-from services.launcher import ClusterPlan, LocalCluster
+from services.cli.launcher import ClusterPlan, LocalCluster
 
 pytestmark = [
     pytest.mark.slow,

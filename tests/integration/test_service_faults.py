@@ -13,9 +13,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from powertrip.v1 import profiler_pb2, profiler_pb2_grpc
+from services.cli.launcher import READY, REPO_ROOT
 from services.common.config import ServiceConfig
 from services.common.grpc_client import make_channel
-from services.launcher import READY, REPO_ROOT
 
 
 def serving(channel: grpc.Channel) -> bool:

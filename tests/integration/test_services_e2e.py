@@ -11,11 +11,11 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from powertrip.experiment import build_config
+from powertrip.sites import site_id
+from powertrip.study.powertrip import run_study
 from powertrip.v1 import aggregator_pb2
-from services.common.sites import site_id
-from services.emulator.config import build_config
-from services.emulator.study import run_study
-from services.launcher import ClusterPlan, LocalCluster
+from services.cli.launcher import ClusterPlan, LocalCluster
 
 pytestmark = pytest.mark.slow
 

@@ -19,12 +19,12 @@ from powertrip.v1 import aggregator_pb2, aggregator_pb2_grpc
 from services.aggregator.config import AggregatorConfig
 from services.aggregator.run import AggregatorRun
 from services.aggregator.servicer import AggregatorServicer
-from services.cli import main as powertrip
-from services.cli_certs import issue, mint_cluster, new_ca, tls_env, write_pair
+from services.cli.certs import issue, mint_cluster, new_ca, tls_env, write_pair
+from services.cli.launcher import ClusterPlan, LaunchError, LocalCluster
+from services.cli.main import main as powertrip
 from services.common.config import ConfigError, ServiceConfig, load_config
 from services.common.grpc_client import make_channel, retry_idempotent
 from services.common.grpc_server import build_server, set_serving
-from services.launcher import ClusterPlan, LaunchError, LocalCluster
 from services.worker.sites_host import SiteUpdate
 from services.worker.uploader import update_messages
 
@@ -187,7 +187,7 @@ def test_up_with_tls_mints_into_the_output_directory(tmp_path, monkeypatch):
             plans.append(self.plan)
             raise LaunchError("recorded")
 
-    monkeypatch.setattr("services.cli_up.LocalCluster", Recorder)
+    monkeypatch.setattr("services.cli.up.LocalCluster", Recorder)
     out = tmp_path / "up"
     r = CliRunner().invoke(powertrip, ["up", "--tls", "--workers", "2", "--output", str(out)])
     assert r.exit_code == 1 and "recorded" in r.output

@@ -11,12 +11,12 @@ import grpc
 import numpy as np
 import pytest
 
+from powertrip.experiment import build_config
 from powertrip.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from services.common.config import ServiceConfig
 from services.common.grpc_server import build_server
 from services.common.tensor_stream import encode, wrap_tensor_stream
-from services.emulator.config import build_config
-from services.worker.rounds import RoundJob, RoundRunner, release_delays
+from services.worker.runner import RoundJob, RoundRunner, release_delays
 from services.worker.servicer import WorkerServicer
 from services.worker.sites_host import SitesHost, SiteUpdate
 

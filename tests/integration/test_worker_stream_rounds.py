@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import torch
 
+from powertrip.curtailment.config import build_curtail_config
+from powertrip.study.curtailment import StreamSetup
 from powertrip.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from services.common.config import ServiceConfig
 from services.common.grpc_server import build_server
 from services.common.tensor_stream import encode, wrap_tensor_stream
-from services.emulator.curtailment.config import build_curtail_config
-from services.emulator.curtailment.study import StreamSetup
-from services.worker.rounds import RoundRunner
+from services.worker.runner import RoundRunner
 from services.worker.servicer import WorkerServicer
 from services.worker.stream_host import StreamHost
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from powertrip.timing import comm_time_s
 from powertrip.v1 import common_pb2, profiler_pb2
 from services.aggregator.config import AggregatorConfig
 from services.aggregator.run import AggregatorRun
 from services.common.config import load_config
-from services.common.timing import comm_time_s
 
 
 def run_with(clock: str) -> AggregatorRun:

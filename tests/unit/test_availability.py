@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from services.aggregator.availability import (
+from powertrip.curtailment.availability import (
     AvailabilityRule,
     Episode,
     SiteAvailability,
@@ -20,7 +20,7 @@ from services.aggregator.availability import (
     connected_at,
     episodes_from_windows,
 )
-from services.profiler.carbon import CarbonTrace, read_carbon_trace
+from powertrip.traces.carbon import CarbonTrace, read_carbon_trace
 
 PAPER_SITES = [("CAISO_NORTH", "CAISO_NORTH"), ("SPP_TX", "SPP_TX"), ("NEM_SA", "NEM_SA")]
 TRACE_STEP_S = 300.0

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from services.profiler.carbon import (
+from powertrip.traces.carbon import (
     SYNTHETIC_LABEL,
     carbon_format,
     curtailment_windows,
@@ -19,7 +19,7 @@ from services.profiler.carbon import (
     read_watttime_csv,
     synthetic_carbon_trace,
 )
-from services.profiler.trace_io import TraceError
+from powertrip.traces.io import TraceError
 
 MIN = 60.0
 

@@ -7,9 +7,9 @@ import itertools
 import numpy as np
 import pytest
 
+from powertrip.fedavg import StreamingFedAvg
+from powertrip.rounds import JournalEntry, RoundOutcome
 from services.aggregator.collector import RoundCollector
-from services.aggregator.fedavg import StreamingFedAvg
-from services.aggregator.rounds import JournalEntry, RoundOutcome
 from services.common.errors import Duplicate, StaleRound
 from services.common.tensor_stream import TensorStreamReceiver, encode, specs_of
 

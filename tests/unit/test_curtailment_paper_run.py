@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from services.aggregator.availability import always_available, availability_from_trace
-from services.aggregator.data_cursor import ShardCursor
-from services.aggregator.emissions import account
-from services.aggregator.selection import SelectAll
-from services.aggregator.wall_clock import WallClockRounds
-from services.emulator.curtailment.config import build_curtail_config
-from services.emulator.curtailment.engine import ElasticEngine, LearnOutcome
-from services.emulator.curtailment.sites import build_sites
-from services.profiler.carbon import read_carbon_trace
+from powertrip.curtailment.availability import always_available, availability_from_trace
+from powertrip.curtailment.config import build_curtail_config
+from powertrip.curtailment.cursor import ShardCursor
+from powertrip.curtailment.emissions import account
+from powertrip.curtailment.engine import ElasticEngine, LearnOutcome
+from powertrip.curtailment.sites import build_sites
+from powertrip.curtailment.wall_clock import WallClockRounds
+from powertrip.selection.base import SelectAll
+from powertrip.traces.carbon import read_carbon_trace
 
 TRAIN_ROWS = 32_000  # the preset's mnist1d training set
 TRACE_STEP_S = 300.0

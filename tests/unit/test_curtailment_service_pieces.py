@@ -16,7 +16,7 @@ from services.common.grpc_server import build_server
 from services.common.tensor_stream import TensorStreamReceiver, encode
 from services.profiler.catalogue import SiteCatalogue
 from services.profiler.config import ProfilerConfig
-from services.profiler.curtailment import CarbonFeed
+from services.profiler.feed import CarbonFeed
 from services.profiler.servicer import LinkProber, ProfilerServicer
 
 BASE = {"POWERTRIP_PROFILER_ADDR": "x:1", "POWERTRIP_MODE": "curtailment"}

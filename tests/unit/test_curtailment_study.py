@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.emulator.curtailment.config import build_curtail_config
-from services.emulator.curtailment.study import build_sites, load_carbon
+from powertrip.curtailment.config import build_curtail_config
+from powertrip.study.curtailment import build_sites, load_carbon
 
 
 def test_default_sites_are_one_per_region_of_the_labelled_synthetic_trace():

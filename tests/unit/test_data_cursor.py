@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from services.aggregator.data_cursor import ShardCursor
+from powertrip.curtailment.cursor import ShardCursor
 
 
 def test_shards_cover_the_stream_contiguously():

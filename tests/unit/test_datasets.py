@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from services.worker.datasets import (
+from powertrip.learning.datasets import (
     DATASET_NAMES,
     LEAF_VOCAB,
     DatasetError,

@@ -10,12 +10,12 @@ import math
 import numpy as np
 import pytest
 
-from services.aggregator.availability import Episode, SiteAvailability
-from services.aggregator.data_cursor import ShardCursor
-from services.aggregator.emissions import account
-from services.aggregator.selection import SelectAll
-from services.aggregator.wall_clock import WallClockRounds
-from services.emulator.curtailment.engine import ElasticEngine, ElasticSite, LearnOutcome
+from powertrip.curtailment.availability import Episode, SiteAvailability
+from powertrip.curtailment.cursor import ShardCursor
+from powertrip.curtailment.emissions import account
+from powertrip.curtailment.engine import ElasticEngine, ElasticSite, LearnOutcome
+from powertrip.curtailment.wall_clock import WallClockRounds
+from powertrip.selection.base import SelectAll
 
 STEP_S = 60.0  # one optimizer step at full power
 OVERHEAD_S = 40.0
@@ -191,7 +191,7 @@ def test_the_observation_period_ends_an_unfinished_run():
 def _flat_trace():
     from datetime import UTC, datetime
 
-    from services.profiler.carbon import CarbonTrace
+    from powertrip.traces.carbon import CarbonTrace
 
     return CarbonTrace(
         ("r",), datetime(2026, 1, 1, tzinfo=UTC), np.zeros(1), np.full((1, 1), 50.0), 1e9, "t", "t"

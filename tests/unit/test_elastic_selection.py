@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from services.aggregator.elastic_selection import CarbonRanking, CarbonSiteProfile, WallClockGreedy
-from services.aggregator.scoring import Ranking, rank_sites, score_weights
-from services.aggregator.selection import RoundContext, RoundFeedback
-from services.aggregator.wall_clock import WallClockRounds
+from powertrip.curtailment.carbon_greedy import CarbonRanking, CarbonSiteProfile, WallClockGreedy
+from powertrip.curtailment.wall_clock import WallClockRounds
+from powertrip.selection.base import RoundContext, RoundFeedback
+from powertrip.selection.scoring import Ranking, rank_sites, score_weights
 
 ROUNDS = WallClockRounds(step_s=64.08, round_min_s=600.0, overhead_s=45.0)
 

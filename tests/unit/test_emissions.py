@@ -8,8 +8,8 @@ from datetime import UTC, datetime
 import numpy as np
 import pytest
 
-from services.aggregator.emissions import IDLE_KW, TRAIN_KW, SitePowerLog, account
-from services.profiler.carbon import CarbonTrace
+from powertrip.curtailment.emissions import IDLE_KW, TRAIN_KW, SitePowerLog, account
+from powertrip.traces.carbon import CarbonTrace
 
 
 def trace(values: list[float], step_s: float = 300.0, region: str = "r") -> CarbonTrace:

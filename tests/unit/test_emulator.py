@@ -5,14 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from services.aggregator.policies import build_policy
-from services.aggregator.selection import Centralized, SelectAll, StaticTopK
-from services.common.sites import ModelledLinks, StaticPower, generate_sites
-from services.common.timing import RoundTimeModel
-from services.emulator.config import build_config
-from services.emulator.engine import Emulator, TimeModel, TrajectoryCache
-from services.emulator.federation import build_federation, load_workload
-from services.emulator.study import run_study
+from powertrip.emulate import Emulator, TimeModel, TrajectoryCache
+from powertrip.experiment import build_config
+from powertrip.learning.federation import build_federation, load_workload
+from powertrip.selection.base import Centralized, SelectAll, StaticTopK
+from powertrip.selection.registry import build_policy
+from powertrip.sites import ModelledLinks, StaticPower, generate_sites
+from powertrip.study.powertrip import run_study
+from powertrip.timing import RoundTimeModel
 
 TINY = {
     "num_sites": 8,

@@ -8,7 +8,7 @@ import weakref
 import numpy as np
 import pytest
 
-from services.aggregator.fedavg import StreamingFedAvg, UpdateRejected
+from powertrip.fedavg import StreamingFedAvg, UpdateRejected
 
 
 def template(dtype=np.float64) -> dict[str, np.ndarray]:
@@ -339,7 +339,7 @@ def test_sliced_updates_give_the_same_projection_as_whole_ones():
 def test_a_large_model_projects_on_a_strided_sketch_of_the_direction(monkeypatch):
     """Above SKETCH_MAX coordinates only every stride-th one is kept: projections are those of
     the updates restricted to the sketch, however the update arrives in slices."""
-    import services.aggregator.fedavg as fedavg
+    import powertrip.fedavg as fedavg
 
     monkeypatch.setattr(fedavg, "SKETCH_MAX", 4)
     rng = np.random.default_rng(0)

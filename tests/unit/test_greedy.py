@@ -18,11 +18,11 @@ import math
 import numpy as np
 import pytest
 
-from services.aggregator.fedavg import StreamingFedAvg
-from services.aggregator.greedy import GainModel, GreedyConfig, PowerTripGreedy, SearchMode
-from services.aggregator.scoring import Estimator, Ranking
-from services.aggregator.selection import RankingConfig, RoundContext, RoundFeedback
-from services.common.sites import SiteProfile
+from powertrip.fedavg import StreamingFedAvg
+from powertrip.selection.base import RankingConfig, RoundContext, RoundFeedback
+from powertrip.selection.greedy import GainModel, GreedyConfig, PowerTripGreedy, SearchMode
+from powertrip.selection.scoring import Estimator, Ranking
+from powertrip.sites import SiteProfile
 
 N = 8
 FLAT = [0.0] * N

@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, stack_module_state, vmap
 
-from services.worker.datasets import load_mnist1d
-from services.worker.models import (
+from powertrip.learning.datasets import load_mnist1d
+from powertrip.learning.models import (
     CNN1D,
     CNN2D,
     CharLSTM,

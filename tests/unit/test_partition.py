@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from services.worker.partition import (
+from powertrip.learning.partition import (
     partition,
     partition_dirichlet,
     partition_iid,

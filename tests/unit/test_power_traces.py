@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from services.profiler.power_traces import (
+from powertrip.traces.io import TraceError
+from powertrip.traces.power import (
     GOOGLE_LABEL,
     MEASURED,
     PRODUCTION,
@@ -19,7 +20,6 @@ from services.profiler.power_traces import (
     read_power_file,
     read_power_trace,
 )
-from services.profiler.trace_io import TraceError
 
 UPSTREAM_HEADER = (
     "time,cell,pdu,measured_power_util,production_power_util,"

@@ -7,16 +7,16 @@ import grpc
 import numpy as np
 import pytest
 
+from powertrip.curtailment.availability import AvailabilityRule, availability_from_trace
+from powertrip.curtailment.config import build_curtail_config
+from powertrip.curtailment.sites import build_sites, load_carbon
 from powertrip.v1 import profiler_pb2, profiler_pb2_grpc
-from services.aggregator.availability import AvailabilityRule, availability_from_trace
-from services.common.carbon_wire import from_availability_reply
 from services.common.config import ConfigError, load_config
 from services.common.grpc_server import build_server
-from services.emulator.curtailment.config import build_curtail_config
-from services.emulator.curtailment.sites import build_sites, load_carbon
+from services.common.wire import from_availability_reply
 from services.profiler.catalogue import SiteCatalogue
 from services.profiler.config import ProfilerConfig
-from services.profiler.curtailment import CarbonFeed
+from services.profiler.feed import CarbonFeed
 from services.profiler.servicer import LinkProber, ProfilerServicer
 
 

@@ -13,13 +13,13 @@ import grpc
 import numpy as np
 import pytest
 
+from powertrip.experiment import build_config
+from powertrip.sites import ModelledLinks, profile_at, site_id
+from powertrip.study.powertrip import study_sites
 from powertrip.v1 import profiler_pb2, profiler_pb2_grpc, worker_pb2_grpc
 from services.common.config import ConfigError, load_config
 from services.common.grpc_server import build_server
-from services.common.latency import latency_path_message
-from services.common.sites import ModelledLinks, profile_at, site_id
-from services.emulator.config import build_config
-from services.emulator.study import study_sites
+from services.netem.latency import latency_path_message
 from services.profiler import metrics
 from services.profiler.catalogue import SiteCatalogue
 from services.profiler.config import ProfilerConfig

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from services.aggregator.scoring import (
+from powertrip.selection.scoring import (
     Estimator,
     Ranking,
     ScoreForm,
@@ -15,8 +15,8 @@ from services.aggregator.scoring import (
     rank_sites,
     score_weights,
 )
-from services.common.sites import SiteProfile
-from services.common.timing import RoundTimeModel, round_time_s
+from powertrip.sites import SiteProfile
+from powertrip.timing import RoundTimeModel, round_time_s
 
 GB = 1e9
 

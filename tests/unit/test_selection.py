@@ -5,15 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from services.aggregator.greedy import GainModel, PowerTripGreedy, SearchMode
-from services.aggregator.policies import (
-    PAPER_GREEDY,
-    build_policy,
-    known_policy_names,
-    validate_policy_name,
-)
-from services.aggregator.scoring import Estimator, Ranking, WeightSchedule
-from services.aggregator.selection import (
+from powertrip.selection.base import (
     Centralized,
     FixedRadius,
     RandomK,
@@ -23,7 +15,15 @@ from services.aggregator.selection import (
     SelectAll,
     StaticTopK,
 )
-from services.common.sites import SiteProfile
+from powertrip.selection.greedy import GainModel, PowerTripGreedy, SearchMode
+from powertrip.selection.registry import (
+    PAPER_GREEDY,
+    build_policy,
+    known_policy_names,
+    validate_policy_name,
+)
+from powertrip.selection.scoring import Estimator, Ranking, WeightSchedule
+from powertrip.sites import SiteProfile
 
 GB = 1e9
 
@@ -412,8 +412,8 @@ def test_static_names_need_a_positive_whole_k(name):
 
 
 def test_project_powertrip_estimates_rounds_with_the_systems_time_model():
-    from services.aggregator.scoring import Estimator
-    from services.common.timing import RoundTimeModel
+    from powertrip.selection.scoring import Estimator
+    from powertrip.timing import RoundTimeModel
 
     per_site = build_policy("powertrip")
     eq7 = build_policy("powertrip", round_time_model=RoundTimeModel.AGGREGATE)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from services.common.sites import (
+from powertrip.sites import (
     DistanceMode,
     ModelledLinks,
     SiteProfile,

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from services.aggregator.outer_step import NesterovOuter
-from services.emulator.curtailment.engine import Checkpoints, SiteWork
-from services.emulator.curtailment.learner import StreamLearner
-from services.worker.models import build_model
-from services.worker.trainer import LocalTrainingConfig, SiteTrainer, get_params
+from powertrip.curtailment.engine import Checkpoints, SiteWork
+from powertrip.curtailment.learner import StreamLearner
+from powertrip.learning.models import build_model
+from powertrip.learning.trainer import LocalTrainingConfig, SiteTrainer, get_params
+from powertrip.outer_step import NesterovOuter
 
 BATCH = 8
 

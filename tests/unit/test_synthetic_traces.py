@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from services.common.sites import StaticPower, generate_sites
-from services.emulator.config import PRESETS, build_config
-from services.emulator.results import write_outputs
-from services.emulator.study import StudyResult
-from services.profiler.power_model import build_power
-from services.profiler.power_traces import SYNTHETIC_LABEL, PowerTrace, TracePower
-from services.profiler.synthetic_power import DAY_S, synthetic_power_trace
+from powertrip.experiment import PRESETS, build_config
+from powertrip.sites import StaticPower, generate_sites
+from powertrip.study.powertrip import StudyResult
+from powertrip.study.results import write_outputs
+from powertrip.traces.power import SYNTHETIC_LABEL, PowerTrace, TracePower
+from powertrip.traces.power_model import build_power
+from powertrip.traces.synthetic import DAY_S, synthetic_power_trace
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,8 @@ import math
 import numpy as np
 import pytest
 
-from services.common.clock import EmulatedClock, WallClock
-from services.common.timing import (
+from powertrip.clock import EmulatedClock, WallClock
+from powertrip.timing import (
     RoundTimeModel,
     bandwidth_bps,
     centralized_round_time_s,

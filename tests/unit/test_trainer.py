@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from services.worker.trainer import LocalTrainingConfig, SiteTrainer, get_params
+from powertrip.learning.trainer import LocalTrainingConfig, SiteTrainer, get_params
 
 
 def _tiny_problem(n: int = 90, seed: int = 0):

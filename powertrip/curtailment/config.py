@@ -1,0 +1,126 @@
+"""Configuration of a curtailment study (spec §5): one validated, frozen object, from a preset
+plus overrides, like ``powertrip.experiment`` does for the PowerTrip study."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from powertrip.curtailment.availability import PROVISIONING_S
+from powertrip.curtailment.emissions import IDLE_KW, TRAIN_KW
+from powertrip.experiment import TargetAccuracy, Workload
+from powertrip.traces.carbon import HOLD_S, THRESHOLD
+
+#: curtailment: curtailed sites only, all of them; combined: curtailed sites chosen by PowerTrip's
+#: Algorithm 1 with a carbon term; powertrip: every site always on, chosen by Algorithm 1.
+CURTAIL_POLICIES = ("powertrip", "curtailment", "combined")
+
+
+class CurtailmentConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = "custom"
+    description: str = ""
+    # learning side: one pass over a data stream (B5: the run ends when the data is used up)
+    workload: Workload = "mnist1d"
+    dataset_path: Path | None = None
+    num_samples: int = Field(40_000, ge=100, description="mnist1d samples to generate (80% train)")
+    lr: float | None = Field(None, gt=0)
+    batch_size: int = Field(32, ge=1)
+    num_shards: int = Field(240, ge=1, description="data shards of the global cursor (paper: 240)")
+    # sites and their grids
+    carbon_trace_path: Path | None = None  # None: the embedded synthetic trace
+    regions: tuple[str, ...] | None = None  # None: every region of the trace
+    sites_per_region: int = Field(1, ge=1)
+    site_power: tuple[float, ...] | None = None  # per site, fraction of full throughput
+    update_gb: float = Field(1.1, ge=0, description="update size (561M params in bf16 ~ 1.1 GB)")
+    hours: float = Field(18.0, gt=0, description="observation period from the trace start")
+    # availability (spec §5.2, B2, B3)
+    threshold: float = Field(THRESHOLD, gt=0)
+    hold_s: float = Field(HOLD_S, ge=0)
+    provisioning_s: float = Field(PROVISIONING_S, ge=0)
+    # rounds (spec §5.3)
+    round_min_s: float = Field(600.0, ge=0)
+    overhead_s: float = Field(45.0, ge=0)
+    single_site_hours: float = Field(
+        17.8, gt=0, description="sets the step time: one full-power site needs this long"
+    )
+    eval_every_s: float = Field(600.0, gt=0, description="evaluation interval of solo training")
+    eval_samples: int | None = Field(
+        2000,
+        ge=1,
+        description="held-out samples per evaluation (None: all); evaluation is "
+        "most of a study's time",
+    )
+    # aggregation (B1)
+    outer: Literal["fedavg", "nesterov"] = "fedavg"
+    outer_lr: float = Field(0.7, gt=0)
+    outer_momentum: float = Field(0.9, ge=0, lt=1)
+    # energy (spec §5.7)
+    train_kw: float = Field(TRAIN_KW, gt=0)
+    idle_kw: float = Field(IDLE_KW, ge=0)
+    # protocol
+    policies: tuple[str, ...] = CURTAIL_POLICIES
+    carbon_weight: float = Field(0.5, ge=0, le=1, description="γ of the combined policy's score")
+    always_on_sites: int = Field(2, ge=1, description="sites of the always-on federated baseline")
+    target_accuracy: TargetAccuracy = None  # None: the lowest best accuracy of any run
+    seed: int = 0
+    site_seed: int = 0
+
+    @field_validator("policies")
+    @classmethod
+    def _known_policies(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if not v:
+            raise ValueError("at least one policy is required")
+        bad = [p for p in v if p not in CURTAIL_POLICIES]
+        if bad:
+            raise ValueError(
+                f"unknown policy {bad[0]!r}; known policies: {', '.join(CURTAIL_POLICIES)}"
+            )
+        return tuple(dict.fromkeys(v))
+
+    @field_validator("site_power")
+    @classmethod
+    def _power_fractions(cls, v: tuple[float, ...] | None) -> tuple[float, ...] | None:
+        if v is not None and not all(0 < p <= 1 for p in v):
+            raise ValueError("site power fractions must be in (0, 1]")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> CurtailmentConfig:
+        if self.workload != "mnist1d" and self.dataset_path is None:
+            raise ValueError(f"workload {self.workload!r} needs --dataset-path (no download here)")
+        if self.dataset_path is not None and not self.dataset_path.exists():
+            raise ValueError(f"dataset path {self.dataset_path} does not exist")
+        if self.carbon_trace_path is not None and not self.carbon_trace_path.exists():
+            raise ValueError(f"--carbon-trace {self.carbon_trace_path} does not exist")
+        if self.regions is not None and len(set(self.regions)) != len(self.regions):
+            raise ValueError("a region is listed twice")
+        return self
+
+
+CURTAIL_PRESETS: dict[str, dict[str, object]] = {
+    "curtailment": {
+        "description": "spec §5: three regions over 18 hours, as in the reported run (embedded "
+        "synthetic carbon trace; --carbon-trace FILE --regions A,B,C for real ones)",
+    },
+    "curtailment-quick": {
+        "description": "a seconds-long smoke run of the same protocol: 4k samples, 40 shards",
+        "num_samples": 4_000,
+        "num_shards": 40,
+    },
+}
+
+
+def build_curtail_config(preset: str | None = None, **overrides: object) -> CurtailmentConfig:
+    """A preset's values, then the caller's non-None overrides on top."""
+    values: dict[str, object] = {}
+    if preset is not None:
+        if preset not in CURTAIL_PRESETS:
+            known = ", ".join(CURTAIL_PRESETS)
+            raise ValueError(f"unknown preset {preset!r}; known presets: {known}")
+        values.update(CURTAIL_PRESETS[preset], name=preset)
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return CurtailmentConfig(**values)

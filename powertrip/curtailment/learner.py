@@ -1,0 +1,151 @@
+"""Real training for the elastic engine: each site trains on exactly the data-stream rows the
+cursor gave it, in order, and updates are averaged weighted by batches (spec §5.5).
+
+``FoldingLearner`` owns the round's arithmetic (who trains from which model, the checkpoint
+models of a lone site, the FedAvg and outer step); subclasses only say how a set of sites is
+trained: in process (``StreamLearner``) or on the workers (the aggregator's ``GrpcLearner``).
+Both then fold the same deltas in the same order, so the service reproduces the emulator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+from numpy.typing import NDArray
+
+from powertrip.curtailment.engine import Checkpoints, LearnOutcome, SiteWork
+from powertrip.fedavg import StreamingFedAvg
+from powertrip.learning.trainer import SiteTrainer, SiteUpdates, TorchParams
+from powertrip.outer_step import NesterovOuter
+
+Evaluate = Callable[[TorchParams], tuple[float, float]]
+
+
+def check_stream_trainer(trainer: SiteTrainer) -> None:
+    if trainer.config.shuffle or trainer.config.local_epochs != 1:
+        raise ValueError("the stream learner needs one unshuffled pass over the given rows")
+    if trainer.config.max_local_steps is not None:
+        raise ValueError("the stream learner's work is set by the clock, not max_local_steps")
+
+
+def train_stream_rows(
+    trainer: SiteTrainer,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    order: NDArray[np.int64],
+    params: TorchParams,
+    rows: Sequence[NDArray[np.int64]],
+) -> SiteUpdates:
+    """Train each site on its data-stream positions (``order`` maps them to training rows), in
+    order, from ``params``: the one training step of the emulator and of the worker."""
+    return trainer.train(params, x, y, [order[r] for r in rows], [0] * len(rows))
+
+
+class FoldingLearner:
+    def __init__(
+        self,
+        params: TorchParams,
+        evaluate: Evaluate,
+        batch_size: int,
+        outer: NesterovOuter | None = None,
+    ) -> None:
+        self.params = {k: v.detach().clone() for k, v in params.items()}
+        self._eval = evaluate
+        self.batch_size = batch_size
+        self.outer = outer
+        self._current: tuple[float, float] | None = None
+
+    def train_sites(
+        self, params: TorchParams, sites: Sequence[int], rows: Sequence[NDArray[np.int64]]
+    ) -> list[TorchParams]:
+        """Each site's delta after training its rows from ``params``, in the given order."""
+        raise NotImplementedError
+
+    def evaluate(self) -> tuple[float, float]:
+        if self._current is None:
+            self._current = self._eval(self.params)
+        return self._current
+
+    def train_round(
+        self, work: Sequence[SiteWork], checkpoints: Checkpoints | None
+    ) -> LearnOutcome:
+        active = [w for w in work if w.steps > 0]
+        if not active:
+            acc, loss = self.evaluate()
+            return LearnOutcome(acc, loss)
+        template = {k: v.numpy() for k, v in self.params.items()}
+        lone = next((w for w in active if checkpoints and w.site == checkpoints.site), None)
+        batched = [w for w in active if w is not lone]
+        done: list[tuple[dict[str, np.ndarray], float]] = []  # (delta, batches)
+        if batched:
+            deltas = self.train_sites(
+                self.params, [w.site for w in batched], [w.rows for w in batched]
+            )
+            for d, w in zip(deltas, batched, strict=True):
+                done.append(({k: v.numpy() for k, v in d.items()}, float(w.steps)))
+        evals: list[tuple[float, float]] = []
+        if lone is not None:  # train on alone in chunks (plain SGD: the same trajectory)
+            b = self.batch_size
+            local = self.params
+            cuts = [0, *checkpoints.steps, lone.steps]
+            for k0, k1 in zip(cuts[:-1], cuts[1:], strict=True):
+                (d,) = self.train_sites(local, [lone.site], [lone.rows[k0 * b : k1 * b]])
+                local = {k: local[k] + d[k] for k in local}
+                delta = {k: (local[k] - self.params[k]).numpy() for k in local}
+                if k1 != lone.steps:
+                    model = self._aggregate(template, [*done, (delta, float(k1))], commit=False)
+                    evals.append(self._eval(model))
+            done.append((delta, float(lone.steps)))
+        agg = StreamingFedAvg(template)
+        for delta, weight in done:
+            agg.add(delta, weight)
+        dispersion = agg.dispersion()
+        self.params = self._aggregate(template, done, commit=True)
+        self._current = self._eval(self.params)
+        return LearnOutcome(*self._current, dispersion, tuple(evals))
+
+    def _aggregate(self, template, updates, commit: bool) -> TorchParams:  # noqa: ANN001
+        """Work-weighted FedAvg of ``updates``, then the outer step if any; ``commit=False``
+        leaves the outer optimizer's momentum untouched (a checkpoint, not a round)."""
+        agg = StreamingFedAvg(template)
+        for delta, weight in updates:
+            agg.add(delta, weight)
+        new = agg.apply(template)
+        if self.outer is not None:
+            new = self.outer.step(template, new, commit=commit)
+        return {k: torch.from_numpy(v) for k, v in new.items()}
+
+
+class StreamLearner(FoldingLearner):
+    """The global model of one run, trained in process. ``order`` maps data-stream positions to
+    training rows."""
+
+    def __init__(
+        self,
+        trainer: SiteTrainer,
+        x_train: torch.Tensor,
+        y_train: torch.Tensor,
+        x_test: torch.Tensor,
+        y_test: torch.Tensor,
+        order: NDArray[np.int64],
+        params: TorchParams,
+        outer: NesterovOuter | None = None,
+    ) -> None:
+        check_stream_trainer(trainer)
+        super().__init__(
+            params,
+            lambda p: trainer.evaluate(p, x_test, y_test),
+            trainer.config.batch_size,
+            outer,
+        )
+        self.trainer = trainer
+        self.x, self.y = x_train, y_train
+        self.order = order
+
+    def train_sites(
+        self, params: TorchParams, sites: Sequence[int], rows: Sequence[NDArray[np.int64]]
+    ) -> list[TorchParams]:
+        upd = train_stream_rows(self.trainer, self.x, self.y, self.order, params, rows)
+        return [{k: v[j] for k, v in upd.deltas.items()} for j in range(len(rows))]

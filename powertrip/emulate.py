@@ -1,0 +1,220 @@
+"""One emulated training run: a policy picks sites, they train, FedAvg, evaluate, the clock moves.
+
+Training is a deterministic function of the sequence of selected site sets (every site's batch
+order is seeded by run seed, round and site id), so runs of different policies that pick the same
+sets share their training through a ``TrajectoryCache``: select-all, static-100 and the two
+centralized baselines train once, and the first rounds of policies that start alike are reused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from powertrip.clock import EmulatedClock
+from powertrip.fedavg import StreamingFedAvg, delta_sketch, sketch_stride
+from powertrip.learning.trainer import SiteTrainer
+from powertrip.rounds import (
+    RoundOutcome,
+    RoundRecord,
+    RunResult,
+    TimeModel,
+    run_rounds,
+)
+from powertrip.selection.base import SelectionPolicy
+from powertrip.sites import LinkSource, PowerSource, SiteProfile, SiteSet, profile_at
+
+__all__ = ["Emulator", "Federation", "RoundRecord", "RunResult", "TimeModel", "TrajectoryCache"]
+
+
+@dataclass(frozen=True)
+class Federation:
+    """The learning side of a run: data partitioned over sites, a model and its trainer."""
+
+    trainer: SiteTrainer
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    partitions: list[np.ndarray]
+    initial_params: dict[str, torch.Tensor]
+
+
+class TrajectoryCache:
+    """Memo of (selection history -> trained round), valid for one federation and seed.
+
+    Bounded by entries and by bytes of stored parameters, so a large model (EMNIST's CNN is
+    26 MB a copy) stops filling it instead of exhausting memory; a full cache only costs speed.
+    """
+
+    def __init__(self, max_entries: int = 20_000, max_bytes: int = 512 * 2**20) -> None:
+        self._entries: dict[bytes, RoundOutcome] = {}
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, key: bytes) -> RoundOutcome | None:
+        hit = self._entries.get(key)
+        if hit is None:
+            self.misses += 1
+        else:
+            self.hits += 1
+        return hit
+
+    def put(self, key: bytes, value: RoundOutcome) -> None:
+        size = sum(t.numel() * t.element_size() for t in value.params.values())
+        if len(self._entries) < self.max_entries and self.bytes + size <= self.max_bytes:
+            self._entries[key] = value
+            self.bytes += size
+
+
+def _chain(key: bytes, selected: np.ndarray) -> bytes:
+    return hashlib.blake2b(
+        key + np.sort(selected).astype(np.int64).tobytes(), digest_size=16
+    ).digest()
+
+
+def site_seed(run_seed: int, round_index: int, site: int) -> int:
+    """A site's local batch order depends only on (run, round, site), never on its peers."""
+    return int(np.random.SeedSequence([run_seed, round_index, site]).generate_state(1)[0])
+
+
+class Emulator:
+    """The in-process executor: all selected sites train in one batched call, then FedAvg.
+
+    Rounds are memoised by selection history (``TrajectoryCache``), so policies that pick the
+    same site sets share their training.
+    """
+
+    def __init__(
+        self,
+        federation: Federation,
+        sites: SiteSet,
+        power: PowerSource,
+        links: LinkSource,
+        time_model: TimeModel,
+        seed: int,
+        cache: TrajectoryCache | None = None,
+    ) -> None:
+        self.fed = federation
+        self.sites = sites
+        self.power = power
+        self.links = links
+        self.time = time_model
+        self.seed = seed
+        self.cache = cache if cache is not None else TrajectoryCache()
+        self._initial: tuple[float, float] | None = None
+
+    def _train_round(
+        self,
+        params: dict[str, torch.Tensor],
+        selected: np.ndarray,
+        round_index: int,
+        direction: dict[str, np.ndarray] | None = None,
+    ) -> RoundOutcome:
+        fed = self.fed
+        updates = fed.trainer.train(
+            params,
+            fed.x_train,
+            fed.y_train,
+            [fed.partitions[i] for i in selected],
+            [site_seed(self.seed, round_index, int(i)) for i in selected],
+        )
+        template = {k: v.numpy() for k, v in params.items()}
+        agg = StreamingFedAvg(template, direction=direction)
+        half = StreamingFedAvg(template)  # every other site: the split-half averaging probe
+        for j in range(len(selected)):
+            delta = {k: v[j].numpy() for k, v in updates.deltas.items()}
+            agg.add(delta, float(updates.num_samples[j]))
+            if j % 2 == 0:
+                half.add(delta, float(updates.num_samples[j]))
+        dispersion = agg.dispersion()
+        new = {k: torch.from_numpy(v) for k, v in agg.apply(template).items()}
+        acc, loss = fed.trainer.evaluate(new, fed.x_test, fed.y_test)
+        half_loss = half_sites = half_acc = None
+        if len(selected) >= 2:
+            half_model = {k: torch.from_numpy(v) for k, v in half.apply(template).items()}
+            half_acc, half_loss = fed.trainer.evaluate(half_model, fed.x_test, fed.y_test)
+            half_sites = half.dispersion()[2]
+        return RoundOutcome(
+            acc,
+            loss,
+            dispersion,
+            len(selected),
+            half_loss,
+            half_sites,
+            params=new,
+            projection=agg.projection(),
+            half_accuracy=half_acc,
+        )
+
+    def run(
+        self,
+        policy: SelectionPolicy,
+        target_accuracy: float | None,
+        max_rounds: int,
+        on_round: Callable[[RoundRecord], None] | None = None,
+    ) -> RunResult:
+        """Run until the target accuracy (if any) or the round budget."""
+        executor = _CachedExecutor(self)
+        return run_rounds(
+            policy,
+            executor,
+            lambda t: profile_at(
+                self.sites,
+                self.power,
+                self.links,
+                t,
+                self.time.update_bytes,
+                self.time.round_trip,
+            ),
+            self.time,
+            EmulatedClock(),
+            self.seed,
+            target_accuracy,
+            max_rounds,
+            on_round=on_round,
+        )
+
+
+class _CachedExecutor:
+    """One run's view of an Emulator: current params plus the selection-history cache key.
+
+    Always computes the split-half probe and the projection on the previous global delta (both
+    follow from the selection history, which the cache key already fixes) so a cached round
+    serves every policy.
+    """
+
+    def __init__(self, emulator: Emulator) -> None:
+        self.em = emulator
+        self.params = emulator.fed.initial_params
+        self.previous: dict[str, torch.Tensor] | None = None
+        self.key = b"root"
+
+    def evaluate_initial(self) -> tuple[float, float]:
+        em = self.em
+        if em._initial is None:
+            em._initial = em.fed.trainer.evaluate(self.params, em.fed.x_test, em.fed.y_test)
+        return em._initial
+
+    def execute(
+        self, round_index: int, selected: np.ndarray, profile: SiteProfile, split_half: bool
+    ) -> RoundOutcome:
+        self.key = _chain(self.key, selected)
+        trained = self.em.cache.get(self.key)
+        if trained is None:
+            direction = None
+            if self.previous is not None:
+                new = {k: v.numpy() for k, v in self.params.items()}
+                old = {k: v.numpy() for k, v in self.previous.items()}
+                direction = delta_sketch(new, old, sketch_stride(new))
+            trained = self.em._train_round(self.params, selected, round_index, direction)
+            self.em.cache.put(self.key, trained)
+        self.previous, self.params = self.params, trained.params
+        return trained

@@ -1,0 +1,218 @@
+"""Experiment configuration: one validated, frozen object per study, built from a preset plus
+overrides. pydantic gives every bad value an error that names its field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from powertrip.selection.registry import validate_policy_name
+from powertrip.sites import DistanceMode
+from powertrip.timing import RoundTimeModel
+from powertrip.traces.power_model import PowerModel
+
+
+def _target_in_unit_interval(v: float | None) -> float | None:
+    if v is not None and not 0 < v <= 1:
+        raise ValueError(f"target accuracy must be in (0, 1], got {v}")
+    return v
+
+
+#: an accuracy to reach, in (0, 1]; None where a rule picks it after the fact
+TargetAccuracy = Annotated[float | None, AfterValidator(_target_in_unit_interval)]
+
+Workload = Literal["mnist1d", "mnist", "emnist", "shakespeare"]
+Partition = Literal["iid", "dirichlet", "natural"]
+
+#: spec §4.5 learning rates and batch sizes; mnist1d per docs/calibration-findings.md.
+WORKLOAD_DEFAULTS: dict[str, dict[str, float]] = {
+    "mnist1d": {"lr": 0.2, "batch_size": 20},
+    "mnist": {"lr": 0.01, "batch_size": 20},
+    "emnist": {"lr": 0.01, "batch_size": 20},
+    "shakespeare": {"lr": 0.8, "batch_size": 20},
+}
+MODEL_FOR_WORKLOAD = {
+    "mnist1d": "cnn1d",
+    "mnist": "cnn2d",
+    "emnist": "cnn2d",
+    "shakespeare": "lstm",
+}
+
+
+class GreedyParams(BaseModel):
+    """Overrides of Algorithm 1's free parameters (spec §3.3); unset keeps the variant default."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    k0: int | None = Field(None, ge=1)
+    window: int | None = Field(None, ge=0)
+    patience: int | None = Field(None, ge=1)
+    trend_rounds: int | None = Field(None, ge=1)
+    gain_floor: float | None = Field(None, gt=0)
+    kappa: float | None = Field(None, ge=0)
+
+    def overrides(self) -> dict[str, object]:
+        return {k: v for k, v in self.model_dump().items() if v is not None}
+
+
+class ExperimentConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = "custom"
+    description: str = ""
+    # learning side
+    workload: Workload = "mnist1d"
+    dataset_path: Path | None = None
+    num_samples: int = Field(
+        20_000, ge=100, description="samples to generate (mnist1d) or keep (shakespeare)"
+    )
+    partition: Partition = "iid"
+    dirichlet_alpha: float = Field(0.3, gt=0)
+    lr: float | None = Field(None, gt=0)
+    batch_size: int | None = Field(None, ge=1)
+    local_epochs: int = Field(1, ge=1)
+    max_local_steps: int | None = Field(None, ge=1)
+    # sites, power and network
+    num_sites: int = Field(100, ge=1)
+    distance_mode: DistanceMode = DistanceMode.STRATIFIED
+    update_gb: float = Field(1.5, ge=0, description="model update size in decimal GB")
+    power_model: PowerModel = "uniform"
+    power_trace_path: Path | None = None
+    ideal_compute_s: float = Field(50.0, gt=0, description="tau: local training at 100% power")
+    ground_truth: RoundTimeModel = RoundTimeModel.PER_SITE_MAX
+    round_trip: bool = False
+    # protocol
+    policies: tuple[str, ...] = ("powertrip", "static-optimal", "centralized-25")
+    static_sweep: tuple[int, ...] = (10, 20, 30, 40, 50, 60, 70, 80, 90, 100)
+    repeats: int = Field(1, ge=1)
+    seed: int = 0
+    site_seed: int = 0
+    target_accuracy: TargetAccuracy = Field(
+        None, description="None applies the spec rule: the lowest best accuracy of the sweep"
+    )
+    max_rounds: int = Field(120, ge=1)
+    greedy: GreedyParams = GreedyParams()
+
+    @field_validator("policies")
+    @classmethod
+    def _known_policies(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if not v:
+            raise ValueError("at least one policy is required")
+        for name in v:
+            validate_policy_name(name)
+        return tuple(dict.fromkeys(v))
+
+    @field_validator("static_sweep")
+    @classmethod
+    def _positive_sweep(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        if any(k < 1 for k in v):
+            raise ValueError("static sweep values must be >= 1")
+        return tuple(sorted(set(v)))
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ExperimentConfig:
+        if self.workload != "mnist1d" and self.dataset_path is None:
+            raise ValueError(f"workload {self.workload!r} needs --dataset-path (no download here)")
+        if self.dataset_path is not None and not self.dataset_path.exists():
+            raise ValueError(f"dataset path {self.dataset_path} does not exist")
+        if (self.power_model == "google-trace") != (self.power_trace_path is not None):
+            raise ValueError("--power-model google-trace and --power-trace go together")
+        if self.power_trace_path is not None and not self.power_trace_path.exists():
+            raise ValueError(f"--power-trace {self.power_trace_path} does not exist")
+        if self.target_accuracy is None and not self.static_sweep:
+            raise ValueError("the automatic target needs a static sweep; give --target")
+        needs_sweep = {"static-optimal", "random"} & set(self.policies)
+        if needs_sweep and not self.static_sweep:
+            raise ValueError(f"{sorted(needs_sweep)} need a static sweep (static_sweep is empty)")
+        return self
+
+    @property
+    def effective_sweep(self) -> tuple[int, ...]:
+        return tuple(k for k in self.static_sweep if k <= self.num_sites)
+
+    @property
+    def learning_rate(self) -> float:
+        return self.lr if self.lr is not None else WORKLOAD_DEFAULTS[self.workload]["lr"]
+
+    @property
+    def local_batch_size(self) -> int:
+        b = self.batch_size or WORKLOAD_DEFAULTS[self.workload]["batch_size"]
+        return int(b)
+
+    @property
+    def update_bytes(self) -> float:
+        return self.update_gb * 1e9
+
+
+ALL_POLICIES = (
+    "powertrip",
+    "powertrip-paper",
+    "static-optimal",
+    "select-all",
+    "fixed-radius",
+    "highest-power",
+    "lowest-latency",
+    "random",
+    "centralized-25",
+    "centralized-50",
+)
+
+# Both presets use label-skewed sites (Dirichlet 0.3): the paper's EMNIST is partitioned by
+# writer, i.e. non-IID; `--partition iid` gives the spec's IID variant (docs/reproduction.md).
+PRESETS: dict[str, dict[str, object]] = {
+    "quick": {
+        "description": "a one-minute study: 50 sites, 1 repeat, coarse sweep",
+        "num_sites": 50,
+        "num_samples": 10_000,
+        "partition": "dirichlet",
+        "static_sweep": (5, 10, 20, 30, 40, 50),
+        "policies": (
+            "powertrip",
+            "powertrip-paper",
+            "static-optimal",
+            "select-all",
+            "centralized-25",
+            "centralized-50",
+        ),
+        "repeats": 1,
+        "max_rounds": 80,
+        "target_accuracy": 0.45,
+    },
+    "paper-uniform": {
+        "description": "spec §4 protocol (Figs. 8-10): 100 sites, uniform power, 1.5 GB, "
+        "all policies, 10 repeats",
+        "partition": "dirichlet",
+        "policies": ALL_POLICIES,
+        "repeats": 10,
+        "max_rounds": 100,
+        "target_accuracy": 0.45,
+    },
+    "paper-traces": {
+        "description": "spec §4.4/§4.9 Fig. 12: paper-uniform with trace-driven power (the "
+        "embedded synthetic-trace; --power-model google-trace --power-trace DIR for real files); "
+        "--update-gb 1/1.5/2 gives Fig. 13",
+        "partition": "dirichlet",
+        "policies": ALL_POLICIES,
+        "repeats": 10,
+        "max_rounds": 100,
+        "target_accuracy": 0.45,
+        "power_model": "synthetic-trace",
+    },
+}
+
+
+def build_config(preset: str | None = None, **overrides: object) -> ExperimentConfig:
+    """A preset's values, then the caller's non-None overrides on top."""
+    values: dict[str, object] = {}
+    if preset is not None:
+        if preset not in PRESETS:
+            raise ValueError(f"unknown preset {preset!r}; known presets: {', '.join(PRESETS)}")
+        values.update(PRESETS[preset], name=preset)
+    given = {k: v for k, v in overrides.items() if v is not None}
+    if "power_trace_path" in given and "power_model" not in given:  # a trace file says it all
+        given["power_model"] = "google-trace"
+    values.update(given)
+    if values.get("target_accuracy") == "auto":  # the spec's rule, decided after the sweep
+        values["target_accuracy"] = None
+    return ExperimentConfig(**values)

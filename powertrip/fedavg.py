@@ -1,0 +1,219 @@
+"""Streaming FedAvg (Eq. 2): fold each site's update into a running weighted sum.
+
+Memory is one accumulator the size of the model, whatever the number of sites: updates are
+validated and added as they arrive and never kept. Works on numpy arrays (the wire format), so
+the aggregator does not need torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+from numpy.typing import NDArray
+
+#: A model as numpy arrays by parameter name: what FedAvg folds and what travels on the wire
+#: (``TorchParams`` in ``powertrip.learning.trainer`` is the same model as torch tensors).
+NumpyParams = dict[str, NDArray[np.floating]]
+
+#: at most this many coordinates of the direction are kept (4 MiB of float32): the projections
+#: are exact below it and a strided sample above it, so a 256 MiB model's direction costs 4 MiB
+SKETCH_MAX = 1 << 20
+
+
+def sketch_stride(template: NumpyParams) -> int:
+    """Every ``stride``-th coordinate of each flattened tensor forms the direction sketch."""
+    total = sum(int(np.prod(np.shape(a), dtype=np.int64)) for a in template.values())
+    return max(1, -(-total // SKETCH_MAX))
+
+
+def delta_sketch(
+    new: NumpyParams, old: NumpyParams, stride: int
+) -> dict[str, NDArray[np.floating]]:
+    """The strided coordinates of new - old (the last global delta), without a full copy."""
+    return {
+        k: np.asarray(new[k]).reshape(-1)[::stride] - np.asarray(old[k]).reshape(-1)[::stride]
+        for k in new
+    }
+
+
+class UpdateRejected(ValueError):
+    """An update that must not reach the global model; ``reason`` is a bounded metric label."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+class StreamingFedAvg:
+    """Sample-weighted mean of deltas, w_{t+1} = w_t + sum_i (n_i / sum_j n_j) * delta_i.
+
+    Also tracks the weighted mean squared norm of the deltas, so the dispersion of the round's
+    updates (the noise-scale gain model's input) costs no extra memory. Given a ``direction``
+    (``delta_sketch`` of the previous round's global delta), it also folds each update's
+    projection on that unit direction, p_i = d_i . u, as two scalars (weighted sums of p_i and
+    p_i^2): the dispersion along the direction the model is moving, for the directional noise
+    scale. Models above ``SKETCH_MAX`` coordinates project on a strided sample of them.
+    """
+
+    def __init__(
+        self,
+        template: NumpyParams,
+        accumulate_dtype: type[np.floating] | None = None,
+        direction: NumpyParams | None = None,
+    ):
+        self._spec = {name: (a.shape, a.dtype) for name, a in template.items()}
+        self._sum = {
+            name: np.zeros(shape, dtype=accumulate_dtype or dtype)
+            for name, (shape, dtype) in self._spec.items()
+        }
+        self.total_weight = 0.0
+        self._sum_sq_weights = 0.0
+        self._weighted_sq_norm = 0.0
+        self.count = 0
+        self._direction: dict[str, NDArray] | None = None
+        self._direction_norm = 0.0
+        self._weighted_proj = 0.0
+        self._weighted_sq_proj = 0.0
+        self.stride = sketch_stride(template)
+        if direction is not None:  # a delta_sketch(...) with this template's stride
+            sizes = {n: -(-int(np.prod(shape, dtype=np.int64)) // self.stride)
+                     for n, (shape, _) in self._spec.items()}  # fmt: skip
+            if direction.keys() != self._spec.keys() or any(
+                np.size(direction[n]) != sizes[n] for n in sizes
+            ):
+                raise ValueError("direction tensors must match the update template")
+            norm_sq = sum(float(np.vdot(v, v)) for v in direction.values())
+            if np.isfinite(norm_sq) and norm_sq > 0:  # a zero or broken direction: no projection
+                self._direction = {n: np.asarray(v).reshape(-1) for n, v in direction.items()}
+                self._direction_norm = float(np.sqrt(norm_sq))
+
+    def validate(self, delta: NumpyParams, weight: float) -> None:
+        """Raise UpdateRejected naming the first problem; never touches the accumulator."""
+        if not np.isfinite(weight) or weight <= 0:
+            raise UpdateRejected(
+                "bad_weight", f"update weight must be finite and > 0, got {weight}"
+            )
+        missing = self._spec.keys() - delta.keys()
+        extra = delta.keys() - self._spec.keys()
+        if missing or extra:
+            raise UpdateRejected(
+                "tensor_set",
+                f"update tensors differ from the model: missing {sorted(missing)}, "
+                f"unexpected {sorted(extra)}",
+            )
+        for name, (shape, dtype) in self._spec.items():
+            a = delta[name]
+            if a.shape != shape:
+                raise UpdateRejected(
+                    "shape", f"tensor {name!r} has shape {a.shape}, expected {shape}"
+                )
+            if a.dtype != dtype:
+                raise UpdateRejected(
+                    "dtype", f"tensor {name!r} has dtype {a.dtype}, expected {dtype}"
+                )
+            if not np.isfinite(a).all():
+                raise UpdateRejected("non_finite", f"tensor {name!r} contains NaN or Inf")
+
+    def add(self, delta: NumpyParams, weight: float) -> None:
+        self.validate(delta, weight)
+        self.add_pieces(((name, 0, delta[name]) for name in self._sum), weight)
+
+    def add_pieces(self, pieces: Iterable[tuple[str, int, NDArray]], weight: float) -> None:
+        """Fold an update that arrives in slices: (tensor, first flat element, values).
+
+        The slices must already be validated (a streamed update is checked chunk by chunk as it
+        arrives) and must cover every tensor exactly once. Slicing does not change the result:
+        the fold is element-wise, so it equals ``add`` on the whole update bit for bit.
+        """
+        if not np.isfinite(weight) or weight <= 0:
+            raise UpdateRejected(
+                "bad_weight", f"update weight must be finite and > 0, got {weight}"
+            )
+        covered = dict.fromkeys(self._sum, 0)
+        sq = 0.0
+        proj = 0.0
+        u = self._direction
+        for name, start, values in pieces:
+            flat = self._sum[name].reshape(-1)
+            a = values.reshape(-1)
+            flat[start : start + a.size] += weight * a
+            sq += float(np.vdot(a, a))
+            if u is not None:  # the sketched coordinates inside this piece
+                first = -start % self.stride
+                sampled = a[first :: self.stride]
+                lo = (start + first) // self.stride
+                proj += float(np.vdot(u[name][lo : lo + sampled.size], sampled))
+            covered[name] += a.size
+        short = [n for n, c in covered.items() if c != self._sum[n].size]
+        if short:  # a caller bug, not a bad update: the sum is already touched
+            raise RuntimeError(f"update slices did not cover tensors {short} exactly once")
+        self.total_weight += weight
+        self._sum_sq_weights += weight * weight
+        self._weighted_sq_norm += weight * sq
+        if u is not None:
+            p = proj / self._direction_norm
+            self._weighted_proj += weight * p
+            self._weighted_sq_proj += weight * p * p
+        self.count += 1
+
+    def mean_delta(self) -> dict[str, NDArray[np.floating]]:
+        if self.count == 0:
+            raise ValueError("no update was aggregated this round")
+        return {
+            name: (acc / self.total_weight).astype(self._spec[name][1], copy=False)
+            for name, acc in self._sum.items()
+        }
+
+    def apply(
+        self, global_params: NumpyParams, in_place: bool = False
+    ) -> dict[str, NDArray[np.floating]]:
+        """The new global model; refuses a non-finite result rather than poisoning the run.
+
+        ``in_place`` builds the result in the accumulator's own buffers (same arithmetic, same
+        bits), so committing a round needs no third model-sized copy; the aggregator is spent
+        afterwards.
+        """
+        if self.count == 0:
+            raise ValueError("no update was aggregated this round")
+        for name, (shape, dtype) in self._spec.items():
+            g = global_params.get(name)
+            if g is None or g.shape != shape or g.dtype != dtype:
+                raise ValueError(f"global tensor {name!r} does not match the update template")
+        new: dict[str, NDArray[np.floating]] = {}
+        for name, (_, dtype) in self._spec.items():
+            acc = self._sum[name]
+            if in_place and acc.dtype == dtype:
+                np.divide(acc, self.total_weight, out=acc)
+                np.add(global_params[name], acc, out=acc)
+                new[name] = acc
+            else:
+                new[name] = global_params[name] + (acc / self.total_weight).astype(
+                    dtype, copy=False
+                )
+            if not np.isfinite(new[name]).all():
+                raise UpdateRejected("non_finite", "aggregated model is not finite; round refused")
+        if in_place:
+            self.count = 0  # spent: the buffers now hold the new model
+        return new
+
+    def dispersion(self) -> tuple[float, float, float]:
+        """(weighted mean |delta_i|^2, |mean delta|^2, effective number of sites)."""
+        if self.count == 0:
+            raise ValueError("no update was aggregated this round")
+        sq_of_mean = 0.0
+        for name, acc in self._sum.items():  # one tensor at a time: no model-sized temporary
+            m = (acc / self.total_weight).astype(self._spec[name][1], copy=False)
+            sq_of_mean += float(np.vdot(m, m))
+        k_eff = self.total_weight**2 / self._sum_sq_weights
+        return self._weighted_sq_norm / self.total_weight, sq_of_mean, k_eff
+
+    def projection(self) -> tuple[float, float] | None:
+        """(weighted mean of d_i . u, weighted mean of (d_i . u)^2) for the unit direction u;
+        None without a direction. Same weights as ``dispersion``, so its k_eff applies."""
+        if self.count == 0:
+            raise ValueError("no update was aggregated this round")
+        if self._direction is None:
+            return None
+        w = self.total_weight
+        return self._weighted_proj / w, self._weighted_sq_proj / w

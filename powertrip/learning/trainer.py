@@ -1,0 +1,213 @@
+"""Local training of one or many sites from the same global model.
+
+The emulator trains tens of small site models per round on 2 CPU cores, so sites are trained
+together: their parameters are stacked along a leading "site" axis and one SGD step for all of
+them is a single ``vmap(grad(loss))`` call. Each site still does exactly its own local epochs
+over its own partition (shorter partitions are masked once they are done), in an order drawn
+from its own seed, so a site's update does not depend on which other sites share the batch.
+The worker service runs the same code with one site.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+from torch.func import functional_call, grad_and_value, vmap
+
+#: A model as torch tensors by parameter name (``NumpyParams`` in ``powertrip.fedavg`` is the
+#: numpy form).
+TorchParams = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class LocalTrainingConfig:
+    lr: float
+    batch_size: int
+    local_epochs: int = 1
+    max_local_steps: int | None = None  # cap per round, for very large partitions
+    shuffle: bool = True  # False: batches in the given row order (the elastic data cursor's)
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0 or self.batch_size < 1 or self.local_epochs < 1:
+            raise ValueError("learning rate, batch size and local epochs must be positive")
+        if self.max_local_steps is not None and self.max_local_steps < 1:
+            raise ValueError("max_local_steps must be >= 1 when set")
+
+
+@dataclass(frozen=True)
+class SiteUpdates:
+    """Per-site results of one round, stacked along axis 0 in the order the sites were given."""
+
+    deltas: TorchParams  # w_i - w, shape [k, *param_shape]
+    num_samples: np.ndarray  # n_i, the FedAvg weights
+    steps: np.ndarray  # optimizer steps each site took
+    loss: np.ndarray  # mean training loss per site over its steps
+
+
+def resolve_device(preferred: str = "auto") -> torch.device:
+    """CUDA when present (and asked for), CPU otherwise."""
+    if preferred == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(preferred)
+
+
+def get_params(model: nn.Module) -> TorchParams:
+    return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+class SiteTrainer:
+    """SGD on many sites at once; the model architecture is shared, the parameters are not."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        config: LocalTrainingConfig,
+        device: torch.device | None = None,
+        max_parallel_sites: int = 128,
+    ) -> None:
+        self.device = device or resolve_device()
+        self.model = model.to(self.device)
+        self.config = config
+        self.max_parallel_sites = max_parallel_sites
+
+        def site_loss(params: TorchParams, x: torch.Tensor, y: torch.Tensor, m: torch.Tensor):
+            logits = functional_call(self.model, params, (x,))
+            per_sample = nn.functional.cross_entropy(logits, y, reduction="none")
+            return (per_sample * m).sum() / m.sum().clamp_min(1.0)
+
+        self._grad_and_loss = vmap(grad_and_value(site_loss))
+
+    # -- batches --------------------------------------------------------------------------------
+    def _site_schedule(self, n: int, seed: int) -> np.ndarray:
+        """[steps, B] sample positions (-1 = padding) for one site's local epochs."""
+        b = self.config.batch_size
+        rng = np.random.default_rng(seed)
+        per_epoch = math.ceil(n / b)
+        rows = []
+        for _ in range(self.config.local_epochs):
+            perm = np.full(per_epoch * b, -1, dtype=np.int64)
+            perm[:n] = rng.permutation(n) if self.config.shuffle else np.arange(n)
+            rows.append(perm.reshape(per_epoch, b))
+        sched = np.concatenate(rows)
+        if self.config.max_local_steps is not None:
+            sched = sched[: self.config.max_local_steps]
+        return sched
+
+    def train(
+        self,
+        global_params: TorchParams,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        site_indices: Sequence[np.ndarray],
+        seeds: Sequence[int],
+    ) -> SiteUpdates:
+        """Train every site in ``site_indices`` (rows of x/y it owns) from ``global_params``."""
+        if len(site_indices) != len(seeds):
+            raise ValueError("one seed per site is required")
+        if not site_indices:
+            raise ValueError("no site to train")
+        for i, idx in enumerate(site_indices):
+            if len(idx) == 0:
+                raise ValueError(f"site at position {i} has no training samples")
+        chunks = []
+        step = self.max_parallel_sites
+        for start in range(0, len(site_indices), step):
+            chunks.append(
+                self._train_chunk(
+                    global_params,
+                    x,
+                    y,
+                    site_indices[start : start + step],
+                    seeds[start : start + step],
+                )
+            )
+        if len(chunks) == 1:
+            return chunks[0]
+        return SiteUpdates(
+            deltas={k: torch.cat([c.deltas[k] for c in chunks]) for k in chunks[0].deltas},
+            num_samples=np.concatenate([c.num_samples for c in chunks]),
+            steps=np.concatenate([c.steps for c in chunks]),
+            loss=np.concatenate([c.loss for c in chunks]),
+        )
+
+    def _train_chunk(self, global_params, x, y, site_indices, seeds) -> SiteUpdates:
+        k = len(site_indices)
+        schedules = [
+            self._site_schedule(len(idx), s) for idx, s in zip(site_indices, seeds, strict=True)
+        ]
+        steps = np.array([s.shape[0] for s in schedules])
+        # Longest first: at step s the sites still training are a prefix, so the vmapped batch
+        # shrinks as sites finish instead of computing masked steps for them (Dirichlet
+        # partitions differ in size by 10x and more).
+        order = np.argsort(-steps, kind="stable")
+        active = [int((steps > s).sum()) for s in range(int(steps.max()))]
+        b = self.config.batch_size
+        gather = np.zeros((len(active), k, b), dtype=np.int64)
+        mask = np.zeros((len(active), k, b), dtype=np.float32)
+        for pos, j in enumerate(order):
+            idx = np.asarray(site_indices[j], dtype=np.int64)
+            sched = schedules[j]
+            valid = sched >= 0
+            gather[: sched.shape[0], pos] = np.where(valid, idx[np.clip(sched, 0, None)], 0)
+            mask[: sched.shape[0], pos] = valid
+        gather_t = torch.from_numpy(gather).to(self.device)
+        mask_t = torch.from_numpy(mask).to(self.device)
+        x = x.to(self.device)
+        y = y.to(self.device)
+
+        params = {
+            name: p.to(self.device).unsqueeze(0).expand(k, *p.shape).clone()
+            for name, p in global_params.items()
+        }
+        loss_sum = torch.zeros(k, device=self.device)
+        lr = self.config.lr
+        with torch.no_grad():
+            for s, a in enumerate(active):
+                g_idx = gather_t[s, :a]
+                xb, yb, mb = x[g_idx], y[g_idx], mask_t[s, :a]
+                live = {name: p[:a] for name, p in params.items()}
+                with torch.enable_grad():
+                    grads, loss = self._grad_and_loss(live, xb, yb, mb)
+                loss_sum[:a] += loss
+                for name, g in grads.items():
+                    live[name].sub_(g, alpha=lr)
+        back = torch.from_numpy(np.argsort(order)).to(self.device)
+        deltas = {
+            name: (p[back] - global_params[name].to(self.device).unsqueeze(0)).cpu()
+            for name, p in params.items()
+        }
+        return SiteUpdates(
+            deltas=deltas,
+            num_samples=np.array([len(i) for i in site_indices], dtype=np.int64),
+            steps=steps,
+            loss=loss_sum[back].cpu().numpy() / steps,
+        )
+
+    def evaluate(
+        self, params: TorchParams, x: torch.Tensor, y: torch.Tensor, batch_size: int = 4096
+    ) -> tuple[float, float]:
+        """(accuracy, mean loss) of one set of parameters on a held-out set."""
+        correct, loss, n = 0, 0.0, y.shape[0]
+        params = {k: v.to(self.device) for k, v in params.items()}
+        with torch.no_grad():
+            for start in range(0, n, batch_size):
+                xb = x[start : start + batch_size].to(self.device)
+                yb = y[start : start + batch_size].to(self.device)
+                logits = functional_call(self.model, params, (xb,))
+                loss += float(nn.functional.cross_entropy(logits, yb, reduction="sum"))
+                correct += int((logits.argmax(-1) == yb).sum())
+        return correct / n, loss / n
+
+
+__all__ = [
+    "LocalTrainingConfig",
+    "SiteTrainer",
+    "SiteUpdates",
+    "get_params",
+    "resolve_device",
+]

@@ -1,0 +1,161 @@
+"""Which sites train this round: one small interface, every policy of spec §4.6 behind it.
+
+A policy sees a ``RoundContext`` (fresh site profiles, the clock) before the round and a
+``RoundFeedback`` (measured duration, accuracy, update dispersion) after it. The emulator and the
+aggregator service drive policies the same way, so a study result is the deployed behaviour.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from powertrip.selection.scoring import (
+    Ranking,
+    ScoreForm,
+    WeightSchedule,
+    rank_sites,
+    score_weights,
+)
+from powertrip.sites import SiteProfile
+
+
+@dataclass(frozen=True)
+class RoundContext:
+    round: int
+    now_s: float
+    profile: SiteProfile
+    ideal_compute_s: float  # tau: one local-training pass at 100% power (measured or emulated)
+    update_bytes: float
+    rng: np.random.Generator
+
+
+@dataclass(frozen=True)
+class RoundFeedback:
+    round: int
+    selected: NDArray[np.int64]
+    duration_s: float
+    accuracy: float
+    previous_accuracy: float
+    # Update dispersion, for noise-aware gain models: weighted mean of |delta_i|^2, the squared norm
+    # of the weighted mean delta, and the effective number of sites (sum w)^2 / sum w^2.
+    mean_sq_norm: float | None = None
+    sq_norm_of_mean: float | None = None
+    effective_sites: float | None = None
+    # Split-half probe: validation loss before and after the round, and of the model averaged
+    # from every other selected site only (with its effective number of sites).
+    loss: float | None = None
+    previous_loss: float | None = None
+    half_loss: float | None = None
+    half_sites: float | None = None
+    half_accuracy: float | None = None
+    # Projections p_i = delta_i . u on the previous round's unit global delta u (same weights):
+    # weighted mean of p_i and of p_i^2. None when the executor had no previous delta.
+    mean_proj: float | None = None
+    mean_sq_proj: float | None = None
+
+
+@dataclass(frozen=True)
+class RankingConfig:
+    """How a policy orders sites; Eq. 8 weights follow the update size unless fixed."""
+
+    ranking: Ranking = Ranking.POWER_TO_COST
+    weights: WeightSchedule = WeightSchedule.LINEAR
+    form: ScoreForm = ScoreForm.DIFFERENCE
+    alpha: float | None = None  # fixed alpha overrides the schedule
+
+    def order(self, ctx: RoundContext) -> NDArray[np.int64]:
+        if self.alpha is not None:
+            alpha, beta = self.alpha, 1.0 - self.alpha
+        elif Ranking(self.ranking) is Ranking.POWER_TO_COST:
+            bw = None
+            if WeightSchedule(self.weights) is WeightSchedule.COMPUTE_SHARE:
+                # comm = latency + 8M/B, so the median link's transfer share recovers B_med.
+                bw = ctx.update_bytes * 8 / max(float(np.median(ctx.profile.comm_s)), 1e-12)
+            alpha, beta = score_weights(ctx.update_bytes, self.weights, ctx.ideal_compute_s, bw)
+        else:
+            alpha, beta = 0.5, 0.5
+        return rank_sites(ctx.profile, self.ranking, alpha, beta, ctx.ideal_compute_s, self.form)
+
+
+class SelectionPolicy(ABC):
+    """Base class: ``select`` returns site indices for the round; ``observe`` learns from it."""
+
+    name: str = "policy"
+    #: set for the centralized baselines: one co-located site at this power fraction, no network.
+    centralized_power: float | None = None
+    #: ask the executor for the split-half probe (a second, half-size FedAvg) in the feedback
+    wants_split_half: bool = False
+
+    @abstractmethod
+    def select(self, ctx: RoundContext) -> NDArray[np.int64]: ...
+
+    def observe(self, feedback: RoundFeedback) -> None:  # noqa: B027 - optional hook
+        """Default: stateless policies ignore feedback."""
+
+
+class StaticTopK(SelectionPolicy):
+    """The same k best-ranked sites every round (static-k, and static-optimal after a sweep)."""
+
+    def __init__(self, k: int, ranking: RankingConfig | None = None, name: str | None = None):
+        if k < 1:
+            raise ValueError(f"static top-k needs k >= 1, got {k}")
+        self.k = k
+        self.ranking = ranking or RankingConfig()
+        self.name = name or f"static-{k}"
+
+    def select(self, ctx: RoundContext) -> NDArray[np.int64]:
+        return self.ranking.order(ctx)[: min(self.k, ctx.profile.size)]
+
+
+class SelectAll(SelectionPolicy):
+    name = "select-all"
+
+    def select(self, ctx: RoundContext) -> NDArray[np.int64]:
+        return np.arange(ctx.profile.size, dtype=np.int64)
+
+
+class FixedRadius(SelectionPolicy):
+    """Every site within a radius of the aggregator (the paper's 1000 mi / 22 sites)."""
+
+    def __init__(self, radius_mi: float = 1000.0):
+        if radius_mi <= 0:
+            raise ValueError(f"radius must be > 0 mi, got {radius_mi}")
+        self.radius_mi = radius_mi
+        self.name = "fixed-radius"
+
+    def select(self, ctx: RoundContext) -> NDArray[np.int64]:
+        inside = np.flatnonzero(ctx.profile.distance_mi <= self.radius_mi).astype(np.int64)
+        if inside.size == 0:  # never an empty round: fall back to the nearest site
+            inside = np.array([int(np.argmin(ctx.profile.distance_mi))], dtype=np.int64)
+        return inside
+
+
+class RandomK(SelectionPolicy):
+    """A fresh uniform sample of k sites each round (spec A13: k = k*)."""
+
+    def __init__(self, k: int):
+        if k < 1:
+            raise ValueError(f"random-k needs k >= 1, got {k}")
+        self.k = k
+        self.name = "random"
+
+    def select(self, ctx: RoundContext) -> NDArray[np.int64]:
+        k = min(self.k, ctx.profile.size)
+        return np.sort(ctx.rng.choice(ctx.profile.size, size=k, replace=False)).astype(np.int64)
+
+
+class Centralized(SelectionPolicy):
+    """Spec A14: all partitions trained at one site capped at P_c, with no communication."""
+
+    def __init__(self, power_fraction: float):
+        if not 0 < power_fraction <= 1:
+            raise ValueError(f"centralized power must be in (0, 1], got {power_fraction}")
+        self.centralized_power = power_fraction
+        self.name = f"centralized-{round(power_fraction * 100)}"
+
+    def select(self, ctx: RoundContext) -> NDArray[np.int64]:
+        return np.arange(ctx.profile.size, dtype=np.int64)

@@ -1,0 +1,138 @@
+"""The study's figures: TTA bars (paper Fig. 9), the static-k valley (Fig. 8), sites selected over
+time (Fig. 10) and accuracy over emulated time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless: plots are files, never windows
+import matplotlib.pyplot as plt  # noqa: E402
+
+from powertrip.study.powertrip import StudyResult  # noqa: E402
+from powertrip.study.results import policy_table, sweep_table  # noqa: E402
+
+HOURS = 3600.0
+
+
+def _title(result: StudyResult, what: str) -> str:
+    c = result.config
+    data = f"{c.workload}{' (synthetic)' if c.workload == 'mnist1d' else ''}"
+    return (
+        f"{what}\n{data}, {c.partition}, {c.num_sites} sites, {c.update_gb:g} GB, "
+        f"target {result.target_accuracy:.3f}, {c.repeats} repeat(s)"
+    )
+
+
+def plot_tta_bars(result: StudyResult, path: Path) -> Path:
+    rows = policy_table(result)
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    names = [r.policy for r in rows]
+    means = [(r.tta_mean_s or 0) / HOURS for r in rows]
+    stds = [(r.tta_std_s or 0) / HOURS for r in rows]
+    colors = ["tab:green" if n.startswith("powertrip") else "tab:gray" for n in names]
+    bars = ax.bar(names, means, yerr=stds, capsize=3, color=colors)
+    for bar, row in zip(bars, rows, strict=True):
+        label = "missed" if row.reached == 0 else f"{row.reached}/{row.repeats}"
+        if row.reached and row.reached < row.repeats:
+            label += " reached"
+        if row.reached != row.repeats or row.reached == 0:
+            ax.annotate(
+                label,
+                (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                ha="center",
+                va="bottom",
+                fontsize=7,
+            )
+    ax.set_ylabel("time to accuracy (emulated hours)")
+    ax.set_title(_title(result, "Time to accuracy by policy (mean ± std)"), fontsize=9)
+    ax.tick_params(axis="x", rotation=30)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_static_sweep(result: StudyResult, path: Path) -> Path | None:
+    sweep = [row for row in sweep_table(result) if row[1] is not None]
+    if not sweep:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ks = [k for k, *_ in sweep]
+    ax.errorbar(
+        ks,
+        [m / HOURS for _, m, *_ in sweep],
+        yerr=[s / HOURS for _, _, s, *_ in sweep],
+        marker="o",
+        capsize=3,
+    )
+    if result.k_star is not None:
+        ax.axvline(result.k_star, ls="--", color="tab:red", label=f"k* = {result.k_star}")
+        ax.legend()
+    ax.set_xlabel("sites per round (static top-k, Eq. 8 ranking)")
+    ax.set_ylabel("time to accuracy (emulated hours)")
+    ax.set_title(_title(result, "Static-k sweep"), fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _first_repeat_runs(result: StudyResult):
+    wanted = set(result.config.policies) | {"static-optimal"}
+    k_star_name = f"static-{result.k_star}" if result.k_star is not None else None
+    for rep, run in result.runs:
+        if rep != 0:
+            continue
+        if run.policy == k_star_name and "static-optimal" in result.config.policies:
+            yield "static-optimal", run
+        elif run.policy in wanted:
+            yield run.policy, run
+
+
+def plot_sites_over_time(result: StudyResult, path: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, run in _first_repeat_runs(result):
+        if name.startswith("centralized"):
+            continue
+        t = [0.0] + [r.time_s / HOURS for r in run.rounds]
+        k = [r.sites for r in run.rounds]
+        ax.step(t[:-1], k, where="post", label=name, lw=2 if name.startswith("powertrip") else 1)
+    return _save_time_plot(
+        fig, ax, path, "sites selected", _title(result, "Sites selected per round (repeat 1)")
+    )
+
+
+def plot_accuracy_over_time(result: StudyResult, path: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, run in _first_repeat_runs(result):
+        t = [0.0] + [r.time_s / HOURS for r in run.rounds]
+        a = [run.initial_accuracy] + [r.accuracy for r in run.rounds]
+        ax.plot(t, a, label=name, lw=2 if name.startswith("powertrip") else 1)
+    ax.axhline(result.target_accuracy, ls="--", color="k", lw=0.8, label="target")
+    return _save_time_plot(
+        fig, ax, path, "held-out accuracy", _title(result, "Accuracy over emulated time (repeat 1)")
+    )
+
+
+def _save_time_plot(fig, ax, path: Path, ylabel: str, title: str) -> Path:  # noqa: ANN001
+    ax.set_xlabel("emulated time (hours)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write_plots(result: StudyResult, out_dir: Path) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    made = [
+        plot_tta_bars(result, out_dir / "tta_bars.png"),
+        plot_static_sweep(result, out_dir / "static_sweep.png"),
+        plot_sites_over_time(result, out_dir / "sites_over_time.png"),
+        plot_accuracy_over_time(result, out_dir / "accuracy_over_time.png"),
+    ]
+    return [p for p in made if p is not None]

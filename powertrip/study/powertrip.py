@@ -1,0 +1,192 @@
+"""A study: every requested policy x repeat on one fixed set of sites (spec §4.7).
+
+Phase 1 runs the static sweep (the learning curves of top-k for each k); it fixes the target
+accuracy when none is given (spec §4.5 rule) and k* (lowest mean time-to-accuracy over repeats).
+Phase 2 runs every other policy. The site profile seed stays fixed; the training seed (data
+partition, model init, batch order) is ``seed + repeat``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from powertrip.emulate import Emulator, RoundRecord, RunResult, TimeModel, TrajectoryCache
+from powertrip.experiment import ExperimentConfig
+from powertrip.learning.federation import build_federation, load_workload
+from powertrip.selection.base import StaticTopK
+from powertrip.selection.registry import build_policy
+from powertrip.sites import ModelledLinks, PowerSource, SiteSet, generate_sites
+from powertrip.traces.power_model import UNIFORM_LABEL, build_power
+
+#: progress hook: (finished runs, total runs, label of the run in progress)
+Progress = Callable[[int, int, str], None]
+
+
+@dataclass
+class RunSummary:
+    policy: str
+    repeat: int
+    seed: int
+    time_to_accuracy_s: float | None
+    rounds: int | None  # rounds to target, or None if never reached
+    rounds_run: int
+    mean_sites: float
+    max_sites: int
+    final_accuracy: float
+    best_accuracy: float
+
+    @property
+    def reached(self) -> bool:
+        return self.time_to_accuracy_s is not None
+
+
+@dataclass
+class StudyResult:
+    config: ExperimentConfig
+    sites: SiteSet
+    target_accuracy: float
+    k_star: int | None
+    runs: list[tuple[int, RunResult]] = field(default_factory=list)  # (repeat, run)
+    summaries: list[RunSummary] = field(default_factory=list)
+    wall_seconds: float = 0.0
+    cache_hits: int = 0
+    cache_misses: int = 0
+    power_label: str = UNIFORM_LABEL  # "synthetic-trace" must reach every output
+
+
+def summarise(run: RunResult, repeat: int, target: float) -> RunSummary:
+    rounds = run.rounds
+    upto = run.rounds_to(target)
+    used = rounds[:upto] if upto is not None else rounds
+    return RunSummary(
+        policy=run.policy,
+        repeat=repeat,
+        seed=run.seed,
+        time_to_accuracy_s=run.time_to(target),
+        rounds=upto,
+        rounds_run=len(rounds),
+        mean_sites=float(np.mean([r.sites for r in used])) if used else 0.0,
+        max_sites=max((r.sites for r in used), default=0),
+        final_accuracy=rounds[-1].accuracy if rounds else run.initial_accuracy,
+        best_accuracy=max((r.accuracy for r in rounds), default=run.initial_accuracy),
+    )
+
+
+def choose_k_star(summaries: list[RunSummary], sweep: tuple[int, ...]) -> int:
+    """k with the lowest mean TTA over repeats; a k that misses the target in any repeat loses
+    to one that always reaches it."""
+
+    def cost(k: int) -> tuple[int, float]:
+        rows = [s for s in summaries if s.policy == f"static-{k}"]
+        missed = sum(not s.reached for s in rows)
+        reached = [s.time_to_accuracy_s for s in rows if s.reached]
+        return missed, float(np.mean(reached)) if reached else math.inf
+
+    return min(sweep, key=cost)
+
+
+def study_sites(cfg: ExperimentConfig) -> tuple[SiteSet, PowerSource, str]:
+    """The study's fixed sites and their power over time (and its label): from the site seed
+    alone, so a profiler service with the same seed and power model serves the same power."""
+    sites = generate_sites(cfg.num_sites, np.random.default_rng(cfg.site_seed), cfg.distance_mode)
+    power, label = build_power(cfg, sites)
+    return sites, power, label
+
+
+def run_study(
+    cfg: ExperimentConfig,
+    progress: Progress | None = None,
+    on_round: Callable[[str, int, RoundRecord], None] | None = None,
+) -> StudyResult:
+    started = time.perf_counter()
+    data = load_workload(cfg, seed=cfg.seed)
+    sites, power, power_label = study_sites(cfg)
+    time_model = TimeModel(cfg.ideal_compute_s, cfg.update_bytes, cfg.ground_truth, cfg.round_trip)
+
+    sweep = cfg.effective_sweep
+    needs_sweep = "static-optimal" in cfg.policies or "random" in cfg.policies
+    needs_sweep = needs_sweep or cfg.target_accuracy is None
+    sweep = sweep if needs_sweep else ()
+    others = [p for p in cfg.policies if p != "static-optimal"]
+    total = cfg.repeats * (len(sweep) + len(others))
+    done = 0
+
+    def tick(label: str) -> None:
+        if progress is not None:
+            progress(done, total, label)
+
+    emulators: list[Emulator] = []
+    for rep in range(cfg.repeats):
+        seed = cfg.seed + rep
+        fed = build_federation(cfg, data, seed)
+        emulators.append(
+            Emulator(
+                fed,
+                sites,
+                power,
+                ModelledLinks(sites),
+                time_model,
+                seed,
+                TrajectoryCache(),
+            )
+        )
+
+    def run_one(rep: int, policy, target: float | None) -> RunResult:
+        nonlocal done
+        tick(f"{policy.name} (repeat {rep + 1}/{cfg.repeats})")
+        hook = None
+        if on_round is not None:
+
+            def hook(rec: RoundRecord, name: str = policy.name) -> None:
+                on_round(name, rep, rec)
+
+        run = emulators[rep].run(policy, target, cfg.max_rounds, on_round=hook)
+        done += 1
+        tick(f"{policy.name} (repeat {rep + 1}/{cfg.repeats})")
+        return run
+
+    # Phase 1: the static sweep (to the full budget when the target comes from it).
+    sweep_runs: list[tuple[int, RunResult]] = []
+    for rep in range(cfg.repeats):
+        for k in sweep:
+            sweep_runs.append((rep, run_one(rep, StaticTopK(k), cfg.target_accuracy)))
+    if cfg.target_accuracy is not None:
+        target = cfg.target_accuracy
+    else:
+        target = min(max(r.accuracy for r in run.rounds) for _, run in sweep_runs)
+    sweep_summaries = [summarise(run, rep, target) for rep, run in sweep_runs]
+    k_star = choose_k_star(sweep_summaries, sweep) if sweep else None
+
+    result = StudyResult(cfg, sites, target, k_star, power_label=power_label)
+    result.runs.extend(sweep_runs)
+    result.summaries.extend(sweep_summaries)
+    if "static-optimal" in cfg.policies and k_star is not None:
+        for rep, run in sweep_runs:
+            if run.policy == f"static-{k_star}":
+                s = summarise(run, rep, target)
+                s.policy = "static-optimal"
+                result.summaries.append(s)
+
+    # Phase 2: every other policy.
+    overrides = cfg.greedy.overrides()
+    for rep in range(cfg.repeats):
+        for name in others:
+            policy = build_policy(
+                name,
+                k_star=k_star,
+                greedy_overrides=overrides,
+                round_time_model=cfg.ground_truth,
+            )
+            run = run_one(rep, policy, target)
+            result.runs.append((rep, run))
+            result.summaries.append(summarise(run, rep, target))
+
+    result.wall_seconds = time.perf_counter() - started
+    result.cache_hits = sum(e.cache.hits for e in emulators)
+    result.cache_misses = sum(e.cache.misses for e in emulators)
+    return result

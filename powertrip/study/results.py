@@ -1,0 +1,186 @@
+"""What a study leaves behind: the results table, machine-readable files in the output folder."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from powertrip.sites import site_id
+from powertrip.study.powertrip import RunSummary, StudyResult
+
+RESULT_FIELDS = [
+    "policy",
+    "repeat",
+    "seed",
+    "time_to_accuracy_seconds",
+    "time_to_accuracy_hours",
+    "rounds",
+    "reached_target",
+    "rounds_run",
+    "mean_sites",
+    "max_sites",
+    "final_accuracy",
+    "best_accuracy",
+    "power_model",
+]
+
+
+@dataclass(frozen=True)
+class PolicyRow:
+    """One line of the results table: a policy aggregated over repeats."""
+
+    policy: str
+    tta_mean_s: float | None
+    tta_std_s: float | None
+    reached: int
+    repeats: int
+    rounds_mean: float | None
+    mean_sites: float
+    max_sites: int
+    ratio_to_static_optimal: float | None
+
+
+def _stats(values: list[float]) -> tuple[float | None, float | None]:
+    if not values:
+        return None, None
+    return float(np.mean(values)), float(np.std(values))
+
+
+def policy_table(result: StudyResult) -> list[PolicyRow]:
+    """Rows in the order the policies were asked for (sweep points are left to the sweep plot)."""
+    by_policy: dict[str, list[RunSummary]] = {}
+    for s in result.summaries:
+        by_policy.setdefault(s.policy, []).append(s)
+    static = by_policy.get("static-optimal", [])
+    static_mean = _stats([s.time_to_accuracy_s for s in static if s.reached])[0]
+    rows = []
+    for name in result.config.policies:
+        runs = by_policy.get(name, [])
+        ttas = [s.time_to_accuracy_s for s in runs if s.time_to_accuracy_s is not None]
+        mean, std = _stats(ttas)
+        rounds = [float(s.rounds) for s in runs if s.rounds is not None]
+        ratio = None
+        if mean is not None and static_mean and len(ttas) == len(runs):
+            ratio = mean / static_mean
+        rows.append(
+            PolicyRow(
+                policy=name,
+                tta_mean_s=mean,
+                tta_std_s=std,
+                reached=len(ttas),
+                repeats=len(runs),
+                rounds_mean=_stats(rounds)[0],
+                mean_sites=float(np.mean([s.mean_sites for s in runs])) if runs else 0.0,
+                max_sites=max((s.max_sites for s in runs), default=0),
+                ratio_to_static_optimal=ratio,
+            )
+        )
+    return rows
+
+
+def sweep_table(result: StudyResult) -> list[tuple[int, float | None, float | None, int, int]]:
+    """(k, mean TTA s, std, reached, repeats) for each point of the static sweep."""
+    out = []
+    for k in result.config.effective_sweep:
+        runs = [s for s in result.summaries if s.policy == f"static-{k}"]
+        if not runs:
+            continue
+        ttas = [s.time_to_accuracy_s for s in runs if s.time_to_accuracy_s is not None]
+        mean, std = _stats(ttas)
+        out.append((k, mean, std, len(ttas), len(runs)))
+    return out
+
+
+def _json_safe(value: object) -> object:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def write_outputs(result: StudyResult, out_dir: Path) -> dict[str, Path]:
+    """results.csv (policy x repeat), rounds.csv (every round), summary.json (table + config)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {
+        "results": out_dir / "results.csv",
+        "rounds": out_dir / "rounds.csv",
+        "summary": out_dir / "summary.json",
+    }
+    with paths["results"].open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=RESULT_FIELDS)
+        w.writeheader()
+        for s in result.summaries:
+            tta = s.time_to_accuracy_s
+            w.writerow(
+                {
+                    "policy": s.policy,
+                    "repeat": s.repeat,
+                    "seed": s.seed,
+                    "time_to_accuracy_seconds": "" if tta is None else f"{tta:.3f}",
+                    "time_to_accuracy_hours": "" if tta is None else f"{tta / 3600:.5f}",
+                    "rounds": "" if s.rounds is None else s.rounds,
+                    "reached_target": s.reached,
+                    "rounds_run": s.rounds_run,
+                    "mean_sites": f"{s.mean_sites:.2f}",
+                    "max_sites": s.max_sites,
+                    "final_accuracy": f"{s.final_accuracy:.4f}",
+                    "best_accuracy": f"{s.best_accuracy:.4f}",
+                    "power_model": result.power_label,
+                }
+            )
+    with paths["rounds"].open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(
+            [
+                "policy",
+                "repeat",
+                "round",
+                "time_seconds",
+                "duration_seconds",
+                "sites",
+                "accuracy",
+                "loss",
+                "selected",
+            ]
+        )
+        for rep, run in result.runs:
+            for r in run.rounds:
+                w.writerow(
+                    [
+                        run.policy,
+                        rep,
+                        r.round,
+                        f"{r.time_s:.3f}",
+                        f"{r.duration_s:.3f}",
+                        r.sites,
+                        f"{r.accuracy:.4f}",
+                        f"{r.loss:.4f}",
+                        " ".join(site_id(s) for s in r.selected),
+                    ]
+                )
+    summary = {
+        "preset": result.config.name,
+        "config": json.loads(result.config.model_dump_json()),
+        "target_accuracy": result.target_accuracy,
+        "k_star": result.k_star,
+        "data_label": "synthetic (mnist1d)" if result.config.workload == "mnist1d" else "real",
+        "power_model": result.power_label,
+        "wall_seconds": round(result.wall_seconds, 2),
+        # float reduction order depends on it: a seed reproduces bit-for-bit at a fixed count
+        "torch_threads": torch.get_num_threads(),
+        "trajectory_cache": {"hits": result.cache_hits, "misses": result.cache_misses},
+        "policies": [
+            {k: _json_safe(v) for k, v in asdict(row).items()} for row in policy_table(result)
+        ],
+        "static_sweep": [
+            {"k": k, "tta_mean_s": m, "tta_std_s": s, "reached": n, "repeats": r}
+            for k, m, s, n, r in sweep_table(result)
+        ],
+    }
+    paths["summary"].write_text(json.dumps(summary, indent=2))
+    return paths

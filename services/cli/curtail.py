@@ -1,0 +1,172 @@
+"""``powertrip curtail``: the curtailment study (spec §5) — PowerTrip, curtailment-only and the
+two combined, next to the always-on baselines. Its own command because its policies, options and
+outputs (energy, emissions, availability) differ from ``powertrip experiment``'s. Bad input ends
+the command with one line (exit 2)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from pydantic import ValidationError
+from rich.table import Table
+
+from powertrip.curtailment.config import (
+    CURTAIL_POLICIES,
+    CURTAIL_PRESETS,
+    CurtailmentConfig,
+    build_curtail_config,
+)
+from services.cli.common import CommaList, describe_validation, err, fail, out
+
+FLAG_FOR_FIELD = {
+    "carbon_trace_path": "--carbon-trace",
+    "hold_s": "--hold",
+    "provisioning_s": "--provisioning",
+    "round_min_s": "--round-min",
+    "overhead_s": "--overhead",
+    "num_shards": "--shards",
+    "target_accuracy": "--target",
+}
+
+
+PRESET_HELP = "; ".join(f"{k}: {v['description']}" for k, v in CURTAIL_PRESETS.items())
+
+
+@click.command()
+@click.option(
+    "--preset",
+    type=click.Choice(list(CURTAIL_PRESETS)),
+    default="curtailment",
+    show_default=True,
+    help=f"Starting configuration. {PRESET_HELP}.",
+)
+@click.option("--output", "-o", type=click.Path(path_type=Path), help="Default: results/<preset>.")
+@click.option(
+    "--carbon-trace",
+    "carbon_trace_path",
+    type=click.Path(path_type=Path),
+    help="WattTime-style (time, one column per region) or Electricity Maps carbon file; "
+    "default: the embedded synthetic trace.",
+)
+@click.option("--regions", type=CommaList(str), help="Trace regions, one site each (A,B,C).")
+@click.option(
+    "--policies",
+    type=CommaList(str),
+    help=f"Comma-separated, from {', '.join(CURTAIL_POLICIES)} (baselines always run).",
+)
+@click.option("--hours", type=float, help="Observation period from the trace start.")
+@click.option("--threshold", type=float, help="Curtailed while intensity < this (gCO2/kWh).")
+@click.option("--hold", "hold_s", type=float, help="Seconds above threshold before removal.")
+@click.option("--provisioning", "provisioning_s", type=float, help="Provisioning delay (s).")
+@click.option("--round-min", "round_min_s", type=float, help="Minimum round length (s).")
+@click.option("--overhead", "overhead_s", type=float, help="Per-round load/aggregate time (s).")
+@click.option(
+    "--single-site-hours", type=float, help="Sizes the work: one full-power site needs this."
+)
+@click.option("--outer", type=click.Choice(["fedavg", "nesterov"]), help="Outer step (B1).")
+@click.option("--carbon-weight", type=float, help="γ: carbon term of the combined score.")
+@click.option("--site-power", type=CommaList(float), help="Per-site power fractions in (0, 1].")
+@click.option("--sites-per-region", type=int, help="Sites per region (default 1).")
+@click.option("--always-on-sites", type=int, help="Sites of the always-on federated baseline.")
+@click.option("--update-gb", type=float, help="Update size in decimal GB (upload time).")
+@click.option("--num-samples", type=int, help="mnist1d samples to generate.")
+@click.option("--batch-size", type=int, help="Samples per optimizer step.")
+@click.option("--lr", type=float, help="Learning rate.")
+@click.option("--shards", "num_shards", type=int, help="Shards of the global data cursor.")
+@click.option("--target", "target_accuracy", type=float, help="Target accuracy for TTA.")
+@click.option("--seed", type=int, help="Training seed (init, data order).")
+@click.option("--site-seed", type=int, help="Seed of the site distances.")
+@click.option("--plots/--no-plots", default=True, show_default=True, help="Write PNG figures.")
+@click.option("--threads", type=click.IntRange(min=1), help="CPU threads for torch.")
+def curtail(
+    preset: str, output: Path | None, plots: bool, threads: int | None, **options: object
+) -> None:
+    """Curtailment-aware elastic training on an emulated clock (spec §5).
+
+    Prints time, accuracy, energy and emissions per run and writes runs.csv, baselines.csv,
+    rounds.csv, availability.csv, modes.csv, summary.json and PNG plots.
+    """
+    try:
+        cfg = build_curtail_config(preset, **options)
+    except ValidationError as exc:
+        fail(describe_validation(exc, "curtailment configuration", FLAG_FOR_FIELD))
+    except ValueError as exc:
+        fail(str(exc))
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+    _run(cfg, output or Path("results") / cfg.name, plots)
+
+
+def _run(cfg: CurtailmentConfig, out_dir: Path, plots: bool) -> None:
+    from powertrip.learning.datasets import DatasetError
+    from powertrip.study.curtailment import run_curtailment_study
+    from powertrip.study.curtailment_plots import write_curtailment_plots
+    from powertrip.study.curtailment_report import write_curtailment_outputs
+    from powertrip.traces.io import TraceError
+
+    err.print(
+        f"[bold]powertrip curtail[/] preset={cfg.name} policies={','.join(cfg.policies)} "
+        f"carbon={cfg.carbon_trace_path or 'synthetic'}",
+        highlight=False,
+    )
+
+    def progress(done: int, total: int, label: str) -> None:
+        if done < total:
+            err.print(f"[{done + 1}/{total}] {label}", highlight=False)
+
+    try:
+        study = run_curtailment_study(cfg, progress=progress)
+    except (TraceError, DatasetError) as exc:
+        fail(str(exc))
+    except ValueError as exc:
+        fail(str(exc))
+    paths = write_curtailment_outputs(study, out_dir)
+    pngs = write_curtailment_plots(study, out_dir) if plots else []
+    _print_table(study)
+    out.print("outputs: " + "  ".join(str(p) for p in paths.values()), highlight=False)
+    if pngs:
+        out.print("plots: " + "  ".join(str(p) for p in pngs), highlight=False)
+
+
+def _print_table(study) -> None:  # noqa: ANN001 - CurtailmentStudy, imported lazily
+    from powertrip.study.curtailment_report import run_rows
+
+    regions = list(study.single_site)
+    title = (
+        f"carbon {study.trace.label} ({len(study.sites)} sites), target accuracy "
+        f"{study.target_accuracy:.3f}; emissions vs one always-on site in "
+        f"{'/'.join(regions)}"
+    )
+    table = Table(title=title, title_justify="left")
+    cols = ["run", "sites", "runtime h", "done", "TTA h", "best acc", "final acc", "site-h"]
+    cols += ["kWh", "kg CO2", "curtailed", "vs single site"]
+    for c in cols:
+        table.add_column(c, justify="left" if c in ("run", "vs single site") else "right")
+    for r in run_rows(study):
+        ratios = "/".join(
+            "—" if v is None else f"{100 * v:.1f}" for v in r.emissions_vs_single.values()
+        )
+        table.add_row(
+            r.name,
+            f"{r.sites} {r.availability}",
+            f"{r.runtime_h:.2f}",
+            "yes" if r.finished else "no",
+            "—" if r.tta_h is None else f"{r.tta_h:.2f}",
+            f"{r.best_accuracy:.3f}",
+            f"{r.final_accuracy:.3f}",
+            f"{r.training_site_hours:.1f}",
+            f"{r.energy_kwh:.1f}",
+            f"{r.emissions_kg:.2f}",
+            f"{100 * r.curtailed_share:.0f}%",
+            f"{ratios} %",
+        )
+    out.print(table)
+    base = ", ".join(
+        f"{r} {e.emissions_kg:.2f} kg ({100 * e.curtailed_share:.0f}% curtailed)"
+        for r, e in study.single_site.items()
+    )
+    out.print(f"always-on single site: {base}", highlight=False)
+    out.print(f"wall time {study.wall_seconds:.1f} s", highlight=False)

@@ -1,0 +1,347 @@
+"""``powertrip up``: the profiler, the aggregator and W workers as local processes on loopback.
+
+Every service binds port 0 and announces its ports on a READY line, so runs never collide on a
+fixed port; the launcher keeps each child's PID and, on exit, stops exactly those processes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+from powertrip.v1 import aggregator_pb2, aggregator_pb2_grpc
+from services.cli.certs import mint_cluster, tls_env
+from services.common.config import ServiceConfig, load_config
+from services.common.grpc_client import make_channel
+
+READY = re.compile(r"READY service=(\w+) grpc=(\S+) metrics=(\d+)")
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class ClusterPlan:
+    workers: int = 3
+    sites: int = 12
+    policy: str = "powertrip"
+    clock: str = "emulated"
+    preset: str = "quick"
+    target: float | None = None
+    max_rounds: int | None = None
+    seed: int | None = None
+    num_samples: int | None = None
+    round_deadline_s: float = 60.0
+    log_dir: Path = Path("results/up/logs")
+    checkpoint_dir: Path | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)
+    # "curtailment": every service runs the curtailment mode of curtail_preset (spec §5)
+    mode: str = "powertrip"
+    curtail_preset: str = "curtailment"
+    # Root only: one network namespace per worker behind a tc-shaped veth to a hub namespace
+    # holding the aggregator and profiler (tc-scripts/topology.sh; profile rows: name rate delay)
+    netns_profile: Path | None = None
+    # Mutual TLS: mint a throw-away CA and one certificate per service into this directory and
+    # start every service with it; None = plaintext.
+    tls_dir: Path | None = None
+
+    @property
+    def worker_ids(self) -> list[str]:
+        return [f"worker-{i}" for i in range(self.workers)]
+
+    def site_ranges(self) -> list[str]:
+        """Sites split as evenly as possible: 12 over 3 workers -> 0-3, 4-7, 8-11."""
+        if not 1 <= self.workers <= self.sites:
+            raise ValueError(
+                f"need 1 <= workers <= sites, got {self.workers} workers, {self.sites} sites"
+            )
+        bounds = [round(i * self.sites / self.workers) for i in range(self.workers + 1)]
+        return [f"{bounds[i]}-{bounds[i + 1] - 1}" for i in range(self.workers)]
+
+
+@dataclass(frozen=True)
+class Topology:
+    """What ``tc-scripts/topology.sh up --mgmt`` built, read back from its state file."""
+
+    prefix: str
+    state_dir: Path
+    hub: str  # namespace of the aggregator and profiler
+    hub_mgmt_ip: str  # the hub's address on the management link from this namespace
+    sites: tuple[tuple[str, str, str], ...]  # (namespace, site address, hub address) per link
+
+    @classmethod
+    def up(cls, profile: Path, state_dir: Path) -> Topology:
+        prefix = f"pu{os.getpid() % 100_000}"
+        subnet = f"10.{79 + os.getpid() // 250 % 100}.{os.getpid() % 250}"
+        script = REPO_ROOT / "tc-scripts" / "topology.sh"
+        cmd = ["bash", str(script), "up", "--profile", str(profile), "--allow-no-netem", "--mgmt"]
+        cmd += ["--prefix", prefix, "--subnet", subnet, "--state-dir", str(state_dir)]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise LaunchError(f"topology.sh up failed: {done.stderr.strip()}")
+        sites = []
+        for line in (state_dir / f"{prefix}.topology").read_text().splitlines():
+            f = line.split()
+            if f[0] == "site":  # site i name ns site_if site_ip hub_if hub_ip rate delay applied
+                sites.append((f[3], f[5], f[7]))
+        return cls(prefix, state_dir, f"{prefix}-hub", f"{subnet}.254", tuple(sites))
+
+    def down(self) -> None:
+        script = REPO_ROOT / "tc-scripts" / "topology.sh"
+        subprocess.run(
+            [
+                "bash",
+                str(script),
+                "down",
+                "--prefix",
+                self.prefix,
+                "--state-dir",
+                str(self.state_dir),
+            ],
+            capture_output=True,
+        )
+
+
+@dataclass
+class Service:
+    name: str
+    process: subprocess.Popen
+    host: str = "127.0.0.1"  # where this namespace reaches the service
+    module: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+    netns: str | None = None
+    grpc_addr: str = ""
+    metrics_port: int = 0
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.host}:{self.metrics_port}/metrics"
+
+
+class LaunchError(RuntimeError):
+    pass
+
+
+class LocalCluster:
+    def __init__(self, plan: ClusterPlan) -> None:
+        self.plan = plan
+        self.services: list[Service] = []
+        self._channel: grpc.Channel | None = None
+        self.topology: Topology | None = None
+
+    # -- start -----------------------------------------------------------------------------
+    def _env(self, tls_name: str | None = None, **values: object) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("POWERTRIP_")}
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(REPO_ROOT), str(REPO_ROOT / "protos"), env.get("PYTHONPATH", "")]
+        )
+        if "POWERTRIP_CACHE_DIR" in os.environ:
+            env["POWERTRIP_CACHE_DIR"] = os.environ["POWERTRIP_CACHE_DIR"]
+        base = {
+            "BIND_HOST": "127.0.0.1",
+            "GRPC_PORT": 0,
+            "METRICS_PORT": 0,
+            "NUM_SITES": self.plan.sites,
+        }
+        if self.plan.mode != "powertrip":  # PowerTrip's environment stays as it was
+            base |= {"MODE": self.plan.mode, "CURTAIL_PRESET": self.plan.curtail_preset}
+        for key, value in {**base, **values}.items():
+            if value is not None:
+                env[f"POWERTRIP_{key.upper()}"] = str(value)
+        if self.plan.tls_dir is not None and tls_name is not None:
+            env.update(tls_env(self.plan.tls_dir, tls_name))
+        env.update(self.plan.extra_env)
+        return env
+
+    def _spawn(
+        self,
+        name: str,
+        module: str,
+        env: dict[str, str],
+        timeout_s: float,
+        netns: str | None = None,
+        host: str = "127.0.0.1",
+    ) -> Service:
+        self.plan.log_dir.mkdir(parents=True, exist_ok=True)
+        log = (self.plan.log_dir / f"{name}.log").open("a")  # a restart appends
+        in_ns = ["ip", "netns", "exec", netns] if netns else []  # exec: the PID is python's
+        proc = subprocess.Popen(
+            [*in_ns, sys.executable, "-m", module],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            start_new_session=True,  # a Ctrl-C in the terminal reaches the launcher only
+        )
+        service = Service(name, proc, host=host, module=module, env=env, netns=netns)
+        self.services.append(service)
+        found = threading.Event()
+
+        def read() -> None:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                m = READY.search(line)
+                if m and not found.is_set():
+                    port = m.group(2).rsplit(":", 1)[1]
+                    service.grpc_addr, service.metrics_port = f"{host}:{port}", int(m.group(3))
+                    found.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        end = time.monotonic() + timeout_s
+        while not found.wait(0.1):
+            if proc.poll() is not None or time.monotonic() > end:
+                tail = (self.plan.log_dir / f"{name}.log").read_text().strip().splitlines()[-3:]
+                why = "exited" if proc.poll() is not None else "did not become ready"
+                raise LaunchError(f"{name} {why}; last log lines: {' | '.join(tail)}")
+        return service
+
+    def start(self, on_started: Callable[[Service], None] | None = None) -> None:
+        p = self.plan
+        hub_ns, hub_host, worker_links = None, "127.0.0.1", None
+        if p.netns_profile is not None:
+            self.topology = Topology.up(p.netns_profile, p.log_dir.parent / "topology")
+            if len(self.topology.sites) != p.workers:
+                raise LaunchError(
+                    f"the profile has {len(self.topology.sites)} links; use as many workers"
+                )
+            hub_ns, hub_host, worker_links = (
+                self.topology.hub,
+                self.topology.hub_mgmt_ip,
+                self.topology.sites,
+            )
+        bind = {"bind_host": "0.0.0.0"} if hub_ns else {}
+        if p.tls_dir is not None:
+            if hub_ns is not None:  # the minted certificates name 127.0.0.1, not the veths
+                raise LaunchError("TLS together with a netns topology is not supported yet")
+            mint_cluster(p.tls_dir, p.worker_ids)
+        prof = self._spawn(
+            "profiler", "services.profiler", self._env("profiler", **bind), 60, hub_ns, hub_host
+        )
+        if on_started:
+            on_started(prof)
+        prof_port = prof.grpc_addr.rsplit(":", 1)[1]
+        agg_env = self._env(
+            "aggregator",
+            profiler_addr=f"127.0.0.1:{prof_port}",  # same namespace as the aggregator
+            policy=p.policy,
+            clock=p.clock,
+            preset=p.preset,
+            target_accuracy=p.target,
+            max_rounds=p.max_rounds,
+            seed=p.seed,
+            num_samples=p.num_samples,
+            round_deadline_s=p.round_deadline_s,
+            checkpoint_dir=p.checkpoint_dir or "",
+            registration_timeout_s=300,
+            **bind,
+        )
+        agg = self._spawn("aggregator", "services.aggregator", agg_env, 300, hub_ns, hub_host)
+        if on_started:
+            on_started(agg)
+        agg_port = agg.grpc_addr.rsplit(":", 1)[1]
+        for i, (wid, sites) in enumerate(zip(p.worker_ids, p.site_ranges(), strict=True)):
+            ns, addr, hub_addr = worker_links[i] if worker_links else (None, "127.0.0.1", None)
+            w = self._spawn(
+                f"worker-{i}",
+                "services.worker",
+                self._env(
+                    wid,
+                    aggregator_addr=f"{hub_addr or '127.0.0.1'}:{agg_port}",
+                    worker_id=wid,
+                    advertise_host=addr,
+                    sites=sites,
+                    **bind,
+                ),
+                300,
+                ns,
+                addr,
+            )
+            if on_started:
+                on_started(w)
+
+    def restart(self, name: str) -> Service:
+        """SIGKILL one service and start it again on the same port: workers find a restarted
+        aggregator by their heartbeat (it resumes from its checkpoint), and a restarted worker
+        registers again under its id."""
+        old = next(s for s in self.services if s.name == name)
+        old.process.kill()
+        old.process.wait()
+        self.services.remove(old)
+        port = old.grpc_addr.rsplit(":", 1)[1]
+        env = {**old.env, "POWERTRIP_GRPC_PORT": port}
+        return self._spawn(name, old.module, env, 300, old.netns, old.host)
+
+    def restart_aggregator(self) -> Service:
+        return self.restart("aggregator")
+
+    # -- watch -----------------------------------------------------------------------------
+    @property
+    def aggregator(self) -> Service:
+        return next(s for s in self.services if s.name == "aggregator")
+
+    def status(self, timeout_s: float = 5.0) -> aggregator_pb2.GetStatusResponse:
+        if self._channel is None:
+            self._channel = self._operator_channel(self.aggregator.grpc_addr)
+        stub = aggregator_pb2_grpc.AggregatorServiceStub(self._channel)
+        return stub.GetStatus(aggregator_pb2.GetStatusRequest(), timeout=timeout_s)
+
+    def _operator_channel(self, address: str) -> grpc.Channel:
+        """Plaintext, or mTLS as ``operator`` when the cluster runs with TLS."""
+        if self.plan.tls_dir is None:
+            return grpc.insecure_channel(address)
+        cfg = load_config(ServiceConfig, tls_env(self.plan.tls_dir, "operator"))
+        return make_channel(address, cfg)
+
+    def wait_done(
+        self,
+        timeout_s: float,
+        on_status: Callable[[aggregator_pb2.GetStatusResponse], None] | None = None,
+    ) -> aggregator_pb2.GetStatusResponse:
+        """Poll the aggregator until the run ends. Only the aggregator exiting is fatal: a dead
+        worker's sites fail their rounds and a dead profiler leaves the last profiles in use."""
+        end = time.monotonic() + timeout_s
+        while True:
+            agg = self.aggregator.process
+            if agg.poll() is not None:
+                raise LaunchError(f"aggregator exited with code {agg.returncode}")
+            st = self.status()
+            if on_status:
+                on_status(st)
+            if st.state in (aggregator_pb2.RUN_STATE_DONE, aggregator_pb2.RUN_STATE_FAILED):
+                return st
+            if time.monotonic() > end:
+                raise LaunchError(f"run not finished after {timeout_s:.0f} s (round {st.round})")
+            time.sleep(0.2)
+
+    # -- stop ------------------------------------------------------------------------------
+    def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM every process this cluster started, SIGKILL what outlives the grace period."""
+        if self._channel is not None:
+            self._channel.close()
+        for s in self.services:
+            if s.process.poll() is None:
+                s.process.send_signal(signal.SIGTERM)
+        end = time.monotonic() + grace_s
+        for s in self.services:
+            try:
+                s.process.wait(max(0.0, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                s.process.kill()
+                s.process.wait()
+        if self.topology is not None:
+            self.topology.down()
+            self.topology = None
+
+    def __enter__(self) -> LocalCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

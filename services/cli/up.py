@@ -1,0 +1,191 @@
+"""``powertrip up``: run the real services locally and train to the target."""
+
+from __future__ import annotations
+
+import csv
+import sys
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from powertrip.experiment import PRESETS
+from powertrip.selection.registry import validate_policy_name
+from powertrip.v1 import aggregator_pb2
+from services.cli.common import err, fail, out
+from services.cli.launcher import ClusterPlan, LaunchError, LocalCluster
+
+
+def write_rounds_csv(path: Path, policy: str, rounds: list[aggregator_pb2.RoundSummary]) -> None:
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(
+            ["policy", "round", "time_seconds", "duration_seconds", "sites", "contributions",
+             "accuracy", "loss", "outcome", "selected"]
+        )  # fmt: skip
+        for r in rounds:
+            w.writerow(
+                [policy, r.round, f"{r.clock_seconds:.3f}", f"{r.duration_seconds:.3f}",
+                 len(r.selected_site_ids), r.contributions, f"{r.accuracy:.4f}", f"{r.loss:.4f}",
+                 r.outcome, " ".join(r.selected_site_ids)]
+            )  # fmt: skip
+
+
+@click.command()
+@click.option("--workers", default=3, show_default=True, help="Worker processes.")
+@click.option("--sites", default=12, show_default=True, help="Sites, split evenly over workers.")
+@click.option("--policy", default="powertrip", show_default=True, help="Selection policy.")
+@click.option(
+    "--clock",
+    type=click.Choice(["emulated", "wall"]),
+    default="emulated",
+    show_default=True,
+    help="emulated: the emulator's time model while the bytes really move; wall: real time, "
+    "with each site's update released at compute time / power.",
+)
+@click.option(
+    "--preset",
+    type=click.Choice(sorted(PRESETS)),
+    default="quick",
+    show_default=True,
+    help="Experiment preset (what `powertrip experiment` runs with the same name).",
+)
+@click.option(
+    "--mode",
+    type=click.Choice(["powertrip", "curtailment"]),
+    default="powertrip",
+    show_default=True,
+    help="curtailment: sites train only in their grid's curtailment windows (spec §5), one "
+    "site per region of --curtail-preset's carbon trace (use --sites 3 for its three regions).",
+)
+@click.option(
+    "--curtail-preset",
+    default="curtailment",
+    show_default=True,
+    help="Curtailment preset (curtailment, curtailment-quick).",
+)
+@click.option("--target", type=float, help="Target accuracy (default: the preset's).")
+@click.option("--max-rounds", type=int, help="Round budget (default: the preset's).")
+@click.option("--seed", type=int, help="Training seed.")
+@click.option("--samples", "num_samples", type=int, help="Dataset size (mnist1d).")
+@click.option("--k-star", type=int, help="k for static-optimal / random policies.")
+@click.option("--deadline", default=60.0, show_default=True, help="Round deadline, wall seconds.")
+@click.option(
+    "--tls",
+    is_flag=True,
+    help="Mutual TLS: mint a throw-away CA and certificates into OUTPUT/tls and use them.",
+)
+@click.option("--timeout", default=1800.0, show_default=True, help="Give up after this long.")
+@click.option(
+    "--netns-profile",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Root only: run each worker in its own network namespace behind a tc-shaped link to "
+    "a hub namespace (tc-scripts/topology.sh); one 'name rate delay' row per worker. Use with "
+    "--clock wall so the profiler's measured links drive the ranking.",
+)
+@click.option(
+    "--output",
+    type=click.Path(path_type=Path),
+    default=Path("results/up"),
+    show_default=True,
+    help="Logs, checkpoints and rounds.csv go here.",
+)
+def up(
+    workers: int,
+    sites: int,
+    policy: str,
+    clock: str,
+    preset: str,
+    mode: str,
+    curtail_preset: str,
+    target: float | None,
+    max_rounds: int | None,
+    seed: int | None,
+    num_samples: int | None,
+    k_star: int | None,
+    deadline: float,
+    tls: bool,
+    timeout: float,
+    netns_profile: Path | None,
+    output: Path,
+) -> None:
+    """Start the profiler, the aggregator and W workers on loopback, train to the target,
+    print the summary and the metrics endpoints, then stop exactly those processes."""
+    try:
+        validate_policy_name(policy)
+        plan = ClusterPlan(
+            workers=workers,
+            sites=sites,
+            policy=policy,
+            clock=clock,
+            preset=preset,
+            mode=mode,
+            curtail_preset=curtail_preset,
+            target=target,
+            max_rounds=max_rounds,
+            seed=seed,
+            num_samples=num_samples,
+            round_deadline_s=deadline,
+            log_dir=output / "logs",
+            checkpoint_dir=output / "checkpoints",
+            extra_env={"POWERTRIP_K_STAR": str(k_star)} if k_star else {},
+            netns_profile=netns_profile,
+            tls_dir=output / "tls" if tls else None,
+        )
+        plan.site_ranges()
+    except ValueError as exc:
+        fail(str(exc))
+    output.mkdir(parents=True, exist_ok=True)
+    last = [0]
+
+    def show(st: aggregator_pb2.GetStatusResponse) -> None:
+        for r in st.rounds[last[0] :]:
+            out.print(
+                f"round {r.round:3d}  sites {len(r.selected_site_ids):3d}  updates "
+                f"{r.contributions:3d}  accuracy {r.accuracy:.4f}  clock {r.clock_seconds:9.1f} s"
+                f"  {r.outcome}",
+                highlight=False,
+            )
+        last[0] = len(st.rounds)
+
+    with LocalCluster(plan) as cluster:
+        try:
+            cluster.start(
+                lambda s: err.print(f"started {s.name} (pid {s.process.pid}) at {s.grpc_addr}")
+            )
+            err.print(
+                f"training: policy={policy} clock={clock} workers={workers} sites={sites}"
+                + (f" tls={plan.tls_dir}" if plan.tls_dir else "")
+            )
+            st = cluster.wait_done(timeout, show)
+        except LaunchError as exc:
+            err.print(f"[bold red]error:[/] {exc} (logs: {plan.log_dir})", highlight=False)
+            sys.exit(1)
+        except KeyboardInterrupt:
+            err.print("interrupted; stopping the services")
+            sys.exit(130)
+        write_rounds_csv(output / "rounds.csv", policy, list(st.rounds))
+        table = Table(title=f"powertrip up: {st.message}")
+        for col in ("policy", "clock", "rounds", "final accuracy", "target", "time to accuracy"):
+            table.add_column(col)
+        tta = f"{st.time_to_accuracy_seconds:.1f} s" if st.time_to_accuracy_seconds else "—"
+        table.add_row(
+            st.policy or policy,
+            clock,
+            str(st.round),
+            f"{st.accuracy:.4f}",
+            f"{st.target_accuracy:.2f}",
+            tta,
+        )
+        out.print(table)
+        if mode == "curtailment":
+            out.print(
+                f"curtailment ({st.policy}): {st.energy_kwh:.2f} kWh, {st.emissions_kg:.3f} kg CO2",
+                highlight=False,
+            )
+        for s in cluster.services:
+            out.print(f"  {s.name:<11} grpc {s.grpc_addr:<22} metrics {s.metrics_url}")
+        out.print(f"rounds: {output / 'rounds.csv'}  logs: {plan.log_dir}")
+        err.print("stopping the services")
+    if st.state != aggregator_pb2.RUN_STATE_DONE:
+        sys.exit(1)

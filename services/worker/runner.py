@@ -1,0 +1,138 @@
+"""The worker's training thread: one round at a time, newest round first, paced by power.
+
+In wall-clock mode a site at power fraction P releases its update ``train_seconds / P`` after
+training started (spec §5.1's emulation of a power cap: the work is done at full speed, the
+result is held back as if the site had computed at P). A round superseded by a newer one
+before it starts is dropped: its updates would be stale.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.typing import NDArray
+
+from powertrip.sites import site_id
+from services.common.errors import Busy
+from services.worker import metrics
+from services.worker.sites_host import SitesHost, SiteUpdate
+from services.worker.stream_host import StreamHost
+
+logger = logging.getLogger(__name__)
+
+#: sends one site's update; raises on failure. Arguments: round, update, timeout seconds.
+Uploader = Callable[[int, SiteUpdate, float], None]
+
+
+@dataclass
+class RoundJob:
+    round: int
+    sites: list[int]
+    params: Mapping[str, NDArray]
+    deadline_s: float
+    pace_by_power: bool = False
+    power: dict[int, float] = field(default_factory=dict)
+    # curtailment mode: the data-stream positions each site trains on (None: its partition)
+    stream_rows: dict[int, NDArray[np.int64]] | None = None
+    received_at: float = field(default_factory=time.monotonic)
+
+
+def release_delays(updates: list[SiteUpdate], power: Mapping[int, float]) -> list[float]:
+    """Seconds after training started at which each site's update may leave."""
+    return [u.train_seconds / min(max(power.get(u.site, 1.0), 1e-3), 1.0) for u in updates]
+
+
+class RoundRunner:
+    def __init__(self, upload: Uploader) -> None:
+        self._upload = upload
+        self._host: SitesHost | StreamHost | None = None
+        self._pending: RoundJob | None = None
+        self._cv = threading.Condition()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._loop, name="round-runner", daemon=True)
+        self.completed_rounds = 0
+
+    def start(self, host: SitesHost | StreamHost) -> None:
+        self._host = host
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cv:
+            self._stopped = True
+            self._cv.notify_all()
+
+    @property
+    def ready(self) -> bool:
+        return self._host is not None
+
+    @property
+    def streams(self) -> bool:
+        """Whether this worker trains data-stream rows (curtailment mode)."""
+        return isinstance(self._host, StreamHost)
+
+    def submit(self, job: RoundJob) -> None:
+        if self._host is None:
+            raise Busy("the worker is still loading its sites; retry shortly")
+        with self._cv:
+            if self._pending is not None:
+                logger.warning(
+                    "round %d superseded by round %d before it started",
+                    self._pending.round,
+                    job.round,
+                )
+                metrics.ROUNDS.labels("superseded").inc(len(self._pending.sites))
+            self._pending = job
+            self._cv.notify_all()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while self._pending is None and not self._stopped:
+                    self._cv.wait()
+                if self._stopped:
+                    return
+                job, self._pending = self._pending, None
+            try:
+                self._run(job)
+            except Exception:
+                logger.exception("round %d failed on this worker", job.round)
+                metrics.ROUNDS.labels("failed").inc(len(job.sites))
+
+    def _run(self, job: RoundJob) -> None:
+        assert self._host is not None
+        started = time.monotonic()
+        if isinstance(self._host, StreamHost):
+            if job.stream_rows is None:
+                raise ValueError("a curtailment-mode round needs stream rows for its sites")
+            updates = self._host.train_rows(job.params, job.stream_rows)
+        else:
+            updates = self._host.train(job.params, job.round, job.sites)
+        delays = release_delays(updates, job.power) if job.pace_by_power else [0.0] * len(updates)
+        for delay, update in sorted(zip(delays, updates, strict=True), key=lambda p: p[0]):
+            name = site_id(update.site)
+            metrics.TRAIN_DURATION.labels(name).observe(update.train_seconds)
+            metrics.SAMPLES.labels(name).inc(update.num_samples)
+            metrics.POWER.labels(name).set(job.power.get(update.site, 1.0))
+            wait = started + delay - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+            remaining = job.received_at + job.deadline_s - time.monotonic()
+            if remaining <= 0:
+                logger.warning("round %d: %s missed the deadline, not sent", job.round, name)
+                metrics.ROUNDS.labels("late").inc()
+                continue
+            try:
+                self._upload(job.round, update, remaining)
+                metrics.ROUNDS.labels("uploaded").inc()
+                metrics.UPDATE_BYTES.labels(name, "up").inc(
+                    sum(int(np.asarray(v).nbytes) for v in update.delta.values())
+                )
+            except Exception as exc:  # one site's failed upload must not stop the others
+                logger.warning("round %d: upload of %s failed: %s", job.round, name, exc)
+                metrics.ROUNDS.labels("upload_failed").inc()
+        self.completed_rounds += 1
