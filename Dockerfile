@@ -1,6 +1,7 @@
 # syntax=docker/dockerfile:1
-# One image for all three services; compose/k8s pick one with
-#   command: ["python", "-m", "services.aggregator" | "services.profiler" | "services.worker"]
+# One image for all three services; compose/k8s pick one by its console script:
+#   command: ["powertrip-aggregator" | "powertrip-profiler" | "powertrip-worker"]
+# (each answers --help with the POWERTRIP_* variables it reads)
 ARG PYTHON_VERSION=3.11
 
 FROM python:${PYTHON_VERSION}-slim-bookworm AS wheel

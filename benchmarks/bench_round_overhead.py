@@ -4,7 +4,7 @@ Both train the same sites with the same code for the same number of rounds (sele
 selection is identical); the emulator does it in one process with one batched training call, the
 services broadcast the model over gRPC, train on W worker processes, stream the updates back,
 fold them in order, evaluate and checkpoint. The difference per round is what the distributed
-system costs (serialisation, streams, process hops, checkpoint), the reliability matrix's
+system costs (serialisation, streams, process hops, checkpoint), against the project's
 "framework overhead <= 1 s/round" target.
 
     .venv/bin/python benchmarks/bench_round_overhead.py [--workers 4] [--sites 8] [--rounds 20]

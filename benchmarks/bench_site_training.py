@@ -24,9 +24,10 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from powertrip.learning.datasets import load_mnist1d  # noqa: E402
+from powertrip.learning.device import TorchParams  # noqa: E402
 from powertrip.learning.models import build_model  # noqa: E402
 from powertrip.learning.partition import partition_iid  # noqa: E402
-from powertrip.learning.trainer import LocalTrainingConfig, SiteTrainer, TorchParams, get_params  # noqa: E402
+from powertrip.learning.trainer import LocalTrainingConfig, SiteTrainer, get_params  # noqa: E402
 
 NUM_PARTITIONS, BATCH, LR = 100, 20, 0.2
 

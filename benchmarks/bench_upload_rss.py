@@ -2,7 +2,8 @@
 
 The aggregator side is a child process running a real gRPC server (``build_server`` with the
 ``ServiceConfig`` defaults, so a 4 MiB per-message limit) that serves the real
-``AggregatorServicer``. Instead of an ``AggregatorRun`` (which loads a dataset) it gets a stand-in
+``AggregatorServicer``. Instead of an ``AggregatorRun`` (the aggregator's ``Run``, which loads a
+dataset) it gets a stand-in
 exposing only what ``SubmitUpdate`` reads: a real ``WorkerRegistry`` with site i hosted by
 worker i, and an executor whose ``collector`` is a real ``RoundCollector`` over a float32 global
 model of ``--model-mib`` MiB. The uploaders are separate client processes (``--client-procs``
@@ -51,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from memprobe import kib, reset_peak, status_kib  # noqa: E402  (benchmarks/ is on the path)
 
 MiB = 1 << 20
-TARGET_X = 2.5  # issue 3: aggregator peak RSS < 2.5x the model size
+TARGET_X = 2.5  # the target: aggregator peak RSS < 2.5x the model size
 P0 = 1.0  # every element of the global model before the round
 
 

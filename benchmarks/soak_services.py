@@ -3,9 +3,9 @@
 Every ``--every`` rounds one fault, in turn: a worker SIGKILLed and restarted, a worker frozen
 (SIGSTOP) for a few seconds, the aggregator SIGKILLed and restarted from its checkpoint. Samples
 the aggregator's open file descriptors, threads and RSS from /proc after each round, and checks
-what the reliability matrix asks of a soak: every round accounted for (completed or failed, with
-a reason), a finite model at the end, and no growth in FDs, threads or RSS beyond 10% between
-the first and the last quarter of the run (each aggregator process measured on its own).
+what a soak must show: every round accounted for (completed or failed, with a reason), a finite
+model at the end, and no growth in FDs, threads or RSS beyond 10% between the first and the last
+quarter of the run (each aggregator process measured on its own).
 
     .venv/bin/python benchmarks/soak_services.py [--rounds 200] [--every 20] [--workers 3]
 """

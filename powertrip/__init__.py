@@ -1,0 +1,149 @@
+"""PowerTrip: train one model across datacenters whose spare power is limited, different per site
+and changing.
+
+Each round PowerTrip ranks sites by a power-to-cost score (the paper's Eq. 8), chooses how many
+to use with a greedy bottom-up controller (Algorithm 1), and combines their updates with
+streaming FedAvg (Eq. 2). This package is the library: the site and time model (Eqs. 3-7),
+the selection policies, FedAvg, the one round loop with its executors, the trainer, traces,
+curtailment-aware elastic training and the studies. It never imports gRPC: the services in
+``services/`` are thin adapters over it, and ``powertrip.v1`` holds their generated stubs.
+
+A small study, from Python::
+
+    import powertrip as pt
+
+    config = pt.build_config("quick", num_sites=20, static_sweep=(5, 10, 20), max_rounds=40)
+    result = pt.run_study(config)
+    for row in pt.policy_table(result):
+        print(f"{row.policy:16s} {row.tta_mean_s / 3600:.2f} h  {row.mean_sites:.1f} sites")
+
+Names are imported on first use, so ``import powertrip`` stays cheap (no torch until a name
+that needs it is used).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+#: public name -> the module that defines it
+_EXPORTS: dict[str, str] = {
+    # the run definition
+    "ExperimentConfig": "powertrip.experiment",
+    "build_config": "powertrip.experiment",
+    "PRESETS": "powertrip.experiment",
+    # the system model: sites, power, links, round time (Eqs. 3-7)
+    "SiteSet": "powertrip.sites",
+    "SiteProfile": "powertrip.sites",
+    "generate_sites": "powertrip.sites",
+    "profile_at": "powertrip.sites",
+    "round_time_s": "powertrip.timing",
+    "comm_time_s": "powertrip.timing",
+    "EmulatedClock": "powertrip.clock",
+    "WallClock": "powertrip.clock",
+    # selection: the policy interface, Eq. 8, Algorithm 1, every policy by name
+    "SelectionPolicy": "powertrip.selection.base",
+    "RoundContext": "powertrip.selection.base",
+    "RoundFeedback": "powertrip.selection.base",
+    "power_to_cost_scores": "powertrip.selection.scoring",
+    "rank_sites": "powertrip.selection.scoring",
+    "PowerTripGreedy": "powertrip.selection.greedy",
+    "GreedyConfig": "powertrip.selection.greedy",
+    "build_policy": "powertrip.selection.registry",
+    "known_policy_names": "powertrip.selection.registry",
+    # aggregation (Eq. 2)
+    "StreamingFedAvg": "powertrip.fedavg",
+    "UpdateRejected": "powertrip.fedavg",
+    # the one round loop and its executor protocol
+    "run_rounds": "powertrip.rounds",
+    "RoundExecutor": "powertrip.rounds",
+    "RoundOutcome": "powertrip.rounds",
+    "RoundRecord": "powertrip.rounds",
+    "RunResult": "powertrip.rounds",
+    "TimeModel": "powertrip.rounds",
+    "Emulator": "powertrip.emulate",
+    # studies
+    "run_study": "powertrip.study.powertrip",
+    "policy_table": "powertrip.study.results",
+    "write_outputs": "powertrip.study.results",
+    "CurtailmentConfig": "powertrip.curtailment.config",
+    "build_curtail_config": "powertrip.curtailment.config",
+    "run_curtailment_study": "powertrip.study.curtailment",
+}
+
+__all__ = [
+    "CurtailmentConfig",
+    "EmulatedClock",
+    "Emulator",
+    "ExperimentConfig",
+    "GreedyConfig",
+    "PRESETS",
+    "PowerTripGreedy",
+    "RoundContext",
+    "RoundExecutor",
+    "RoundFeedback",
+    "RoundOutcome",
+    "RoundRecord",
+    "RunResult",
+    "SelectionPolicy",
+    "SiteProfile",
+    "SiteSet",
+    "StreamingFedAvg",
+    "TimeModel",
+    "UpdateRejected",
+    "WallClock",
+    "build_config",
+    "build_curtail_config",
+    "build_policy",
+    "comm_time_s",
+    "generate_sites",
+    "known_policy_names",
+    "policy_table",
+    "power_to_cost_scores",
+    "profile_at",
+    "rank_sites",
+    "round_time_s",
+    "run_curtailment_study",
+    "run_rounds",
+    "run_study",
+    "write_outputs",
+]
+assert sorted(__all__) == sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'powertrip' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])
+
+
+if TYPE_CHECKING:  # static analysers and IDEs see the real names
+    from powertrip.clock import EmulatedClock, WallClock
+    from powertrip.curtailment.config import CurtailmentConfig, build_curtail_config
+    from powertrip.emulate import Emulator
+    from powertrip.experiment import PRESETS, ExperimentConfig, build_config
+    from powertrip.fedavg import StreamingFedAvg, UpdateRejected
+    from powertrip.rounds import (
+        RoundExecutor,
+        RoundOutcome,
+        RoundRecord,
+        RunResult,
+        TimeModel,
+        run_rounds,
+    )
+    from powertrip.selection.base import RoundContext, RoundFeedback, SelectionPolicy
+    from powertrip.selection.greedy import GreedyConfig, PowerTripGreedy
+    from powertrip.selection.registry import build_policy, known_policy_names
+    from powertrip.selection.scoring import power_to_cost_scores, rank_sites
+    from powertrip.sites import SiteProfile, SiteSet, generate_sites, profile_at
+    from powertrip.study.curtailment import run_curtailment_study
+    from powertrip.study.powertrip import run_study
+    from powertrip.study.results import policy_table, write_outputs
+    from powertrip.timing import comm_time_s, round_time_s

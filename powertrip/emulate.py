@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
 from powertrip.clock import EmulatedClock
-from powertrip.fedavg import StreamingFedAvg, delta_sketch, sketch_stride
+from powertrip.fedavg import NumpyParams, StreamingFedAvg, delta_sketch, sketch_stride
+from powertrip.learning.device import TorchParams, row_to_numpy, to_numpy, to_torch
 from powertrip.learning.trainer import SiteTrainer
+from powertrip.outcome import round_outcome
 from powertrip.rounds import (
     RoundOutcome,
     RoundRecord,
@@ -41,7 +43,7 @@ class Federation:
     x_test: torch.Tensor
     y_test: torch.Tensor
     partitions: list[np.ndarray]
-    initial_params: dict[str, torch.Tensor]
+    initial_params: TorchParams
 
 
 class TrajectoryCache:
@@ -113,10 +115,10 @@ class Emulator:
 
     def _train_round(
         self,
-        params: dict[str, torch.Tensor],
+        params: TorchParams,
         selected: np.ndarray,
         round_index: int,
-        direction: dict[str, np.ndarray] | None = None,
+        direction: NumpyParams | None = None,
     ) -> RoundOutcome:
         fed = self.fed
         updates = fed.trainer.train(
@@ -126,33 +128,20 @@ class Emulator:
             [fed.partitions[i] for i in selected],
             [site_seed(self.seed, round_index, int(i)) for i in selected],
         )
-        template = {k: v.numpy() for k, v in params.items()}
+        template = to_numpy(params)
         agg = StreamingFedAvg(template, direction=direction)
         half = StreamingFedAvg(template)  # every other site: the split-half averaging probe
         for j in range(len(selected)):
-            delta = {k: v[j].numpy() for k, v in updates.deltas.items()}
+            delta = row_to_numpy(updates.deltas, j)
             agg.add(delta, float(updates.num_samples[j]))
             if j % 2 == 0:
                 half.add(delta, float(updates.num_samples[j]))
-        dispersion = agg.dispersion()
-        new = {k: torch.from_numpy(v) for k, v in agg.apply(template).items()}
-        acc, loss = fed.trainer.evaluate(new, fed.x_test, fed.y_test)
-        half_loss = half_sites = half_acc = None
-        if len(selected) >= 2:
-            half_model = {k: torch.from_numpy(v) for k, v in half.apply(template).items()}
-            half_acc, half_loss = fed.trainer.evaluate(half_model, fed.x_test, fed.y_test)
-            half_sites = half.dispersion()[2]
-        return RoundOutcome(
-            acc,
-            loss,
-            dispersion,
-            len(selected),
-            half_loss,
-            half_sites,
-            params=new,
-            projection=agg.projection(),
-            half_accuracy=half_acc,
-        )
+        outcome = round_outcome(agg, template, self._evaluate, selected=len(selected), half=half)
+        return replace(outcome, params=to_torch(outcome.params))
+
+    def _evaluate(self, params: NumpyParams) -> tuple[float, float]:
+        fed = self.fed
+        return fed.trainer.evaluate(to_torch(params), fed.x_test, fed.y_test)
 
     def run(
         self,
@@ -194,7 +183,7 @@ class _CachedExecutor:
     def __init__(self, emulator: Emulator) -> None:
         self.em = emulator
         self.params = emulator.fed.initial_params
-        self.previous: dict[str, torch.Tensor] | None = None
+        self.previous: TorchParams | None = None
         self.key = b"root"
 
     def evaluate_initial(self) -> tuple[float, float]:
@@ -211,8 +200,7 @@ class _CachedExecutor:
         if trained is None:
             direction = None
             if self.previous is not None:
-                new = {k: v.numpy() for k, v in self.params.items()}
-                old = {k: v.numpy() for k, v in self.previous.items()}
+                new, old = to_numpy(self.params), to_numpy(self.previous)
                 direction = delta_sketch(new, old, sketch_stride(new))
             trained = self.em._train_round(self.params, selected, round_index, direction)
             self.em.cache.put(self.key, trained)

@@ -13,7 +13,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 #: A model as numpy arrays by parameter name: what FedAvg folds and what travels on the wire
-#: (``TorchParams`` in ``powertrip.learning.trainer`` is the same model as torch tensors).
+#: (``TorchParams`` in ``powertrip.learning.device`` is the same model as torch tensors).
 NumpyParams = dict[str, NDArray[np.floating]]
 
 #: at most this many coordinates of the direction are kept (4 MiB of float32): the projections

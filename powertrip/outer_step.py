@@ -1,4 +1,4 @@
-"""The optional DiLoCo-style Nesterov outer step of the curtailment paper's code (spec §5.5, B1).
+"""The optional DiLoCo-style Nesterov outer step of the curtailment paper's code (arXiv 2602.22760).
 
 Off by default: the logged run that the headline numbers come from used plain work-weighted
 FedAvg, and the outer step was added to the code only afterwards.

@@ -10,7 +10,7 @@ seed, and time-to-accuracy is read from whichever clock the run uses.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -100,6 +100,50 @@ class RoundExecutor(Protocol):
         ...
 
 
+class MeasuredRound(Protocol):
+    """What a policy learns from a finished round, in either mode: ``RoundOutcome`` here, the
+    curtailment engine's ``LearnOutcome`` (which measures no probes)."""
+
+    accuracy: float
+    loss: float
+    dispersion: tuple[float, float, float] | None
+    projection: tuple[float, float] | None
+    half_loss: float | None
+    half_sites: float | None
+    half_accuracy: float | None
+
+
+def round_feedback(
+    index: int,
+    selected: NDArray[np.int64],
+    duration_s: float,
+    outcome: MeasuredRound,
+    previous_accuracy: float,
+    previous_loss: float,
+) -> RoundFeedback:
+    """The one way both round loops tell a policy how its round went (Algorithm 1 measures the
+    accuracy gain and the round time of the sites it chose)."""
+    mean_sq, sq_mean, k_eff = outcome.dispersion or (None, None, None)
+    mean_proj, mean_sq_proj = outcome.projection or (None, None)
+    return RoundFeedback(
+        index,
+        selected,
+        duration_s,
+        outcome.accuracy,
+        previous_accuracy,
+        mean_sq_norm=mean_sq,
+        sq_norm_of_mean=sq_mean,
+        effective_sites=k_eff,
+        loss=outcome.loss,
+        previous_loss=previous_loss,
+        half_loss=outcome.half_loss,
+        half_sites=outcome.half_sites,
+        half_accuracy=outcome.half_accuracy,
+        mean_proj=mean_proj,
+        mean_sq_proj=mean_sq_proj,
+    )
+
+
 def policy_rng(seed: int, policy: SelectionPolicy) -> np.random.Generator:
     """The policy's own random stream (random-k), fixed by the run seed and the policy name."""
     return np.random.default_rng([seed, int.from_bytes(policy.name.encode()[:8], "big")])
@@ -108,7 +152,8 @@ def policy_rng(seed: int, policy: SelectionPolicy) -> np.random.Generator:
 def round_duration_s(
     time_model: TimeModel, policy: SelectionPolicy, profile: SiteProfile, selected: NDArray
 ) -> float:
-    """The emulated clock's length of a round (spec §4.2 ground truth)."""
+    """The emulated clock's length of a round: the time model's ground truth (the slowest selected
+    site, Eq. 4, or Eq. 7's aggregate), or tau / P for a centralized baseline."""
     if policy.centralized_power is not None:
         return centralized_round_time_s(time_model.ideal_compute_s, policy.centralized_power)
     return round_time_s(
@@ -162,27 +207,7 @@ def run_rounds(
                 r, clock.now(), duration, len(ids), accuracy, loss, ids, 0, "failed"
             )
         else:
-            mean_sq, sq_mean, k_eff = outcome.dispersion
-            mean_proj, mean_sq_proj = outcome.projection or (None, None)
-            policy.observe(
-                RoundFeedback(
-                    r,
-                    selected,
-                    duration,
-                    outcome.accuracy,
-                    accuracy,
-                    mean_sq_norm=mean_sq,
-                    sq_norm_of_mean=sq_mean,
-                    effective_sites=k_eff,
-                    loss=outcome.loss,
-                    previous_loss=loss,
-                    half_loss=outcome.half_loss,
-                    half_sites=outcome.half_sites,
-                    half_accuracy=outcome.half_accuracy,
-                    mean_proj=mean_proj,
-                    mean_sq_proj=mean_sq_proj,
-                )
-            )
+            policy.observe(round_feedback(r, selected, duration, outcome, accuracy, loss))
             accuracy, loss = outcome.accuracy, outcome.loss
             record = RoundRecord(
                 r, clock.now(), duration, len(ids), accuracy, loss, ids, outcome.contributions
@@ -193,97 +218,3 @@ def run_rounds(
         if target_accuracy is not None and accuracy >= target_accuracy:
             break
     return result
-
-
-@dataclass(frozen=True)
-class JournalEntry:
-    """One round as the policy saw it: enough to replay the policy's state after a restart."""
-
-    round: int
-    selected: tuple[int, ...]
-    outcome: RoundOutcome | None  # params dropped: the checkpoint holds the model
-
-    def to_json(self) -> dict[str, Any]:
-        o = self.outcome
-        return {
-            "round": self.round,
-            "selected": list(self.selected),
-            "outcome": None
-            if o is None
-            else {
-                "accuracy": o.accuracy,
-                "loss": o.loss,
-                "dispersion": list(o.dispersion),
-                "contributions": o.contributions,
-                "half_loss": o.half_loss,
-                "half_sites": o.half_sites,
-                "projection": None if o.projection is None else list(o.projection),
-                "half_accuracy": o.half_accuracy,
-            },
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> JournalEntry:
-        o = data["outcome"]
-        outcome = None
-        if o is not None:
-            outcome = RoundOutcome(
-                o["accuracy"],
-                o["loss"],
-                tuple(o["dispersion"]),
-                o["contributions"],
-                o["half_loss"],
-                o["half_sites"],
-                projection=tuple(o["projection"]) if o.get("projection") else None,
-                half_accuracy=o.get("half_accuracy"),
-            )
-        return cls(int(data["round"]), tuple(data["selected"]), outcome)
-
-
-class JournaledExecutor:
-    """Wraps an executor: records every round, and replays recorded rounds without training.
-
-    Restarting from a checkpoint replays the journal through the same loop, so the policy (and
-    its random stream) reaches exactly the state it had when the checkpoint was written; with
-    deterministic training the resumed run then equals an uninterrupted one.
-    """
-
-    def __init__(
-        self,
-        live: RoundExecutor,
-        journal: list[JournalEntry] | None = None,
-        initial: tuple[float, float] | None = None,
-    ) -> None:
-        self.live = live
-        self.journal = list(journal or [])
-        self._replay = len(self.journal)
-        self.initial = initial
-
-    def replaying(self, round_index: int) -> bool:
-        return round_index <= self._replay
-
-    def evaluate_initial(self) -> tuple[float, float]:
-        if self.initial is None:
-            self.initial = self.live.evaluate_initial()
-        return self.initial
-
-    def execute(
-        self,
-        round_index: int,
-        selected: NDArray[np.int64],
-        profile: SiteProfile,
-        split_half: bool,
-    ) -> RoundOutcome | None:
-        ids = tuple(int(s) for s in selected)
-        if self.replaying(round_index):
-            entry = self.journal[round_index - 1]
-            if entry.selected != ids:
-                raise RuntimeError(
-                    f"cannot resume: round {round_index} selects {list(ids)} now but "
-                    f"{list(entry.selected)} before the restart (configuration changed?)"
-                )
-            return entry.outcome
-        outcome = self.live.execute(round_index, selected, profile, split_half)
-        kept = None if outcome is None else replace(outcome, params=None)
-        self.journal.append(JournalEntry(round_index, ids, kept))
-        return outcome

@@ -1,4 +1,4 @@
-"""The paper's time model (spec §2, Eqs. 3, 4, 6, 7 and the §5.1 emulated compute time).
+"""The PowerTrip paper's time model: Eqs. 3, 4, 6, 7 and its emulated compute time (§5.1).
 
 Pure functions over numpy arrays so the emulator, the aggregator's estimators and the profiler
 share one definition of "how long does a round take".
@@ -12,17 +12,17 @@ from enum import StrEnum
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-SPEED_IN_FIBRE_M_PER_S = 2.0e8  # spec A11
+SPEED_IN_FIBRE_M_PER_S = 2.0e8  # c in fibre; the paper gives no value
 METERS_PER_MILE = 1609.344
-DEFAULT_MAX_BANDWIDTH_BPS = 10e9  # 10 Gbps anchor of spec §4.3
+DEFAULT_MAX_BANDWIDTH_BPS = 10e9  # 10 Gbps, the paper's own example link (140 GB in ~2 min)
 DEFAULT_REFERENCE_DISTANCE_MI = 1000.0
 BITS_PER_BYTE = 8
 
 
 class RoundTimeModel(StrEnum):
-    """Ground truth for a synchronous round's duration (spec A3)."""
+    """Ground truth for a synchronous round's duration: the paper's emulator (default) or Eq. 7."""
 
-    PER_SITE_MAX = "per-site-max"  # §4.2: max_i(T_ideal/P_i + C_i), what the paper's emulator does
+    PER_SITE_MAX = "per-site-max"  # max_i(T_ideal/P_i + C_i): the paper's emulator (§5.1)
     AGGREGATE = "aggregate"  # Eq. 7: W / sum_i P_i + max_i C_i, with W = N * T_ideal
 
 
@@ -48,7 +48,7 @@ def comm_time_s(
 ) -> NDArray[np.float64]:
     """Eq. 3 with equality: one-way latency plus serialisation time of an update of M bytes.
 
-    ``round_trip`` adds the broadcast leg (spec A8 flag).
+    ``round_trip`` also counts the broadcast leg; Eq. 3 itself is one way.
     """
     if update_bytes < 0:
         raise ValueError(f"update size must be >= 0 bytes, got {update_bytes}")
@@ -78,7 +78,7 @@ def effective_gpus(physical_gpus: int, available_power_w: float, power_per_gpu_w
 
 
 def compute_time_s(ideal_s: float, power: ArrayLike) -> NDArray[np.float64]:
-    """§5.1: a site at power fraction P takes T_ideal / P (P = 0.5 -> twice as long)."""
+    """The paper's emulation (§5.1): at power fraction P a site takes T_ideal / P (0.5: 2x)."""
     p = np.asarray(power, dtype=np.float64)
     if np.any(p <= 0):
         raise ValueError("power fraction must be > 0 for a site that trains")
@@ -111,7 +111,7 @@ def round_time_s(
 
 
 def centralized_round_time_s(ideal_s: float, power_fraction: float) -> float:
-    """Spec A14: all partitions co-located at one site capped at P_c; no communication."""
+    """Centralized baseline: the whole per-round workload at one site capped at P_c; no network."""
     if not 0 < power_fraction <= 1:
         raise ValueError(f"centralized power fraction must be in (0, 1], got {power_fraction}")
     return ideal_s / power_fraction

@@ -101,7 +101,11 @@ read_profile() {
         [[ -r $profile ]] || die "cannot read profile '$profile'"
         cat -- "$profile"
     elif [[ -n $sites ]]; then
-        PYTHONPATH="$HERE/..${PYTHONPATH:+:$PYTHONPATH}" "${PYTHON:-python3}" \
+        # the folder that holds services/: the repo in a checkout, site-packages when installed
+        # (the scripts then live in services/netem/tc-scripts)
+        local root="$HERE/.."
+        [[ -d $root/services ]] || root="$HERE/../../.."
+        PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" "${PYTHON:-python3}" \
             -m services.netem.topology_profile --sites "$sites" --seed "$seed" \
             --rate-scale "$rate_scale"
     else

@@ -1,4 +1,5 @@
-"""Which sites may train when: availability from carbon traces (spec §5.2, §5.9, B2).
+"""Which sites may train when: availability from carbon traces, as in the curtailment paper
+(arXiv 2602.22760).
 
 A site's curtailment window (``powertrip.traces.carbon.curtailment_windows``: enter while the
 marginal intensity is below θ, leave after it stayed above θ for the hold time) becomes one
@@ -17,12 +18,12 @@ from dataclasses import dataclass
 
 from powertrip.traces.carbon import HOLD_S, THRESHOLD, CarbonTrace, curtailment_windows
 
-PROVISIONING_S = 240.0  # B2: the logged run's delay (the code's current default is 300 s)
+PROVISIONING_S = 240.0  # the paper's logged run (its code's current default is 300 s)
 
 
 @dataclass(frozen=True)
 class AvailabilityRule:
-    threshold: float = THRESHOLD  # gCO2/kWh, curtailed while below (B3)
+    threshold: float = THRESHOLD  # gCO2/kWh (as the paper's notebook reads it), curtailed below
     hold_s: float = HOLD_S  # exit hysteresis
     provisioning_s: float = PROVISIONING_S
 
@@ -106,7 +107,7 @@ class AvailabilityEvent:
 def availability_events(
     sites: Sequence[SiteAvailability], until_s: float = math.inf
 ) -> list[AvailabilityEvent]:
-    """The timeline of spec §5.8's event table, in time order (ties: site order)."""
+    """A run's timeline (provisioned, ready, deprovisioned), in time order (ties: site order)."""
     out: list[AvailabilityEvent] = []
     for s in sites:
         for e in s.episodes:
@@ -118,7 +119,7 @@ def availability_events(
 
 
 def connected_at(sites: Sequence[SiteAvailability], t: float) -> list[int]:
-    """Indices of the sites ready at t: n = 0 pause, 1 solo, >= 2 federated (spec §5.2)."""
+    """Indices of the sites ready at t: n = 0 pause, 1 solo, >= 2 federated (the paper's modes)."""
     return [i for i, s in enumerate(sites) if s.ready_at(t)]
 
 

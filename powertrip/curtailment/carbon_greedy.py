@@ -1,4 +1,4 @@
-"""PowerTrip's choice of sites inside the curtailment system (spec §5.9 "candidate pool").
+"""PowerTrip's choice of sites inside the curtailment system (docs/curtailment.md).
 
 The ranking is Eq. 8 with the sites' carbon intensity as a third, weighted term,
 ``S_i = (1 - γ)(α·P̃_i - β·C̃_i) - γ·Ĩ_i`` (each term normalised by its maximum over the pool),
@@ -26,8 +26,21 @@ class CarbonSiteProfile(SiteProfile):
     intensity: NDArray[np.float64]  # gCO2/kWh of each site's grid now
 
 
+def carbon_profile(ctx: RoundContext) -> CarbonSiteProfile:
+    """The round's profile with the sites' carbon intensity; the carbon-aware ranking cannot
+    rank without it, so a plain ``SiteProfile`` is a wiring error, not an Eq. 8 fallback."""
+    if not isinstance(ctx.profile, CarbonSiteProfile):
+        raise TypeError(
+            "the carbon-aware ranking needs a CarbonSiteProfile (sites' carbon intensity) in "
+            f"the round context, got {type(ctx.profile).__name__}"
+        )
+    return ctx.profile
+
+
 @dataclass(frozen=True)
 class CarbonRanking:
+    """Eq. 8 with a carbon term; a ``SiteRanking`` for Algorithm 1 over CarbonSiteProfiles."""
+
     carbon_weight: float = 0.0  # γ in [0, 1]
 
     def __post_init__(self) -> None:
@@ -35,14 +48,13 @@ class CarbonRanking:
             raise ValueError(f"carbon weight must be in [0, 1], got {self.carbon_weight}")
 
     def scores(self, ctx: RoundContext) -> NDArray[np.float64]:
-        p = ctx.profile
+        p = carbon_profile(ctx)
         alpha, beta = score_weights(ctx.update_bytes)
         score = power_to_cost_scores(p.power, p.comm_s, alpha, beta)
-        intensity = getattr(p, "intensity", None)
-        if self.carbon_weight == 0 or intensity is None:
+        if self.carbon_weight == 0:
             return score
-        top = float(np.max(intensity))
-        carbon = intensity / top if top > 0 else np.zeros_like(intensity)
+        top = float(np.max(p.intensity))
+        carbon = p.intensity / top if top > 0 else np.zeros_like(p.intensity)
         return (1 - self.carbon_weight) * score - self.carbon_weight * carbon
 
     def order(self, ctx: RoundContext) -> NDArray[np.int64]:
@@ -52,13 +64,13 @@ class CarbonRanking:
 
 
 class WallClockGreedy(PowerTripGreedy):
-    """Algorithm 1 (the spec's reconstruction) whose round-time estimate is the wall-clock
+    """Algorithm 1 (as reconstructed, log gain) whose round-time estimate is the wall-clock
     round: with a fixed minimum length, a site only lengthens a round by the overrun of its
     last step and by its upload."""
 
     def __init__(self, rounds: WallClockRounds, carbon_weight: float = 0.0, name: str = ""):
         super().__init__(
-            replace(PAPER_GREEDY, ranking=CarbonRanking(carbon_weight)),  # type: ignore[arg-type]
+            replace(PAPER_GREEDY, ranking=CarbonRanking(carbon_weight)),
             name=name or ("powertrip-carbon" if carbon_weight else "powertrip"),
         )
         self.rounds = rounds

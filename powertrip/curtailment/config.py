@@ -1,16 +1,17 @@
-"""Configuration of a curtailment study (spec §5): one validated, frozen object, from a preset
-plus overrides, like ``powertrip.experiment`` does for the PowerTrip study."""
+"""Configuration of a curtailment study (curtailment-aware elastic training, arXiv 2602.22760):
+one validated, frozen object from a preset plus overrides, built like the PowerTrip study's
+(``powertrip.experiment``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from powertrip.curtailment.availability import PROVISIONING_S
 from powertrip.curtailment.emissions import IDLE_KW, TRAIN_KW
-from powertrip.experiment import TargetAccuracy, Workload
+from powertrip.experiment import RunConfig, TargetAccuracy, preset_values
 from powertrip.traces.carbon import HOLD_S, THRESHOLD
 
 #: curtailment: curtailed sites only, all of them; combined: curtailed sites chosen by PowerTrip's
@@ -18,14 +19,10 @@ from powertrip.traces.carbon import HOLD_S, THRESHOLD
 CURTAIL_POLICIES = ("powertrip", "curtailment", "combined")
 
 
-class CurtailmentConfig(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+class CurtailmentConfig(RunConfig):
+    """The curtailment study. Learning is one pass over a data stream: a run ends when the data
+    is used up."""
 
-    name: str = "custom"
-    description: str = ""
-    # learning side: one pass over a data stream (B5: the run ends when the data is used up)
-    workload: Workload = "mnist1d"
-    dataset_path: Path | None = None
     num_samples: int = Field(40_000, ge=100, description="mnist1d samples to generate (80% train)")
     lr: float | None = Field(None, gt=0)
     batch_size: int = Field(32, ge=1)
@@ -37,11 +34,12 @@ class CurtailmentConfig(BaseModel):
     site_power: tuple[float, ...] | None = None  # per site, fraction of full throughput
     update_gb: float = Field(1.1, ge=0, description="update size (561M params in bf16 ~ 1.1 GB)")
     hours: float = Field(18.0, gt=0, description="observation period from the trace start")
-    # availability (spec §5.2, B2, B3)
+    # availability: a site is usable while its grid's intensity is below the threshold, after
+    # a provisioning delay, and leaves after ``hold_s`` above it
     threshold: float = Field(THRESHOLD, gt=0)
     hold_s: float = Field(HOLD_S, ge=0)
     provisioning_s: float = Field(PROVISIONING_S, ge=0)
-    # rounds (spec §5.3)
+    # wall-clock rounds: at least round_min_s of training after overhead_s of model loading
     round_min_s: float = Field(600.0, ge=0)
     overhead_s: float = Field(45.0, ge=0)
     single_site_hours: float = Field(
@@ -54,11 +52,11 @@ class CurtailmentConfig(BaseModel):
         description="held-out samples per evaluation (None: all); evaluation is "
         "most of a study's time",
     )
-    # aggregation (B1)
+    # aggregation: plain step-weighted FedAvg (the logged runs), or a Nesterov outer step
     outer: Literal["fedavg", "nesterov"] = "fedavg"
     outer_lr: float = Field(0.7, gt=0)
     outer_momentum: float = Field(0.9, ge=0, lt=1)
-    # energy (spec §5.7)
+    # energy: a training node draws train_kw, a provisioned idle one idle_kw
     train_kw: float = Field(TRAIN_KW, gt=0)
     idle_kw: float = Field(IDLE_KW, ge=0)
     # protocol
@@ -90,10 +88,6 @@ class CurtailmentConfig(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> CurtailmentConfig:
-        if self.workload != "mnist1d" and self.dataset_path is None:
-            raise ValueError(f"workload {self.workload!r} needs --dataset-path (no download here)")
-        if self.dataset_path is not None and not self.dataset_path.exists():
-            raise ValueError(f"dataset path {self.dataset_path} does not exist")
         if self.carbon_trace_path is not None and not self.carbon_trace_path.exists():
             raise ValueError(f"--carbon-trace {self.carbon_trace_path} does not exist")
         if self.regions is not None and len(set(self.regions)) != len(self.regions):
@@ -103,7 +97,7 @@ class CurtailmentConfig(BaseModel):
 
 CURTAIL_PRESETS: dict[str, dict[str, object]] = {
     "curtailment": {
-        "description": "spec §5: three regions over 18 hours, as in the reported run (embedded "
+        "description": "three regions over 18 hours, as in the reported run (embedded "
         "synthetic carbon trace; --carbon-trace FILE --regions A,B,C for real ones)",
     },
     "curtailment-quick": {
@@ -115,12 +109,5 @@ CURTAIL_PRESETS: dict[str, dict[str, object]] = {
 
 
 def build_curtail_config(preset: str | None = None, **overrides: object) -> CurtailmentConfig:
-    """A preset's values, then the caller's non-None overrides on top."""
-    values: dict[str, object] = {}
-    if preset is not None:
-        if preset not in CURTAIL_PRESETS:
-            known = ", ".join(CURTAIL_PRESETS)
-            raise ValueError(f"unknown preset {preset!r}; known presets: {known}")
-        values.update(CURTAIL_PRESETS[preset], name=preset)
-    values.update({k: v for k, v in overrides.items() if v is not None})
-    return CurtailmentConfig(**values)
+    """A curtailment study from a preset (``CURTAIL_PRESETS``) and overrides."""
+    return CurtailmentConfig(**preset_values(CURTAIL_PRESETS, preset, overrides))

@@ -1,5 +1,5 @@
 """Global data progress over shards, so no sample is repeated or lost as sites come and go
-(spec §5.3-§5.5, §5.9 "data bookkeeping").
+(the curtailment paper's shard bookkeeping, arXiv 2602.22760).
 
 The data is one stream of ``total_rows`` positions cut into contiguous shards. At each round
 start the incomplete shards, most-progressed first, are dealt round-robin over the round's sites

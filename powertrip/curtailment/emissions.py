@@ -1,7 +1,8 @@
-"""Energy and operational emissions of a run, the way the curtailment paper's notebook counts
-them (spec §5.7): two power levels per site, the trace's marginal intensity linearly
-interpolated onto a 60 s grid, and a left sum of P(t)·MCI(t)·Δt. Values are taken as gCO2/kWh
-(B3). The "curtailed-energy share" is the energy drawn while the site's own MCI was below θ.
+"""Energy and operational emissions of a run, the way the curtailment paper's (arXiv 2602.22760)
+analysis notebook counts them: two power levels per site, the trace's marginal intensity linearly
+interpolated onto a 60 s grid, and a left sum of P(t)·MCI(t)·Δt. Values are taken as gCO2/kWh,
+as the notebook does (WattTime's own unit is lbs/MWh). The "curtailed-energy share" is the energy
+drawn while the site's own MCI was below θ.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from numpy.typing import NDArray
 
 from powertrip.traces.carbon import THRESHOLD, CarbonTrace
 
-TRAIN_KW = 2.024  # a 4 x A100 site training (spec §5.7)
+TRAIN_KW = 2.024  # a 4 x A100 site training (the paper's notebook)
 IDLE_KW = 0.468  # provisioned but not training: provisioning, loading, waiting for a round
 GRID_S = 60.0
 

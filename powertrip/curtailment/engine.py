@@ -1,4 +1,5 @@
-"""Curtailment-aware elastic training on an emulated clock (spec §5.2-§5.5, §5.9).
+"""Curtailment-aware elastic training on an emulated clock (arXiv 2602.22760, inside PowerTrip's
+round loop vocabulary).
 
 The clock moves from round to round; with no site connected it jumps to the next site's
 readiness (pause). A round starts with the connected sites the policy picks; they load the
@@ -24,149 +25,25 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
-from numpy.typing import NDArray
 
 from powertrip.curtailment.availability import SiteAvailability, change_times, connected_at
 from powertrip.curtailment.carbon_greedy import CarbonSiteProfile
 from powertrip.curtailment.cursor import ShardCursor
-from powertrip.curtailment.emissions import IDLE_KW, TRAIN_KW, SitePowerLog
+from powertrip.curtailment.emissions import SitePowerLog
+from powertrip.curtailment.run_model import (
+    Checkpoints,
+    ElasticRound,
+    ElasticRun,
+    ElasticSite,
+    Learner,
+    SiteWork,
+)
 from powertrip.curtailment.wall_clock import WallClockRounds
-from powertrip.rounds import policy_rng
-from powertrip.selection.base import RoundContext, RoundFeedback, SelectionPolicy
+from powertrip.rounds import policy_rng, round_feedback
+from powertrip.selection.base import RoundContext, SelectionPolicy
 from powertrip.traces.carbon import CarbonTrace
-
-
-@dataclass(frozen=True)
-class ElasticSite:
-    name: str
-    region: str
-    power: float = 1.0  # throughput fraction: a step takes step_s / power
-    comm_s: float = 0.0  # upload of one update (Eq. 3)
-    distance_mi: float = 0.0
-    train_kw: float = TRAIN_KW
-    idle_kw: float = IDLE_KW
-
-
-@dataclass(frozen=True)
-class SiteWork:
-    """One site's share of one round."""
-
-    site: int
-    steps: int  # optimizer steps = batches, the FedAvg weight
-    rows: NDArray[np.int64]  # data-stream positions, in training order
-    train_start_s: float
-    finish_s: float  # end of its last step
-    left: bool  # its availability ended during the round: a partial update
-
-
-@dataclass(frozen=True)
-class Checkpoints:
-    """Evaluate while ``site`` trains on alone (every other site of the round is done): after
-    each of its step counts, the model the server would get if it stopped the round then."""
-
-    site: int
-    steps: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class LearnOutcome:
-    accuracy: float
-    loss: float
-    dispersion: tuple[float, float, float] | None = None
-    checkpoints: tuple[tuple[float, float], ...] = ()  # (accuracy, loss) per checkpoint
-
-
-class Learner(Protocol):
-    def evaluate(self) -> tuple[float, float]:
-        """(accuracy, loss) of the current global model."""
-        ...
-
-    def train_round(
-        self, work: Sequence[SiteWork], checkpoints: Checkpoints | None
-    ) -> LearnOutcome:
-        """Train every site with steps > 0 on its rows from the global model, aggregate them
-        weighted by steps, and evaluate the checkpoints on the way."""
-        ...
-
-
-@dataclass(frozen=True)
-class ElasticRound:
-    index: int
-    start_s: float
-    train_start_s: float
-    stop_s: float  # when the stop was published
-    end_s: float  # when the aggregated model exists
-    work: tuple[SiteWork, ...]
-    accuracy: float
-    loss: float
-
-    @property
-    def participants(self) -> tuple[int, ...]:
-        return tuple(w.site for w in self.work)
-
-    @property
-    def contributors(self) -> tuple[int, ...]:
-        return tuple(w.site for w in self.work if w.steps > 0)
-
-    @property
-    def batches(self) -> int:
-        return sum(w.steps for w in self.work)
-
-
-@dataclass
-class ElasticRun:
-    policy: str
-    sites: tuple[ElasticSite, ...]
-    total_rows: int
-    rounds: list[ElasticRound] = field(default_factory=list)
-    evaluations: list[tuple[float, float, float]] = field(default_factory=list)  # t, acc, loss
-    pauses: list[tuple[float, float]] = field(default_factory=list)
-    power_logs: list[SitePowerLog] = field(default_factory=list)
-    end_s: float = 0.0
-    rows_done: int = 0
-
-    @property
-    def finished(self) -> bool:
-        """All data was trained on (B5: the run ends on data exhaustion)."""
-        return self.rows_done == self.total_rows
-
-    def time_to(self, target: float) -> float | None:
-        return next((t for t, acc, _ in self.evaluations if acc >= target), None)
-
-    @property
-    def best_accuracy(self) -> float:
-        return max(acc for _, acc, _ in self.evaluations)
-
-    @property
-    def final_accuracy(self) -> float:
-        return self.evaluations[-1][1]
-
-    def mode_segments(self) -> list[tuple[float, float, str]]:
-        """(start, end, "pause" | "solo" | "federated") over [0, end_s): a round is federated
-        while two or more of its sites have not left, solo with one."""
-        segs: list[tuple[float, float, str]] = [(a, b, "pause") for a, b in self.pauses]
-        for r in self.rounds:
-            leaves = sorted(w.finish_s for w in r.work if w.left)
-            cuts = [r.start_s, *[x for x in leaves if r.start_s < x < r.end_s], r.end_s]
-            for k, (a, b) in enumerate(zip(cuts[:-1], cuts[1:], strict=True)):
-                n = len(r.work) - k
-                if b > a:
-                    segs.append((a, b, "federated" if n >= 2 else "solo" if n == 1 else "pause"))
-        segs.sort()
-        last = segs[-1][1] if segs else 0.0
-        if last < self.end_s:
-            segs.append((last, self.end_s, "pause"))
-        merged: list[tuple[float, float, str]] = []
-        for a, b, mode in segs:
-            if merged and merged[-1][2] == mode and merged[-1][1] >= a:
-                merged[-1] = (merged[-1][0], max(b, merged[-1][1]), mode)
-            else:
-                merged.append((a, b, mode))
-        return merged
 
 
 class ElasticEngine:
@@ -242,21 +119,8 @@ class ElasticEngine:
                     outcome.loss,
                 )
             )
-            mean_sq, sq_mean, k_eff = outcome.dispersion or (None, None, None)
-            policy.observe(
-                RoundFeedback(
-                    index,
-                    np.asarray([pool.index(i) for i in chosen], dtype=np.int64),
-                    end - t,
-                    outcome.accuracy,
-                    accuracy,
-                    mean_sq_norm=mean_sq,
-                    sq_norm_of_mean=sq_mean,
-                    effective_sites=k_eff,
-                    loss=outcome.loss,
-                    previous_loss=loss,
-                )
-            )
+            picked = np.asarray([pool.index(i) for i in chosen], dtype=np.int64)
+            policy.observe(round_feedback(index, picked, end - t, outcome, accuracy, loss))
             accuracy, loss = outcome.accuracy, outcome.loss
             t = end
             run.rows_done = cursor.rows_done

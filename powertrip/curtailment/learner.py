@@ -1,5 +1,6 @@
 """Real training for the elastic engine: each site trains on exactly the data-stream rows the
-cursor gave it, in order, and updates are averaged weighted by batches (spec §5.5).
+cursor gave it, in order, and updates are averaged weighted by the batches each site processed
+(the work-weighted FedAvg of the curtailment-window study, arXiv 2602.22760).
 
 ``FoldingLearner`` owns the round's arithmetic (who trains from which model, the checkpoint
 models of a lone site, the FedAvg and outer step); subclasses only say how a set of sites is
@@ -15,9 +16,10 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
-from powertrip.curtailment.engine import Checkpoints, LearnOutcome, SiteWork
-from powertrip.fedavg import StreamingFedAvg
-from powertrip.learning.trainer import SiteTrainer, SiteUpdates, TorchParams
+from powertrip.curtailment.run_model import Checkpoints, LearnOutcome, SiteWork
+from powertrip.fedavg import NumpyParams, StreamingFedAvg
+from powertrip.learning.device import TorchParams, to_host, to_numpy, to_torch
+from powertrip.learning.trainer import SiteTrainer, SiteUpdates
 from powertrip.outer_step import NesterovOuter
 
 Evaluate = Callable[[TorchParams], tuple[float, float]]
@@ -51,7 +53,8 @@ class FoldingLearner:
         batch_size: int,
         outer: NesterovOuter | None = None,
     ) -> None:
-        self.params = {k: v.detach().clone() for k, v in params.items()}
+        # In host memory, like the deltas and the averaged models: one device for the arithmetic.
+        self.params = {k: to_host(v).clone() for k, v in params.items()}
         self._eval = evaluate
         self.batch_size = batch_size
         self.outer = outer
@@ -75,16 +78,16 @@ class FoldingLearner:
         if not active:
             acc, loss = self.evaluate()
             return LearnOutcome(acc, loss)
-        template = {k: v.numpy() for k, v in self.params.items()}
+        template = to_numpy(self.params)
         lone = next((w for w in active if checkpoints and w.site == checkpoints.site), None)
         batched = [w for w in active if w is not lone]
-        done: list[tuple[dict[str, np.ndarray], float]] = []  # (delta, batches)
+        done: list[tuple[NumpyParams, float]] = []  # (delta, batches)
         if batched:
             deltas = self.train_sites(
                 self.params, [w.site for w in batched], [w.rows for w in batched]
             )
             for d, w in zip(deltas, batched, strict=True):
-                done.append(({k: v.numpy() for k, v in d.items()}, float(w.steps)))
+                done.append((to_numpy(d), float(w.steps)))
         evals: list[tuple[float, float]] = []
         if lone is not None:  # train on alone in chunks (plain SGD: the same trajectory)
             b = self.batch_size
@@ -93,7 +96,7 @@ class FoldingLearner:
             for k0, k1 in zip(cuts[:-1], cuts[1:], strict=True):
                 (d,) = self.train_sites(local, [lone.site], [lone.rows[k0 * b : k1 * b]])
                 local = {k: local[k] + d[k] for k in local}
-                delta = {k: (local[k] - self.params[k]).numpy() for k in local}
+                delta = to_numpy({k: local[k] - self.params[k] for k in local})
                 if k1 != lone.steps:
                     model = self._aggregate(template, [*done, (delta, float(k1))], commit=False)
                     evals.append(self._eval(model))
@@ -106,7 +109,9 @@ class FoldingLearner:
         self._current = self._eval(self.params)
         return LearnOutcome(*self._current, dispersion, tuple(evals))
 
-    def _aggregate(self, template, updates, commit: bool) -> TorchParams:  # noqa: ANN001
+    def _aggregate(
+        self, template: NumpyParams, updates: Sequence[tuple[NumpyParams, float]], commit: bool
+    ) -> TorchParams:
         """Work-weighted FedAvg of ``updates``, then the outer step if any; ``commit=False``
         leaves the outer optimizer's momentum untouched (a checkpoint, not a round)."""
         agg = StreamingFedAvg(template)
@@ -115,7 +120,7 @@ class FoldingLearner:
         new = agg.apply(template)
         if self.outer is not None:
             new = self.outer.step(template, new, commit=commit)
-        return {k: torch.from_numpy(v) for k, v in new.items()}
+        return to_torch(new)
 
 
 class StreamLearner(FoldingLearner):

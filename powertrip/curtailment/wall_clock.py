@@ -1,6 +1,7 @@
-"""Wall-clock rounds (spec §5.3, §5.9 "round timing"): a round lasts at least a minimum time,
-every site does as many optimizer steps as its power allows meanwhile, and a stop only takes
-effect at a step boundary. Shared by the elastic emulator and the policies that estimate it.
+"""Wall-clock rounds, as in the curtailment paper (arXiv 2602.22760): a round lasts at least a
+minimum time, every site does as many optimizer steps as its power allows meanwhile, and a stop
+only takes effect at a step boundary. Shared by the elastic emulator and the policies that
+estimate it.
 """
 
 from __future__ import annotations

@@ -1,19 +1,36 @@
-"""Turn a dataset and an experiment configuration into the learning side of an emulated run."""
+"""Turn a dataset and a run configuration into the learning side of a run, for both study modes.
+
+``build_federation``: the PowerTrip study (rounds of local epochs over per-site partitions,
+FedAvg weighted by n_i, Eq. 2). ``StreamSetup``: the curtailment study (one shared data stream,
+FedAvg weighted by the batches each site processed, as in the work-weighted averaging of the
+curtailment-window study, arXiv 2602.22760). The emulator, the aggregator and the workers all
+build the learning side here, so they share the model, its initialisation and the data order.
+"""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import torch
 
+from powertrip.curtailment.config import CurtailmentConfig
+from powertrip.curtailment.learner import StreamLearner
+from powertrip.curtailment.wall_clock import WallClockRounds
 from powertrip.emulate import Federation
-from powertrip.experiment import MODEL_FOR_WORKLOAD, ExperimentConfig
+from powertrip.experiment import MODEL_FOR_WORKLOAD, WORKLOAD_DEFAULTS, ExperimentConfig
 from powertrip.learning.datasets import Dataset, load_dataset
+from powertrip.learning.device import array, resolve_device
 from powertrip.learning.models import build_model
 from powertrip.learning.partition import partition
-from powertrip.learning.trainer import LocalTrainingConfig, SiteTrainer, get_params, resolve_device
+from powertrip.learning.trainer import LocalTrainingConfig, SiteTrainer, get_params
+from powertrip.outer_step import NesterovOuter
+
+__all__ = ["StreamSetup", "build_federation", "load_workload"]
 
 
-def load_workload(cfg: ExperimentConfig, seed: int = 0) -> Dataset:
+def load_workload(cfg: ExperimentConfig | CurtailmentConfig, seed: int = 0) -> Dataset:
+    """The run's dataset; ``num_samples`` caps the generated or windowed sample count."""
     kwargs: dict[str, object] = {"seed": seed}
     if cfg.workload == "mnist1d":
         kwargs["num_samples"] = cfg.num_samples
@@ -22,24 +39,29 @@ def load_workload(cfg: ExperimentConfig, seed: int = 0) -> Dataset:
     return load_dataset(cfg.workload, cfg.dataset_path, **kwargs)
 
 
+def _workload_model(workload: str, data: Dataset) -> torch.nn.Module:
+    """The workload's model sized for ``data``, initialised from torch's global seed."""
+    return build_model(
+        MODEL_FOR_WORKLOAD[workload],
+        num_classes=data.num_classes,
+        in_shape=tuple(data.x_train.shape[1:]),
+        vocab_size=data.num_classes if data.task == "next-char" else None,
+    )
+
+
 def build_federation(cfg: ExperimentConfig, data: Dataset, seed: int) -> Federation:
     """Partition the training set over the sites and initialise the model, both from ``seed``."""
     rng = np.random.default_rng([seed, 1])
     parts = partition(
         cfg.partition,
-        data.y_train.numpy(),
+        array(data.y_train),
         cfg.num_sites,
         rng,
         groups=data.groups_train,
         alpha=cfg.dirichlet_alpha,
     )
     torch.manual_seed(seed)
-    model = build_model(
-        MODEL_FOR_WORKLOAD[cfg.workload],
-        num_classes=data.num_classes,
-        in_shape=tuple(data.x_train.shape[1:]),
-        vocab_size=data.num_classes if data.task == "next-char" else None,
-    )
+    model = _workload_model(cfg.workload, data)
     trainer = SiteTrainer(
         model,
         LocalTrainingConfig(
@@ -59,3 +81,58 @@ def build_federation(cfg: ExperimentConfig, data: Dataset, seed: int) -> Federat
         partitions=parts,
         initial_params=get_params(model),
     )
+
+
+class StreamSetup:
+    """Everything a curtailment run's learner needs, built once per study (same init, same
+    stream); the aggregator and the workers of the curtailment service build it the same way,
+    so they share the model, the trainer settings, the data order and the evaluation set with
+    the emulator."""
+
+    def __init__(self, cfg: CurtailmentConfig, data: Dataset) -> None:
+        torch.manual_seed(cfg.seed)
+        model = _workload_model(cfg.workload, data)
+        lr = cfg.lr if cfg.lr is not None else WORKLOAD_DEFAULTS[cfg.workload]["lr"]
+        self.trainer = SiteTrainer(
+            model,
+            LocalTrainingConfig(lr=lr, batch_size=cfg.batch_size, shuffle=False),
+            device=resolve_device(),
+        )
+        self.params = get_params(model)
+        self.data = data
+        self.order = np.random.default_rng([cfg.seed, 2]).permutation(len(data.y_train))
+        self.cfg = cfg
+
+    @classmethod
+    def load(cls, cfg: CurtailmentConfig) -> StreamSetup:
+        """With the run's workload loaded: how the services build it."""
+        return cls(cfg, load_workload(cfg, seed=cfg.seed))
+
+    def learner(self) -> StreamLearner:
+        """A fresh in-process learner from the initial model (one per run of the study)."""
+        d, outer = self.data, self.outer()
+        x_test, y_test = self.eval_set
+        return StreamLearner(
+            self.trainer, d.x_train, d.y_train, x_test, y_test, self.order, self.params, outer
+        )
+
+    @property
+    def eval_set(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The held-out set, cut to ``eval_samples`` when set."""
+        d, n = self.data, self.cfg.eval_samples
+        return (d.x_test, d.y_test) if n is None else (d.x_test[:n], d.y_test[:n])
+
+    def outer(self) -> NesterovOuter | None:
+        """The optional DiLoCo-style Nesterov outer step after the averaging (off by default:
+        the curtailment study's logged run predates it)."""
+        if self.cfg.outer == "nesterov":
+            return NesterovOuter(self.cfg.outer_lr, self.cfg.outer_momentum)
+        return None
+
+    def wall_clock_rounds(self) -> WallClockRounds:
+        """The run's round timing: one full-power site needs ``single_site_hours`` in all."""
+        cfg = self.cfg
+        steps = math.ceil(len(self.data.y_train) / cfg.batch_size)
+        return WallClockRounds(
+            cfg.single_site_hours * 3600.0 / steps, cfg.round_min_s, cfg.overhead_s
+        )

@@ -1,4 +1,5 @@
-"""The paper's models (spec §4.5), written so many site copies can train at once.
+"""The PowerTrip paper's models (§5.1, Table 2: a CNN for EMNIST, a two-layer LSTM for
+Shakespeare) plus a small 1-D CNN for MNIST-1D, written so many site copies can train at once.
 
 The trainer stacks the parameters of all sites along a leading axis and runs
 ``vmap(grad(loss))`` over ``torch.func.functional_call``. That rules out BatchNorm (buffers

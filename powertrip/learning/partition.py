@@ -1,8 +1,9 @@
 """Split a training set into per-site index arrays (pure numpy; deterministic for a given rng).
 
-Three recipes, as in the paper's protocol (spec §4.5): IID (the default), Dirichlet label skew
-(the usual non-IID variant) and natural groups (LEAF Shakespeare: whole speaking roles per site,
-so no role's text is spread over several sites). Every function returns one sorted int64 index
+The PowerTrip paper (§5.1) names its datasets but not how they were spread over its 100 sites,
+so these are the three usual federated recipes: IID (the default), Dirichlet label skew (the
+usual non-IID variant) and natural groups (LEAF Shakespeare: whole speaking roles per site, so
+no role's text is spread over several sites). Every function returns one sorted int64 index
 array per site, and no sample is given to two sites.
 """
 

@@ -19,9 +19,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
-#: A model as torch tensors by parameter name (``NumpyParams`` in ``powertrip.fedavg`` is the
-#: numpy form).
-TorchParams = dict[str, torch.Tensor]
+from powertrip.learning.device import TorchParams, array, resolve_device, tensor, to_host
 
 
 @dataclass(frozen=True)
@@ -43,20 +41,14 @@ class LocalTrainingConfig:
 class SiteUpdates:
     """Per-site results of one round, stacked along axis 0 in the order the sites were given."""
 
-    deltas: TorchParams  # w_i - w, shape [k, *param_shape]
+    deltas: TorchParams  # w_i - w, shape [k, *param_shape], in host memory
     num_samples: np.ndarray  # n_i, the FedAvg weights
     steps: np.ndarray  # optimizer steps each site took
     loss: np.ndarray  # mean training loss per site over its steps
 
 
-def resolve_device(preferred: str = "auto") -> torch.device:
-    """CUDA when present (and asked for), CPU otherwise."""
-    if preferred == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(preferred)
-
-
 def get_params(model: nn.Module) -> TorchParams:
+    """Detached copies of the model's parameters, on the model's device."""
     return {name: p.detach().clone() for name, p in model.named_parameters()}
 
 
@@ -155,8 +147,8 @@ class SiteTrainer:
             valid = sched >= 0
             gather[: sched.shape[0], pos] = np.where(valid, idx[np.clip(sched, 0, None)], 0)
             mask[: sched.shape[0], pos] = valid
-        gather_t = torch.from_numpy(gather).to(self.device)
-        mask_t = torch.from_numpy(mask).to(self.device)
+        gather_t = tensor(gather, self.device)
+        mask_t = tensor(mask, self.device)
         x = x.to(self.device)
         y = y.to(self.device)
 
@@ -176,16 +168,16 @@ class SiteTrainer:
                 loss_sum[:a] += loss
                 for name, g in grads.items():
                     live[name].sub_(g, alpha=lr)
-        back = torch.from_numpy(np.argsort(order)).to(self.device)
-        deltas = {
-            name: (p[back] - global_params[name].to(self.device).unsqueeze(0)).cpu()
+        back = tensor(np.argsort(order), self.device)
+        deltas = {  # to the host in one copy per tensor, not one per site
+            name: to_host(p[back] - global_params[name].to(self.device).unsqueeze(0))
             for name, p in params.items()
         }
         return SiteUpdates(
             deltas=deltas,
             num_samples=np.array([len(i) for i in site_indices], dtype=np.int64),
             steps=steps,
-            loss=loss_sum[back].cpu().numpy() / steps,
+            loss=array(loss_sum[back]) / steps,
         )
 
     def evaluate(
@@ -209,5 +201,4 @@ __all__ = [
     "SiteTrainer",
     "SiteUpdates",
     "get_params",
-    "resolve_device",
 ]

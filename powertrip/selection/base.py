@@ -1,4 +1,4 @@
-"""Which sites train this round: one small interface, every policy of spec §4.6 behind it.
+"""Which sites train this round: one small interface, every selection policy behind it.
 
 A policy sees a ``RoundContext`` (fresh site profiles, the clock) before the round and a
 ``RoundFeedback`` (measured duration, accuracy, update dispersion) after it. The emulator and the
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 from numpy.typing import NDArray
@@ -58,6 +59,12 @@ class RoundFeedback:
     mean_sq_proj: float | None = None
 
 
+class SiteRanking(Protocol):
+    """Orders a round's sites best first: the seam where Algorithm 1 takes its ranking."""
+
+    def order(self, ctx: RoundContext) -> NDArray[np.int64]: ...
+
+
 @dataclass(frozen=True)
 class RankingConfig:
     """How a policy orders sites; Eq. 8 weights follow the update size unless fixed."""
@@ -89,6 +96,8 @@ class SelectionPolicy(ABC):
     centralized_power: float | None = None
     #: ask the executor for the split-half probe (a second, half-size FedAvg) in the feedback
     wants_split_half: bool = False
+    #: ask the executor for the updates' projections on the previous round's global delta
+    wants_direction: bool = False
 
     @abstractmethod
     def select(self, ctx: RoundContext) -> NDArray[np.int64]: ...
@@ -135,7 +144,7 @@ class FixedRadius(SelectionPolicy):
 
 
 class RandomK(SelectionPolicy):
-    """A fresh uniform sample of k sites each round (spec A13: k = k*)."""
+    """A fresh uniform sample of k sites each round (the random baseline, with k = k*)."""
 
     def __init__(self, k: int):
         if k < 1:
@@ -149,7 +158,8 @@ class RandomK(SelectionPolicy):
 
 
 class Centralized(SelectionPolicy):
-    """Spec A14: all partitions trained at one site capped at P_c, with no communication."""
+    """The centralized baseline: every partition trained at one site capped at P_c, with no
+    communication."""
 
     def __init__(self, power_fraction: float):
         if not 0 < power_fraction <= 1:

@@ -19,7 +19,7 @@ from powertrip.selection.greedy import GainModel, GreedyConfig, PowerTripGreedy,
 from powertrip.selection.scoring import Estimator, Ranking
 from powertrip.timing import RoundTimeModel
 
-#: The paper's Algorithm 1 as reconstructed in spec §3.2 (Eq. 8 ranking, log gain, mean power).
+#: The paper's Algorithm 1 as reconstructed here (Eq. 8 ranking, log gain, mean-power estimate).
 PAPER_GREEDY = GreedyConfig()
 
 #: The project's previous default (``powertrip-noise``): rank by each site's own round time,

@@ -14,7 +14,7 @@ from numpy.typing import NDArray
 
 from powertrip.sites import SiteProfile
 
-GB = 1e9  # decimal, spec §4.3
+GB = 1e9  # update sizes are in decimal gigabytes
 
 
 class Ranking(StrEnum):
@@ -25,12 +25,13 @@ class Ranking(StrEnum):
 
 
 class ScoreForm(StrEnum):
-    DIFFERENCE = "difference"  # spec A1 recommendation: alpha*P~ - beta*C~
-    EXPONENT = "exponent"  # P^alpha / C^beta flag
+    DIFFERENCE = "difference"  # Eq. 8: alpha*P~ - beta*C~ (the default)
+    EXPONENT = "exponent"  # alternative form: P^alpha / C^beta
 
 
 class WeightSchedule(StrEnum):
-    LINEAR = "linear"  # spec A2: 1 GB -> (0.7, 0.3), 1.5 GB -> (0.5, 0.5), 2 GB -> (0.3, 0.7)
+    # Eq. 8 weights by update size: 1 GB -> (0.7, 0.3), 1.5 GB -> (0.5, 0.5), 2 GB -> (0.3, 0.7)
+    LINEAR = "linear"
     COMPUTE_SHARE = "compute-share"  # alpha = tau / (tau + M/B_med)
 
 

@@ -1,10 +1,10 @@
 """A curtailment study: PowerTrip, curtailment-only and the two combined on one set of sites
-and one data budget, next to the always-on baselines of spec §5.7.
+and one data budget, next to the always-on baselines of the curtailment paper (arXiv 2602.22760).
 
 | run | which sites may train | who trains in a round |
 |---|---|---|
 | ``powertrip`` | every site, always on | Algorithm 1 over Eq. 8 |
-| ``curtailment`` | curtailed sites (§5.2) | all of them |
+| ``curtailment`` | curtailed sites | all of them |
 | ``combined`` | curtailed sites | Algorithm 1 over Eq. 8 + carbon term |
 | ``always-on-fl`` | the first ``always_on_sites`` sites, always on | all of them |
 | ``single-site`` | one full-power site, always on | it; its energy is priced in every region |
@@ -20,9 +20,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-import numpy as np
-import torch
-
 from powertrip.curtailment.availability import (
     AvailabilityRule,
     SiteAvailability,
@@ -33,16 +30,11 @@ from powertrip.curtailment.carbon_greedy import WallClockGreedy
 from powertrip.curtailment.config import CurtailmentConfig
 from powertrip.curtailment.cursor import ShardCursor
 from powertrip.curtailment.emissions import EnergyReport, account
-from powertrip.curtailment.engine import ElasticEngine, ElasticRun, ElasticSite
-from powertrip.curtailment.learner import StreamLearner
+from powertrip.curtailment.engine import ElasticEngine
+from powertrip.curtailment.run_model import ElasticRun, ElasticSite
 from powertrip.curtailment.sites import build_sites, load_carbon
 from powertrip.curtailment.wall_clock import WallClockRounds
-from powertrip.experiment import MODEL_FOR_WORKLOAD, WORKLOAD_DEFAULTS
-from powertrip.learning.datasets import Dataset
-from powertrip.learning.federation import load_workload
-from powertrip.learning.models import build_model
-from powertrip.learning.trainer import LocalTrainingConfig, SiteTrainer, get_params, resolve_device
-from powertrip.outer_step import NesterovOuter
+from powertrip.learning.federation import StreamSetup, load_workload
 from powertrip.selection.base import SelectAll, SelectionPolicy
 from powertrip.traces.carbon import CarbonTrace
 
@@ -71,69 +63,13 @@ class CurtailmentStudy:
     wall_seconds: float = 0.0
 
     def emissions_ratios(self, name: str) -> dict[str, float | None]:
-        """A run's emissions over the always-on single site's, per region (spec §5.8); None
-        where the baseline emitted nothing."""
+        """A run's emissions over the always-on single site's, per region (the paper's headline
+        ratio); None where the baseline emitted nothing."""
         mine = self.results[name].energy.emissions_kg
         return {
             r: mine / e.emissions_kg if e.emissions_kg > 0 else None
             for r, e in self.single_site.items()
         }
-
-
-class StreamSetup:
-    """Everything a run's learner needs, built once per study (same init, same stream); the
-    aggregator and the workers of the curtailment service build it the same way, so they share
-    the model, the trainer settings, the data order and the evaluation set with the emulator."""
-
-    def __init__(self, cfg: CurtailmentConfig, data: Dataset) -> None:
-        torch.manual_seed(cfg.seed)
-        model = build_model(
-            MODEL_FOR_WORKLOAD[cfg.workload],
-            num_classes=data.num_classes,
-            in_shape=tuple(data.x_train.shape[1:]),
-            vocab_size=data.num_classes if data.task == "next-char" else None,
-        )
-        lr = cfg.lr if cfg.lr is not None else WORKLOAD_DEFAULTS[cfg.workload]["lr"]
-        self.trainer = SiteTrainer(
-            model,
-            LocalTrainingConfig(lr=lr, batch_size=cfg.batch_size, shuffle=False),
-            device=resolve_device(),
-        )
-        self.params = get_params(model)
-        self.data = data
-        self.order = np.random.default_rng([cfg.seed, 2]).permutation(len(data.y_train))
-        self.cfg = cfg
-
-    @classmethod
-    def load(cls, cfg: CurtailmentConfig) -> StreamSetup:
-        """With the run's workload loaded: how the services build it."""
-        return cls(cfg, load_workload(cfg, seed=cfg.seed))  # type: ignore[arg-type]  (same fields)
-
-    def learner(self) -> StreamLearner:
-        outer = self.outer()
-        d = self.data
-        x_test, y_test = self.eval_set
-        return StreamLearner(
-            self.trainer, d.x_train, d.y_train, x_test, y_test, self.order, self.params, outer
-        )
-
-    @property
-    def eval_set(self) -> tuple[torch.Tensor, torch.Tensor]:
-        d, n = self.data, self.cfg.eval_samples
-        return (d.x_test, d.y_test) if n is None else (d.x_test[:n], d.y_test[:n])
-
-    def outer(self) -> NesterovOuter | None:
-        if self.cfg.outer == "nesterov":
-            return NesterovOuter(self.cfg.outer_lr, self.cfg.outer_momentum)
-        return None
-
-    def wall_clock_rounds(self) -> WallClockRounds:
-        """The run's round timing: one full-power site needs ``single_site_hours`` in all."""
-        cfg = self.cfg
-        steps = math.ceil(len(self.data.y_train) / cfg.batch_size)
-        return WallClockRounds(
-            cfg.single_site_hours * 3600.0 / steps, cfg.round_min_s, cfg.overhead_s
-        )
 
 
 def build_policy(name: str, cfg: CurtailmentConfig, rounds: WallClockRounds) -> SelectionPolicy:

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
 
-matplotlib.use("Agg")  # headless: plots are files, never windows
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from powertrip.study.curtailment import CurtailmentStudy  # noqa: E402
+from powertrip.study.curtailment import CurtailmentStudy
+from powertrip.study.figures import finish_figure, save_figure
 
 HOURS = 3600.0
 MODE_COLOURS = {"pause": "lightgray", "solo": "tab:orange", "federated": "tab:green"}
@@ -59,10 +57,7 @@ def plot_availability(study: CurtailmentStudy, path: Path) -> Path:
     labels = ["provisioning (idle power)", "ready", f"training ({run_name})"]
     bottom.legend(handles, labels, fontsize=7, loc="upper right")
     bottom.set_xlim(0, end_h)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_modes(study: CurtailmentStudy, path: Path) -> Path:
@@ -77,10 +72,7 @@ def plot_modes(study: CurtailmentStudy, path: Path) -> Path:
     ax.legend(handles, list(MODE_COLOURS), fontsize=7, ncol=3, loc="lower right")
     ax.set_xlabel("hours from trace start")
     ax.set_title(f"Execution mode over time\n{_subtitle(study)}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_cumulative_emissions(study: CurtailmentStudy, path: Path) -> Path:
@@ -99,14 +91,14 @@ def plot_cumulative_emissions(study: CurtailmentStudy, path: Path) -> Path:
             lw=1,
             label=f"single site, {region}",
         )
-    ax.set_xlabel("hours from trace start")
-    ax.set_ylabel("cumulative emissions (kg CO2)")
-    ax.set_title(f"Emissions per run\n{_subtitle(study)}", fontsize=9)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return finish_figure(
+        fig,
+        ax,
+        path,
+        f"Emissions per run\n{_subtitle(study)}",
+        xlabel="hours from trace start",
+        ylabel="cumulative emissions (kg CO2)",
+    )
 
 
 def plot_accuracy(study: CurtailmentStudy, path: Path) -> Path:
@@ -115,14 +107,14 @@ def plot_accuracy(study: CurtailmentStudy, path: Path) -> Path:
         ev = np.asarray(res.run.evaluations)
         ax.plot(ev[:, 0] / HOURS, ev[:, 1], label=name, lw=1.5 if name != "single-site" else 1)
     ax.axhline(study.target_accuracy, color="k", ls="--", lw=0.8, label="target")
-    ax.set_xlabel("hours from trace start")
-    ax.set_ylabel("held-out accuracy")
-    ax.set_title(f"Accuracy over emulated time\n{_subtitle(study)}", fontsize=9)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return finish_figure(
+        fig,
+        ax,
+        path,
+        f"Accuracy over emulated time\n{_subtitle(study)}",
+        xlabel="hours from trace start",
+        ylabel="held-out accuracy",
+    )
 
 
 def write_curtailment_plots(study: CurtailmentStudy, out_dir: Path) -> list[Path]:

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+import matplotlib.pyplot as plt
 
-matplotlib.use("Agg")  # headless: plots are files, never windows
-import matplotlib.pyplot as plt  # noqa: E402
-
-from powertrip.study.powertrip import StudyResult  # noqa: E402
-from powertrip.study.results import policy_table, sweep_table  # noqa: E402
+from powertrip.study.figures import finish_figure, save_figure
+from powertrip.study.powertrip import StudyResult
+from powertrip.study.results import policy_table, sweep_table
 
 HOURS = 3600.0
 
@@ -48,10 +46,7 @@ def plot_tta_bars(result: StudyResult, path: Path) -> Path:
     ax.set_ylabel("time to accuracy (emulated hours)")
     ax.set_title(_title(result, "Time to accuracy by policy (mean ± std)"), fontsize=9)
     ax.tick_params(axis="x", rotation=30)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_static_sweep(result: StudyResult, path: Path) -> Path | None:
@@ -73,10 +68,7 @@ def plot_static_sweep(result: StudyResult, path: Path) -> Path | None:
     ax.set_xlabel("sites per round (static top-k, Eq. 8 ranking)")
     ax.set_ylabel("time to accuracy (emulated hours)")
     ax.set_title(_title(result, "Static-k sweep"), fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def _first_repeat_runs(result: StudyResult):
@@ -117,14 +109,7 @@ def plot_accuracy_over_time(result: StudyResult, path: Path) -> Path:
 
 
 def _save_time_plot(fig, ax, path: Path, ylabel: str, title: str) -> Path:  # noqa: ANN001
-    ax.set_xlabel("emulated time (hours)")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return finish_figure(fig, ax, path, title, xlabel="emulated time (hours)", ylabel=ylabel)
 
 
 def write_plots(result: StudyResult, out_dir: Path) -> list[Path]:

@@ -1,9 +1,10 @@
-"""A study: every requested policy x repeat on one fixed set of sites (spec §4.7).
+"""A study: every requested policy x repeat on one fixed set of sites, scored by the paper's
+time-to-accuracy.
 
 Phase 1 runs the static sweep (the learning curves of top-k for each k); it fixes the target
-accuracy when none is given (spec §4.5 rule) and k* (lowest mean time-to-accuracy over repeats).
-Phase 2 runs every other policy. The site profile seed stays fixed; the training seed (data
-partition, model init, batch order) is ``seed + repeat``.
+accuracy when none is given (the paper's rule: the lowest best accuracy any k reaches) and k*
+(lowest mean time-to-accuracy over repeats). Phase 2 runs every other policy. The site profile
+seed stays fixed; the training seed (data partition, model init, batch order) is ``seed + repeat``.
 """
 
 from __future__ import annotations

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
-import csv
-import json
-import math
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from powertrip.sites import site_id
+from powertrip.study.files import (
+    data_label,
+    json_safe,
+    runtime_facts,
+    summary_header,
+    write_csv,
+    write_json,
+)
 from powertrip.study.powertrip import RunSummary, StudyResult
 
 RESULT_FIELDS = [
@@ -97,90 +102,80 @@ def sweep_table(result: StudyResult) -> list[tuple[int, float | None, float | No
     return out
 
 
-def _json_safe(value: object) -> object:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
+ROUND_FIELDS = (
+    "policy",
+    "repeat",
+    "round",
+    "time_seconds",
+    "duration_seconds",
+    "sites",
+    "accuracy",
+    "loss",
+    "selected",
+)
 
 
 def write_outputs(result: StudyResult, out_dir: Path) -> dict[str, Path]:
     """results.csv (policy x repeat), rounds.csv (every round), summary.json (table + config)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {
-        "results": out_dir / "results.csv",
-        "rounds": out_dir / "rounds.csv",
-        "summary": out_dir / "summary.json",
+        "results": write_csv(
+            out_dir / "results.csv",
+            RESULT_FIELDS,
+            (_result_row(result, s) for s in result.summaries),
+        ),
+        "rounds": write_csv(out_dir / "rounds.csv", ROUND_FIELDS, _round_lines(result)),
     }
-    with paths["results"].open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=RESULT_FIELDS)
-        w.writeheader()
-        for s in result.summaries:
-            tta = s.time_to_accuracy_s
-            w.writerow(
-                {
-                    "policy": s.policy,
-                    "repeat": s.repeat,
-                    "seed": s.seed,
-                    "time_to_accuracy_seconds": "" if tta is None else f"{tta:.3f}",
-                    "time_to_accuracy_hours": "" if tta is None else f"{tta / 3600:.5f}",
-                    "rounds": "" if s.rounds is None else s.rounds,
-                    "reached_target": s.reached,
-                    "rounds_run": s.rounds_run,
-                    "mean_sites": f"{s.mean_sites:.2f}",
-                    "max_sites": s.max_sites,
-                    "final_accuracy": f"{s.final_accuracy:.4f}",
-                    "best_accuracy": f"{s.best_accuracy:.4f}",
-                    "power_model": result.power_label,
-                }
-            )
-    with paths["rounds"].open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(
-            [
-                "policy",
-                "repeat",
-                "round",
-                "time_seconds",
-                "duration_seconds",
-                "sites",
-                "accuracy",
-                "loss",
-                "selected",
-            ]
-        )
-        for rep, run in result.runs:
-            for r in run.rounds:
-                w.writerow(
-                    [
-                        run.policy,
-                        rep,
-                        r.round,
-                        f"{r.time_s:.3f}",
-                        f"{r.duration_s:.3f}",
-                        r.sites,
-                        f"{r.accuracy:.4f}",
-                        f"{r.loss:.4f}",
-                        " ".join(site_id(s) for s in r.selected),
-                    ]
-                )
     summary = {
-        "preset": result.config.name,
-        "config": json.loads(result.config.model_dump_json()),
+        **summary_header(result.config),
         "target_accuracy": result.target_accuracy,
         "k_star": result.k_star,
-        "data_label": "synthetic (mnist1d)" if result.config.workload == "mnist1d" else "real",
+        "data_label": data_label(result.config.workload),
         "power_model": result.power_label,
-        "wall_seconds": round(result.wall_seconds, 2),
-        # float reduction order depends on it: a seed reproduces bit-for-bit at a fixed count
-        "torch_threads": torch.get_num_threads(),
+        **runtime_facts(result.wall_seconds),
         "trajectory_cache": {"hits": result.cache_hits, "misses": result.cache_misses},
         "policies": [
-            {k: _json_safe(v) for k, v in asdict(row).items()} for row in policy_table(result)
+            {k: json_safe(v) for k, v in asdict(row).items()} for row in policy_table(result)
         ],
         "static_sweep": [
             {"k": k, "tta_mean_s": m, "tta_std_s": s, "reached": n, "repeats": r}
             for k, m, s, n, r in sweep_table(result)
         ],
     }
-    paths["summary"].write_text(json.dumps(summary, indent=2))
+    paths["summary"] = write_json(out_dir / "summary.json", summary)
     return paths
+
+
+def _result_row(result: StudyResult, s: RunSummary) -> dict[str, object]:
+    tta = s.time_to_accuracy_s
+    return {
+        "policy": s.policy,
+        "repeat": s.repeat,
+        "seed": s.seed,
+        "time_to_accuracy_seconds": "" if tta is None else f"{tta:.3f}",
+        "time_to_accuracy_hours": "" if tta is None else f"{tta / 3600:.5f}",
+        "rounds": "" if s.rounds is None else s.rounds,
+        "reached_target": s.reached,
+        "rounds_run": s.rounds_run,
+        "mean_sites": f"{s.mean_sites:.2f}",
+        "max_sites": s.max_sites,
+        "final_accuracy": f"{s.final_accuracy:.4f}",
+        "best_accuracy": f"{s.best_accuracy:.4f}",
+        "power_model": result.power_label,
+    }
+
+
+def _round_lines(result: StudyResult) -> Iterator[list[object]]:
+    for rep, run in result.runs:
+        for r in run.rounds:
+            yield [
+                run.policy,
+                rep,
+                r.round,
+                f"{r.time_s:.3f}",
+                f"{r.duration_s:.3f}",
+                r.sites,
+                f"{r.accuracy:.4f}",
+                f"{r.loss:.4f}",
+                " ".join(site_id(s) for s in r.selected),
+            ]

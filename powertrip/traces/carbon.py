@@ -1,4 +1,4 @@
-"""Carbon-intensity traces and the curtailment windows they define (spec §5.2, B3).
+"""Carbon-intensity traces and the curtailment windows they define (arXiv 2602.22760).
 
 Two file formats, told apart by their header:
 
@@ -7,8 +7,9 @@ Two file formats, told apart by their header:
 * Electricity Maps hourly exports: ``Datetime (UTC)``, ``Zone Id``, ``Carbon Intensity
   gCO₂eq/kWh (direct)`` / ``(LCA)``, ``Data Estimated`` (counted as flagged, not dropped), ...
 
-Values are read as gCO2/kWh, exactly as the curtailment paper's notebook does (B3). A sample
-holds until the next one (forward fill); the last holds for one sampling step.
+Values are read as gCO2/kWh, exactly as the curtailment paper's notebook does (WattTime's own
+unit is lbs/MWh). A sample holds until the next one (forward fill); the last holds for one
+sampling step.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from powertrip.traces.io import (
     read_header,
 )
 
-THRESHOLD = 100.0  # gCO2/kWh: curtailed while MCI < 100 (spec §5.2)
+THRESHOLD = 100.0  # gCO2/kWh: curtailed while MCI < 100 (the curtailment paper's θ)
 HOLD_S = 600.0  # exit hysteresis: leave after MCI > threshold for this long
 WATTTIME_LABEL = "watttime-mci"
 EMAPS_LABEL = "electricitymaps"
@@ -197,9 +198,10 @@ def curtailment_windows_of(
 ) -> list[tuple[float, float]]:
     """[start, end) intervals during which a site is curtailed, from a forward-filled series.
 
-    The rule of spec §5.2 in continuous time: the site enters the moment intensity < threshold;
-    once in, intensity > threshold marks it and intensity <= threshold clears the mark; it leaves
-    ``hold_s`` after the mark if the mark was never cleared up to and including that moment.
+    The curtailment paper's rule (its prototype polls every 10 s) in continuous time: the site
+    enters the moment intensity < threshold; once in, intensity > threshold marks it and
+    intensity <= threshold clears the mark; it leaves ``hold_s`` after the mark if the mark was
+    never cleared up to and including that moment.
     Intensity exactly at the threshold neither enters nor marks. A window still open at
     ``end_s`` ends there.
     """
@@ -230,7 +232,7 @@ def curtailment_windows(
 ) -> dict[str, list[tuple[float, float]]]:
     """Curtailment windows per region, in seconds after ``trace.start``.
 
-    Pure: no provisioning delay (240 s in the logged run, B2); whoever turns windows into site
+    Pure: no provisioning delay (240 s in the paper's logged run); whoever turns windows into site
     availability adds it.
     """
     return {

@@ -1,4 +1,5 @@
-"""Google powerdata_2019 power traces and the PowerSource that replays them (spec §4.4, A12).
+"""Google powerdata_2019 power traces (the PowerTrip paper's real-power experiments) and the
+PowerSource that replays them.
 
 Reads the upstream schema (``time, cell, pdu, measured_power_util, production_power_util,
 bad_measurement_data, bad_production_power_data``; CSV or .csv.gz; ``time`` in microseconds, each
@@ -55,7 +56,7 @@ class PowerSeries:
 
     @property
     def spare(self) -> NDArray[np.float64]:
-        """Spare power fraction, 1 - utilisation (spec A12)."""
+        """Spare power fraction, 1 - utilisation: what a site may use for training."""
         return 1.0 - self.utilisation
 
     @property
@@ -92,7 +93,7 @@ def is_power_header(header: list[str]) -> bool:
 
 
 def resolve_column(column: str | None, header: list[str]) -> str:
-    """``None`` means production (spec A12) where the file has it, else measured."""
+    """``None`` means production (as the paper uses) where the file has it, else measured."""
     if column is None:
         return PRODUCTION if PRODUCTION in header else MEASURED
     if column not in COLUMN_ALIASES:
@@ -187,8 +188,8 @@ def read_power_trace(
 ) -> PowerTrace:
     """Every series in the given files and directories (``*.csv``, ``*.csv.gz``), one column.
 
-    ``column``: ``"production"`` (spec A12), ``"measured"``, or ``None`` for production when the
-    first file has it and measured otherwise; every file must then have that column.
+    ``column``: ``"production"`` (as the paper uses), ``"measured"``, or ``None`` for production
+    when the first file has it and measured otherwise; every file must then have that column.
     """
     files = _trace_files([paths] if isinstance(paths, str | Path) else paths)
     series: list[PowerSeries] = []

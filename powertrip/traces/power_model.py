@@ -3,7 +3,7 @@
 Both call ``build_power`` with their own configuration (``ExperimentConfig`` or
 ``ProfilerConfig``: anything with the four fields of ``PowerSettings``) and the site set they
 generated from the same seed, so a profiler configured like a study serves exactly the power the
-study's emulator sees at every instant (spec §4.4, §4.7).
+study's emulator sees at every instant.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from powertrip.sites import PowerSource, SiteSet, StaticPower
 from powertrip.traces.power import TracePower, read_power_trace
 from powertrip.traces.synthetic import synthetic_power_trace
 
-#: spec §4.4: static U(0.1, 1) draws, the embedded synthetic trace, or Google trace files
+#: The paper's uniform model (static U(0.1, 1) draws), the embedded synthetic trace, or Google
+#: trace files
 PowerModel = Literal["uniform", "synthetic-trace", "google-trace"]
 UNIFORM_LABEL = "uniform U(0.1, 1)"
 

@@ -1,10 +1,10 @@
-"""The embedded offline power trace (spec §4.4 [C] fallback), used when no real trace is given.
+"""The embedded offline power trace: a stand-in for the Google traces when no real trace is given.
 
 Per domain: a mean spare evenly spaced over [0.26, 0.51] (the paper's "typically 26% to 51%"),
 a ±5-point diurnal sinusoid with a random phase, and AR(1) noise at 5-minute steps, clipped to
-[0.2, 0.6]. The spec gives the noise as sigma = 0.02 without saying which sigma: here it is the
-stationary standard deviation, so changing ``ar_coef`` changes how fast the noise wanders, not
-how far. Deterministic from ``seed``. The result is a ``PowerTrace`` labelled "synthetic-trace".
+[0.2, 0.6]. The noise's sigma = 0.02 is its stationary standard deviation, so changing
+``ar_coef`` changes how fast the noise wanders, not how far. Deterministic from ``seed``. The
+result is a ``PowerTrace`` labelled "synthetic-trace".
 """
 
 from __future__ import annotations
@@ -64,5 +64,5 @@ def synthetic_power_trace(
         "ar_coef": ar_coef,
         "clip": list(clip),
     }
-    source = f"embedded generator (spec §4.4 fallback), seed {seed}"
+    source = f"embedded generator (offline stand-in for the Google traces), seed {seed}"
     return PowerTrace(tuple(series), PRODUCTION, SYNTHETIC_LABEL, source, slot_s, notes)

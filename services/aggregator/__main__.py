@@ -1,15 +1,18 @@
-"""python -m services.aggregator: register workers, run rounds, serve status and metrics."""
+"""powertrip-aggregator: register workers, run rounds, serve status and metrics."""
 
 from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Callable
 
 from powertrip.v1 import aggregator_pb2_grpc, profiler_pb2, profiler_pb2_grpc
 from services.aggregator.config import AggregatorConfig
 from services.aggregator.curtail_run import CurtailmentRun
-from services.aggregator.run import AggregatorRun, RunState
+from services.aggregator.lifecycle import Run, RunState
+from services.aggregator.run import AggregatorRun
 from services.aggregator.servicer import AggregatorServicer
+from services.common.command_line import parse_service_args
 from services.common.config import ConfigError, load_config
 from services.common.grpc_client import make_channel, retry_idempotent
 from services.common.grpc_server import build_server, serve
@@ -19,9 +22,15 @@ from services.common.metrics import start_metrics_server
 
 logger = logging.getLogger("services.aggregator")
 SERVICE = "powertrip.v1.AggregatorService"
+#: the run of each POWERTRIP_MODE
+RUNS: dict[str, Callable[[AggregatorConfig], Run]] = {
+    "powertrip": AggregatorRun,
+    "curtailment": CurtailmentRun,
+}
 
 
 def main() -> int:
+    parse_service_args("powertrip-aggregator", AggregatorConfig, __doc__)
     try:
         cfg = load_config(AggregatorConfig)
         cfg.curtailment() if cfg.mode == "curtailment" else cfg.experiment()
@@ -34,7 +43,7 @@ def main() -> int:
 
     torch.set_num_threads(1)
     metrics_port = start_metrics_server(cfg.metrics_port, cfg.bind_host)
-    run = CurtailmentRun(cfg) if cfg.mode == "curtailment" else AggregatorRun(cfg)
+    run = RUNS[cfg.mode](cfg)
     profiler = profiler_pb2_grpc.ProfilerServiceStub(make_channel(cfg.profiler_addr, cfg))
 
     @retry_idempotent(max_seconds=60)
@@ -66,7 +75,7 @@ def main() -> int:
         return 0
     thread.join()
     server.stop(grace=2)
-    return 0 if run.status.state is RunState.DONE else 1
+    return 0 if run.status_snapshot().status.state is RunState.DONE else 1
 
 
 if __name__ == "__main__":

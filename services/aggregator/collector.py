@@ -1,8 +1,8 @@
-"""One open round on the aggregator: who may submit, what arrived, the running FedAvg sums.
+"""The aggregator's update intake: one open round, who may submit, what arrived.
 
 ``RoundGate`` holds what every kind of round shares (admission, failures, the wait for the
-last update, closing at the deadline); ``RoundCollector`` folds FedAvg sums on top of it, and
-curtailment's ``DeltaInbox`` keeps each delta whole.
+last update, closing at the deadline); ``RoundCollector`` folds FedAvg sums on top of it (PowerTrip
+mode), and ``DeltaInbox`` keeps each delta whole (curtailment mode's sub-rounds).
 
 Updates are checked chunk by chunk while they stream in (``TensorStreamReceiver``) and folded
 once the checksum matches: a stream that dies mid-way or carries a bad value never touches the
@@ -19,6 +19,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 from numpy.typing import NDArray
 
 from powertrip.fedavg import StreamingFedAvg
@@ -67,7 +68,7 @@ class RoundGate:
                 raise StaleRound(f"{site_id(site)} was not selected in round {self.round}")
             if self._delivered(site) or site in self._in_flight:
                 raise Duplicate(f"{site_id(site)} already submitted round {self.round}")
-            # A rejected stream may be sent again whole while the round is open (R9).
+            # A rejected stream may be sent again whole while the round is open.
             self.failed.pop(site, None)
             self._in_flight.add(site)
 
@@ -162,3 +163,30 @@ class RoundCollector(RoundGate):
             elif not (self.closed and s in self.failed):
                 return
             self._next += 1
+
+
+class DeltaInbox(RoundGate):
+    """One sub-round of curtailment mode: each site's verified delta, kept whole.
+
+    Curtailment's round arithmetic (``FoldingLearner``) needs every delta on its own (a lone
+    site's checkpoint models add its partial delta to the others'), so updates are not summed on
+    arrival as in ``RoundCollector``; the fold happens afterwards, in work order. Same calls as
+    the collector, so the servicer feeds either. Memory: one model per site of the sub-round.
+    """
+
+    def __init__(self, round_index: int, sites: Sequence[int]) -> None:
+        super().__init__(round_index, sites)
+        self.deltas: dict[int, dict[str, NDArray[np.float32]]] = {}
+        self.weights: dict[int, float] = {}
+
+    def _delivered(self, site: int) -> bool:
+        return site in self.deltas
+
+    def _prepare(self, rx: TensorStreamReceiver) -> dict[str, NDArray[np.float32]]:
+        try:
+            return rx.arrays()
+        finally:
+            rx.close()
+
+    def _keep(self, site: int, item: dict[str, NDArray[np.float32]], weight: float) -> None:
+        self.deltas[site], self.weights[site] = item, weight

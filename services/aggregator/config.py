@@ -19,7 +19,8 @@ from services.common.config import CurtailSettings, ServiceConfig
 class AggregatorConfig(ServiceConfig, CurtailSettings):
     profiler_addr: str  # host:port of the profiler
     # powertrip: PowerTrip's rounds over the experiment preset; curtailment: the elastic,
-    # curtailment-aware run of spec §5 over POWERTRIP_CURTAIL_PRESET, availability from the profiler
+    # curtailment-aware run of docs/curtailment.md over POWERTRIP_CURTAIL_PRESET, availability
+    # from the profiler
     mode: Literal["powertrip", "curtailment"] = "powertrip"
     curtail_policy: Literal["curtailment", "combined"] = "curtailment"
     policy: str = "powertrip"

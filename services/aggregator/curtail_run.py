@@ -1,6 +1,7 @@
-"""The aggregator's curtailment mode (spec §5): the emulator's ``ElasticEngine`` plays the run on
-an emulated clock, with availability and the carbon trace from the profiler's
-``GetAvailability`` and the training done by the workers (``GrpcLearner``).
+"""The aggregator's curtailment mode, the curtailment-aware elastic training of
+docs/curtailment.md: the emulator's ``ElasticEngine`` plays the run on an emulated clock, with
+availability and the carbon trace from the profiler's ``GetAvailability`` and the training done
+by the workers (``GrpcLearner``).
 
 The scheduling, the data cursor, the round arithmetic and the energy accounting are the
 emulator's own code, so a service run makes the decisions and reports the energy and emissions
@@ -12,35 +13,31 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
-import torch
 from numpy.typing import NDArray
 
-from powertrip.curtailment.availability import SiteAvailability
 from powertrip.curtailment.cursor import ShardCursor
 from powertrip.curtailment.emissions import EnergyReport, account
 from powertrip.curtailment.engine import ElasticEngine, ElasticRun
 from powertrip.curtailment.learner import Evaluate, FoldingLearner
 from powertrip.curtailment.sites import build_sites
-from powertrip.learning.trainer import TorchParams
+from powertrip.learning.device import TorchParams, to_numpy, to_torch
+from powertrip.learning.federation import StreamSetup
 from powertrip.outer_step import NesterovOuter
 from powertrip.rounds import RoundRecord
 from powertrip.sites import site_id
-from powertrip.study.curtailment import StreamSetup, build_engine, build_policy
+from powertrip.study.curtailment import build_engine, build_policy
 from powertrip.traces.carbon import CarbonTrace
-from powertrip.v1 import common_pb2, profiler_pb2, profiler_pb2_grpc
+from powertrip.v1 import common_pb2
 from services.aggregator import metrics
+from services.aggregator.collector import DeltaInbox
 from services.aggregator.config import AggregatorConfig
-from services.aggregator.delta_inbox import DeltaInbox
 from services.aggregator.executor import GrpcRoundExecutor
-from services.aggregator.registry import WorkerRegistry
-from services.aggregator.run import RunState, RunStatus, wait_for_sites
-from services.common.grpc_client import make_channel, retry_idempotent
-from services.common.wire import from_availability_reply
+from services.aggregator.lifecycle import Registration, RunLifecycle, StatusRound
+from services.aggregator.profile_feed import ProfileFeed
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +69,7 @@ class GrpcLearner(FoldingLearner):
     ) -> list[TorchParams]:
         self.sub_rounds += 1
         n = self.sub_rounds
-        arrays = {k: v.numpy() for k, v in params.items()}
+        arrays = to_numpy(params)
         inbox = DeltaInbox(n, sites)
         tx = self.transport
         tx.params, tx.collector = arrays, inbox  # the servicer checks updates against these
@@ -103,39 +100,30 @@ class GrpcLearner(FoldingLearner):
                     f"{site_id(s)} reported {inbox.weights[s]:g} steps for {len(r)} rows, "
                     f"expected {steps}"
                 )
-        return [{k: torch.from_numpy(v) for k, v in inbox.deltas[s].items()} for s in sites]
+        return [to_torch(inbox.deltas[s]) for s in sites]
 
 
-@dataclass(frozen=True)
-class CurtailRoundRecord(RoundRecord):
-    start_s: float = 0.0
-    steps: tuple[int, ...] = ()  # per selected site
-
-
-class CurtailmentRun:
-    """Same surface as ``AggregatorRun`` for the servicer: registry, executor, status."""
+class CurtailmentRun(RunLifecycle):
+    """Curtailment mode: the elastic engine's run, each sub-round trained on the workers."""
 
     mode = "curtailment"
+    thread_name = "curtailment-run"
 
     def __init__(self, cfg: AggregatorConfig) -> None:
-        self.cfg = cfg
-        self.config = cfg.curtailment()
-        self.run_seed = self.config.seed
-        self.target = cfg.target_accuracy
-        self.num_sites = cfg.num_sites or (
-            len(self.config.regions) * self.config.sites_per_region if self.config.regions else None
+        config = self.config = cfg.curtailment()
+        num_sites = cfg.num_sites or (
+            len(config.regions) * config.sites_per_region if config.regions else None
         )
-        if self.num_sites is None:
+        if num_sites is None:
             raise ValueError("curtailment mode needs POWERTRIP_NUM_SITES or POWERTRIP_SITE_REGIONS")
-        self.registry = WorkerRegistry(self.num_sites)
-        self.status = RunStatus()
-        self.energy: EnergyReport | None = None
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
+        super().__init__(cfg, num_sites, cfg.min_sites or num_sites)
+        self.num_sites = num_sites
+        self.run_seed = config.seed
+        self.target = cfg.target_accuracy
         self.setup = StreamSetup.load(self.config)
         x_test, y_test = self.setup.eval_set
         trainer = self.setup.trainer
-        params = {k: v.numpy().copy() for k, v in self.setup.params.items()}
+        params = to_numpy(self.setup.params, copy=True)
 
         def evaluate(p: TorchParams) -> tuple[float, float]:
             return trainer.evaluate(p, x_test, y_test)
@@ -143,7 +131,7 @@ class CurtailmentRun:
         self.executor = GrpcRoundExecutor(  # the transport: channels, broadcast, update checks
             self.registry,
             params,
-            lambda p: evaluate({k: torch.from_numpy(v) for k, v in p.items()}),
+            lambda p: evaluate(to_torch(p)),
             self.run_seed,
             cfg.round_deadline_s,
             pace_by_power=False,
@@ -158,35 +146,19 @@ class CurtailmentRun:
             cfg.round_deadline_s,
             self.setup.outer(),
         )
-        self._profiler = profiler_pb2_grpc.ProfilerServiceStub(make_channel(cfg.profiler_addr, cfg))
+        self.feed = ProfileFeed(cfg, num_sites)
         self._reported: dict[str, tuple[float, float]] = {}  # site -> (kWh, g) already counted
 
     @property
     def policy_name(self) -> str:
         return self.cfg.curtail_policy
 
-    @property
-    def expected_sites(self) -> int:
-        return self.cfg.min_sites or self.num_sites
+    def registration(self) -> Registration:
+        return Registration(
+            self.run_seed, self.mode, curtail_config_json=self.config.model_dump_json()
+        )
 
     # -- pieces ----------------------------------------------------------------------------
-    def availability(self) -> tuple[list[SiteAvailability], float, CarbonTrace]:
-        @retry_idempotent(max_seconds=60, max_attempts=30)
-        def fetch() -> profiler_pb2.GetAvailabilityResponse:
-            return self._profiler.GetAvailability(
-                profiler_pb2.GetAvailabilityRequest(), timeout=self.cfg.rpc_timeout_s
-            )
-
-        sites, rule, trace = from_availability_reply(fetch())
-        ids = [s.site for s in sites]
-        if ids != [site_id(i) for i in range(self.num_sites)]:
-            raise RuntimeError(
-                f"the profiler has {len(ids)} curtailment sites but this run has "
-                f"{self.num_sites}: set the same POWERTRIP_SITE_REGIONS and "
-                "POWERTRIP_SITES_PER_REGION for both"
-            )
-        return sites, rule.threshold, trace
-
     def _report(
         self, engine: ElasticEngine, run: ElasticRun, trace: CarbonTrace, until_s: float
     ) -> EnergyReport:
@@ -204,72 +176,57 @@ class CurtailmentRun:
         return account(logs, trace, threshold)
 
     # -- lifecycle -------------------------------------------------------------------------
-    def run(self) -> None:
-        try:
-            why = wait_for_sites(
-                self.registry, self.expected_sites, self.cfg.registration_timeout_s, self._stop
+    def _train(self) -> None:
+        availability, _, trace = self.feed.availability()
+        sites = build_sites(self.config, trace)
+        regions = [a.region for a in availability]
+        if [s.region for s in sites] != regions:
+            raise RuntimeError(
+                f"the profiler's site regions {regions} differ from this run's "
+                f"{[s.region for s in sites]}: set the same POWERTRIP_SITE_REGIONS for both"
             )
-            if why is not None:
-                if why:
-                    self._fail(why)
-                return
-            availability, _, trace = self.availability()
-            sites = build_sites(self.config, trace)
-            regions = [a.region for a in availability]
-            if [s.region for s in sites] != regions:
-                raise RuntimeError(
-                    f"the profiler's site regions {regions} differ from this run's "
-                    f"{[s.region for s in sites]}: set the same POWERTRIP_SITE_REGIONS for both"
-                )
-            sites = tuple(replace(s, name=site_id(i)) for i, s in enumerate(sites))
-            with self._lock:
-                self.status.state = RunState.TRAINING
-            rounds = self.setup.wall_clock_rounds()
-            engine = build_engine(
-                self.config, sites, tuple(availability), rounds, trace, self.config.hours * 3600
-            )
-            policy = build_policy(self.policy_name, self.config, rounds)
-            cursor = ShardCursor(len(self.setup.data.y_train), self.config.num_shards)
-            logger.info(
-                "curtailment run: %d sites (%s), %s, policy %s, step %.2f s",
-                len(sites),
-                ", ".join(regions),
-                trace.label,
-                policy.name,
-                rounds.step_s,
-            )
+        sites = tuple(replace(s, name=site_id(i)) for i, s in enumerate(sites))
+        self._begin_training()
+        rounds = self.setup.wall_clock_rounds()
+        engine = build_engine(
+            self.config, sites, tuple(availability), rounds, trace, self.config.hours * 3600
+        )
+        policy = build_policy(self.policy_name, self.config, rounds)
+        cursor = ShardCursor(len(self.setup.data.y_train), self.config.num_shards)
+        logger.info(
+            "curtailment run: %d sites (%s), %s, policy %s, step %.2f s",
+            len(sites),
+            ", ".join(regions),
+            trace.label,
+            policy.name,
+            rounds.step_s,
+        )
 
-            def on_round(run: ElasticRun) -> None:
-                if self._stop.is_set():
-                    raise RuntimeError("stopped")
-                self._on_round(engine, run, trace)
+        def on_round(run: ElasticRun) -> None:
+            if self._stop.is_set():
+                raise RuntimeError("stopped")
+            self._on_round(engine, run, trace)
 
-            run = engine.run(policy, self.learner, cursor, self.config.seed, on_round)
-            report = account(run.power_logs, trace, self.config.threshold)
-            self._report(engine, run, trace, run.end_s)
-            metrics.MODE.set(MODE_VALUE["pause"])
-            metrics.ACTIVE_SITES.set(0)
-            metrics.CLOCK.set(run.end_s)
-            with self._lock:
-                st = self.status
-                st.state, st.clock_s = RunState.DONE, run.end_s
-                self.energy = report
-                st.message = (
-                    f"{'data used up' if run.finished else 'horizon reached'} at "
-                    f"{run.end_s / 3600:.2f} h: {report.energy_kwh:.2f} kWh, "
-                    f"{report.emissions_kg:.3f} kg CO2, {report.curtailed_share:.0%} curtailed"
-                )
-            logger.info("run done: %s", self.status.message)
-        except Exception as exc:
-            logger.exception("run crashed")
-            self._fail(f"{type(exc).__name__}: {exc}")
+        run = engine.run(policy, self.learner, cursor, self.config.seed, on_round)
+        report = account(run.power_logs, trace, self.config.threshold)
+        self._report(engine, run, trace, run.end_s)
+        metrics.MODE.set(MODE_VALUE["pause"])
+        metrics.ACTIVE_SITES.set(0)
+        metrics.CLOCK.set(run.end_s)
+        self._finish(
+            f"{'data used up' if run.finished else 'horizon reached'} at "
+            f"{run.end_s / 3600:.2f} h: {report.energy_kwh:.2f} kWh, "
+            f"{report.emissions_kg:.3f} kg CO2, {report.curtailed_share:.0%} curtailed",
+            clock_s=run.end_s,
+            energy=report,
+        )
 
     def _on_round(self, engine: ElasticEngine, run: ElasticRun, trace: CarbonTrace) -> None:
         r = run.rounds[-1]
         active = len(r.contributors)
         mode = "federated" if active >= 2 else "solo" if active == 1 else "pause"
         report = self._report(engine, run, trace, r.end_s)
-        rec = CurtailRoundRecord(
+        rec = RoundRecord(
             round=r.index,
             time_s=r.end_s,
             duration_s=r.end_s - r.start_s,
@@ -278,9 +235,8 @@ class CurtailmentRun:
             loss=r.loss,
             selected=r.participants,
             contributions=active,
-            start_s=r.start_s,
-            steps=tuple(w.steps for w in r.work),
         )
+        steps = tuple(w.steps for w in r.work)
         metrics.ROUNDS.labels("completed").inc()
         metrics.ROUND_DURATION.labels(self.policy_name).observe(rec.duration_s)
         metrics.ROUND_CURRENT.set(r.index)
@@ -292,36 +248,17 @@ class CurtailmentRun:
         metrics.CLOCK.set(r.end_s)
         metrics.MODE.set(MODE_VALUE[mode])
         metrics.ACTIVE_SITES.set(active)
-        with self._lock:
-            st = self.status
-            st.round, st.accuracy, st.clock_s = r.index, r.accuracy, r.end_s
-            st.rounds.append(rec)
-            self.energy = report
-            st.mode, st.active_sites = mode, active
-            if self.target is not None and st.time_to_accuracy_s is None:
-                st.time_to_accuracy_s = run.time_to(self.target)
+        reached_at = run.time_to(self.target) if self.target is not None else None
+        row = StatusRound(rec, start_s=r.start_s, steps=steps)
+        self._record_round(row, reached_at, mode=mode, active_sites=active, energy=report)
         logger.info(
             "round %d: %s, sites %s, steps %s, accuracy %.4f, clock %.0f s, %.2f kWh, %.3f kg",
             r.index,
             mode,
             [site_id(s) for s in r.participants],
-            list(rec.steps),
+            list(steps),
             r.accuracy,
             r.end_s,
             report.energy_kwh,
             report.emissions_kg,
         )
-
-    def _fail(self, message: str) -> None:
-        logger.error("run failed: %s", message)
-        with self._lock:
-            self.status.state, self.status.message = RunState.FAILED, message
-
-    def start(self) -> threading.Thread:
-        thread = threading.Thread(target=self.run, name="curtailment-run", daemon=True)
-        thread.start()
-        return thread
-
-    def stop(self) -> None:
-        self._stop.set()
-        self.executor.close()

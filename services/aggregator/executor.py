@@ -1,11 +1,12 @@
 """The service's RoundExecutor: broadcast the model to the workers of the selected sites, collect
-their streamed updates, commit FedAvg, evaluate. The round loop itself is the emulator's."""
+their streamed updates, then commit and report the round with ``powertrip.outcome``. The round
+loop and the round's arithmetic are the emulator's, so a service run reproduces it."""
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -13,6 +14,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from powertrip.fedavg import NumpyParams, delta_sketch, sketch_stride
+from powertrip.outcome import Evaluate, round_outcome
 from powertrip.rounds import RoundOutcome
 from powertrip.sites import SiteProfile, site_id
 from powertrip.v1 import common_pb2, worker_pb2, worker_pb2_grpc
@@ -28,7 +30,6 @@ from services.common.tensor_stream import (
 )
 
 logger = logging.getLogger(__name__)
-Evaluate = Callable[[NumpyParams], tuple[float, float]]
 
 
 class GrpcRoundExecutor:
@@ -150,28 +151,14 @@ class GrpcRoundExecutor:
         if not collector.accepted:
             logger.warning("round %d: no update arrived; model unchanged", round_index)
             return None
-        dispersion = collector.agg.dispersion()
-        half_loss = half_sites = half_accuracy = None
-        if collector.half is not None and collector.half.count > 0 and len(selected) >= 2:
-            half_accuracy, half_loss = self.evaluate(collector.half.apply(self.params))
-            half_sites = collector.half.dispersion()[2]
-        projection = collector.agg.projection()
         previous = self.params
-        self.params = collector.agg.apply(self.params, in_place=True)
+        outcome = round_outcome(
+            collector.agg, previous, self.evaluate, selected=len(selected), half=collector.half
+        )
+        self.params = outcome.params
         if self.track_direction:  # new - old, the emulator's arithmetic
             self.resume_direction(previous)
-        accuracy, loss = self.evaluate(self.params)
-        return RoundOutcome(
-            accuracy,
-            loss,
-            dispersion,
-            len(collector.accepted),
-            half_loss,
-            half_sites,
-            self.params,
-            projection,
-            half_accuracy,
-        )
+        return outcome
 
     def resume_direction(self, previous: NumpyParams) -> None:
         """Set the last global delta from the model before the current one (after a restart,

@@ -1,4 +1,5 @@
-"""The aggregator's Prometheus series (names per STYLE.md §2.9; no round or request labels)."""
+"""The aggregator's Prometheus series: Prometheus's naming conventions, and no round or request
+labels, so the number of series stays bounded however long a run lasts."""
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -36,7 +37,7 @@ UPDATES = Counter(
 REGISTERED_SITES = Gauge("powertrip_registered_sites", "Sites hosted by registered workers.")
 CHECKPOINT_ROUND = Gauge("powertrip_checkpoint_round", "Round of the last checkpoint written.")
 
-# Curtailment mode (spec §5.7): priced by powertrip.curtailment.emissions, as `powertrip curtail`.
+# Curtailment mode: priced by powertrip.curtailment.emissions, as `powertrip curtail` does.
 ENERGY = Counter("powertrip_energy_kwh_total", "Energy drawn by each site (kWh).", ["site"])
 EMISSIONS = Counter(
     "powertrip_emissions_grams_total", "Operational emissions of each site (gCO2).", ["site"]

@@ -12,8 +12,7 @@ import grpc
 from powertrip.sites import site_id, site_index
 from powertrip.v1 import aggregator_pb2, aggregator_pb2_grpc
 from services.aggregator import metrics
-from services.aggregator.curtail_run import CurtailmentRun
-from services.aggregator.run import AggregatorRun
+from services.aggregator.lifecycle import Run
 from services.common.errors import BadRequest, NotFound, StaleRound, translate_errors
 from services.common.identity import check_worker
 from services.common.tensor_stream import StreamError, TensorStreamReceiver, specs_of
@@ -25,9 +24,9 @@ TrackWorker = Callable[[str, str, list[str]], None]
 
 
 class AggregatorServicer(aggregator_pb2_grpc.AggregatorServiceServicer):
-    def __init__(
-        self, run: AggregatorRun | CurtailmentRun, track_worker: TrackWorker | None = None
-    ) -> None:
+    """Talks to the run only through ``Run``, so it serves either mode unchanged."""
+
+    def __init__(self, run: Run, track_worker: TrackWorker | None = None) -> None:
         self.run = run
         self.track_worker = track_worker
 
@@ -61,15 +60,12 @@ class AggregatorServicer(aggregator_pb2_grpc.AggregatorServiceServicer):
         return self._registration_reply()
 
     def _registration_reply(self) -> aggregator_pb2.RegisterWorkerResponse:
-        run = self.run
-        if isinstance(run, CurtailmentRun):
-            return aggregator_pb2.RegisterWorkerResponse(
-                run_seed=run.run_seed,
-                mode=run.mode,
-                curtail_config_json=run.config.model_dump_json(),
-            )
+        reg = self.run.registration()
         return aggregator_pb2.RegisterWorkerResponse(
-            run_config_json=run.experiment.model_dump_json(), run_seed=run.run_seed, mode=run.mode
+            run_seed=reg.run_seed,
+            mode=reg.mode,
+            run_config_json=reg.run_config_json,
+            curtail_config_json=reg.curtail_config_json,
         )
 
     @translate_errors
@@ -123,39 +119,37 @@ class AggregatorServicer(aggregator_pb2_grpc.AggregatorServiceServicer):
     def GetStatus(  # noqa: N802
         self, request: aggregator_pb2.GetStatusRequest, context: grpc.ServicerContext
     ) -> aggregator_pb2.GetStatusResponse:
-        run = self.run
-        energy = run.energy
-        with run._lock:
-            st = run.status
-            return aggregator_pb2.GetStatusResponse(
-                mode=st.mode,
-                active_sites=st.active_sites,
-                energy_kwh=energy.energy_kwh if energy else 0.0,
-                emissions_kg=energy.emissions_kg if energy else 0.0,
-                state=int(st.state),
-                round=st.round,
-                accuracy=st.accuracy,
-                clock_seconds=st.clock_s,
-                target_accuracy=run.target or 0.0,
-                time_to_accuracy_seconds=st.time_to_accuracy_s or 0.0,
-                registered_sites=run.registry.site_count,
-                expected_sites=run.expected_sites,
-                policy=run.policy_name,
-                clock=run.cfg.clock,
-                message=st.message,
-                rounds=[
-                    aggregator_pb2.RoundSummary(
-                        round=r.round,
-                        clock_seconds=r.time_s,
-                        duration_seconds=r.duration_s,
-                        selected_site_ids=[site_id(s) for s in r.selected],
-                        contributions=r.contributions,
-                        accuracy=r.accuracy,
-                        loss=r.loss,
-                        outcome=r.outcome,
-                        steps=getattr(r, "steps", ()),
-                        start_seconds=getattr(r, "start_s", 0.0),
-                    )
-                    for r in st.rounds
-                ],
-            )
+        snap = self.run.status_snapshot()
+        st, energy = snap.status, snap.status.energy
+        return aggregator_pb2.GetStatusResponse(
+            mode=st.mode,
+            active_sites=st.active_sites,
+            energy_kwh=energy.energy_kwh if energy else 0.0,
+            emissions_kg=energy.emissions_kg if energy else 0.0,
+            state=int(st.state),
+            round=st.round,
+            accuracy=st.accuracy,
+            clock_seconds=st.clock_s,
+            target_accuracy=snap.target or 0.0,
+            time_to_accuracy_seconds=st.time_to_accuracy_s or 0.0,
+            registered_sites=snap.registered_sites,
+            expected_sites=snap.expected_sites,
+            policy=snap.policy,
+            clock=snap.clock,
+            message=st.message,
+            rounds=[
+                aggregator_pb2.RoundSummary(
+                    round=r.record.round,
+                    clock_seconds=r.record.time_s,
+                    duration_seconds=r.record.duration_s,
+                    selected_site_ids=[site_id(s) for s in r.record.selected],
+                    contributions=r.record.contributions,
+                    accuracy=r.record.accuracy,
+                    loss=r.record.loss,
+                    outcome=r.record.outcome,
+                    steps=r.steps,
+                    start_seconds=r.start_s,
+                )
+                for r in st.rounds
+            ],
+        )

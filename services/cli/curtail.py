@@ -1,7 +1,7 @@
-"""``powertrip curtail``: the curtailment study (spec §5) — PowerTrip, curtailment-only and the
-two combined, next to the always-on baselines. Its own command because its policies, options and
-outputs (energy, emissions, availability) differ from ``powertrip experiment``'s. Bad input ends
-the command with one line (exit 2)."""
+"""``powertrip curtail``: the curtailment study (arXiv 2602.22760) — PowerTrip, curtailment-only and
+the two combined, next to the always-on baselines. Its own command because its policies, options and
+outputs (energy, emissions, availability) differ from ``powertrip experiment``'s. Bad input ends the
+command with one line (exit 2)."""
 
 from __future__ import annotations
 
@@ -64,7 +64,11 @@ PRESET_HELP = "; ".join(f"{k}: {v['description']}" for k, v in CURTAIL_PRESETS.i
 @click.option(
     "--single-site-hours", type=float, help="Sizes the work: one full-power site needs this."
 )
-@click.option("--outer", type=click.Choice(["fedavg", "nesterov"]), help="Outer step (B1).")
+@click.option(
+    "--outer",
+    type=click.Choice(["fedavg", "nesterov"]),
+    help="Outer step: work-weighted FedAvg (the paper's logged run) or Nesterov momentum.",
+)
 @click.option("--carbon-weight", type=float, help="γ: carbon term of the combined score.")
 @click.option("--site-power", type=CommaList(float), help="Per-site power fractions in (0, 1].")
 @click.option("--sites-per-region", type=int, help="Sites per region (default 1).")
@@ -82,7 +86,7 @@ PRESET_HELP = "; ".join(f"{k}: {v['description']}" for k, v in CURTAIL_PRESETS.i
 def curtail(
     preset: str, output: Path | None, plots: bool, threads: int | None, **options: object
 ) -> None:
-    """Curtailment-aware elastic training on an emulated clock (spec §5).
+    """Curtailment-aware elastic training on an emulated clock (arXiv 2602.22760).
 
     Prints time, accuracy, energy and emissions per run and writes runs.csv, baselines.csv,
     rounds.csv, availability.csv, modes.csv, summary.json and PNG plots.

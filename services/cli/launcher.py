@@ -2,16 +2,14 @@
 
 Every service binds port 0 and announces its ports on a READY line, so runs never collide on a
 fixed port; the launcher keeps each child's PID and, on exit, stops exactly those processes.
+Starting one process is ``service_process``; the ``--netns-profile`` wiring is ``netns_topology``.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
-import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,11 +19,12 @@ import grpc
 
 from powertrip.v1 import aggregator_pb2, aggregator_pb2_grpc
 from services.cli.certs import mint_cluster, tls_env
+from services.cli.netns_topology import Topology
+from services.cli.service_process import LaunchError, Service, start_service
 from services.common.config import ServiceConfig, load_config
 from services.common.grpc_client import make_channel
 
-READY = re.compile(r"READY service=(\w+) grpc=(\S+) metrics=(\d+)")
-REPO_ROOT = Path(__file__).resolve().parents[2]
+__all__ = ["ClusterPlan", "LaunchError", "LocalCluster", "Service"]
 
 
 @dataclass(frozen=True)
@@ -43,7 +42,7 @@ class ClusterPlan:
     log_dir: Path = Path("results/up/logs")
     checkpoint_dir: Path | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
-    # "curtailment": every service runs the curtailment mode of curtail_preset (spec §5)
+    # "curtailment": every service runs the curtailment mode of curtail_preset (docs/curtailment.md)
     mode: str = "powertrip"
     curtail_preset: str = "curtailment"
     # Root only: one network namespace per worker behind a tc-shaped veth to a hub namespace
@@ -67,69 +66,6 @@ class ClusterPlan:
         return [f"{bounds[i]}-{bounds[i + 1] - 1}" for i in range(self.workers)]
 
 
-@dataclass(frozen=True)
-class Topology:
-    """What ``tc-scripts/topology.sh up --mgmt`` built, read back from its state file."""
-
-    prefix: str
-    state_dir: Path
-    hub: str  # namespace of the aggregator and profiler
-    hub_mgmt_ip: str  # the hub's address on the management link from this namespace
-    sites: tuple[tuple[str, str, str], ...]  # (namespace, site address, hub address) per link
-
-    @classmethod
-    def up(cls, profile: Path, state_dir: Path) -> Topology:
-        prefix = f"pu{os.getpid() % 100_000}"
-        subnet = f"10.{79 + os.getpid() // 250 % 100}.{os.getpid() % 250}"
-        script = REPO_ROOT / "tc-scripts" / "topology.sh"
-        cmd = ["bash", str(script), "up", "--profile", str(profile), "--allow-no-netem", "--mgmt"]
-        cmd += ["--prefix", prefix, "--subnet", subnet, "--state-dir", str(state_dir)]
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode != 0:
-            raise LaunchError(f"topology.sh up failed: {done.stderr.strip()}")
-        sites = []
-        for line in (state_dir / f"{prefix}.topology").read_text().splitlines():
-            f = line.split()
-            if f[0] == "site":  # site i name ns site_if site_ip hub_if hub_ip rate delay applied
-                sites.append((f[3], f[5], f[7]))
-        return cls(prefix, state_dir, f"{prefix}-hub", f"{subnet}.254", tuple(sites))
-
-    def down(self) -> None:
-        script = REPO_ROOT / "tc-scripts" / "topology.sh"
-        subprocess.run(
-            [
-                "bash",
-                str(script),
-                "down",
-                "--prefix",
-                self.prefix,
-                "--state-dir",
-                str(self.state_dir),
-            ],
-            capture_output=True,
-        )
-
-
-@dataclass
-class Service:
-    name: str
-    process: subprocess.Popen
-    host: str = "127.0.0.1"  # where this namespace reaches the service
-    module: str = ""
-    env: dict[str, str] = field(default_factory=dict)
-    netns: str | None = None
-    grpc_addr: str = ""
-    metrics_port: int = 0
-
-    @property
-    def metrics_url(self) -> str:
-        return f"http://{self.host}:{self.metrics_port}/metrics"
-
-
-class LaunchError(RuntimeError):
-    pass
-
-
 class LocalCluster:
     def __init__(self, plan: ClusterPlan) -> None:
         self.plan = plan
@@ -140,9 +76,6 @@ class LocalCluster:
     # -- start -----------------------------------------------------------------------------
     def _env(self, tls_name: str | None = None, **values: object) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("POWERTRIP_")}
-        env["PYTHONPATH"] = os.pathsep.join(
-            [str(REPO_ROOT), str(REPO_ROOT / "protos"), env.get("PYTHONPATH", "")]
-        )
         if "POWERTRIP_CACHE_DIR" in os.environ:
             env["POWERTRIP_CACHE_DIR"] = os.environ["POWERTRIP_CACHE_DIR"]
         base = {
@@ -164,43 +97,15 @@ class LocalCluster:
     def _spawn(
         self,
         name: str,
-        module: str,
+        kind: str,
         env: dict[str, str],
         timeout_s: float,
         netns: str | None = None,
         host: str = "127.0.0.1",
     ) -> Service:
-        self.plan.log_dir.mkdir(parents=True, exist_ok=True)
-        log = (self.plan.log_dir / f"{name}.log").open("a")  # a restart appends
-        in_ns = ["ip", "netns", "exec", netns] if netns else []  # exec: the PID is python's
-        proc = subprocess.Popen(
-            [*in_ns, sys.executable, "-m", module],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=log,
-            text=True,
-            start_new_session=True,  # a Ctrl-C in the terminal reaches the launcher only
-        )
-        service = Service(name, proc, host=host, module=module, env=env, netns=netns)
-        self.services.append(service)
-        found = threading.Event()
-
-        def read() -> None:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                m = READY.search(line)
-                if m and not found.is_set():
-                    port = m.group(2).rsplit(":", 1)[1]
-                    service.grpc_addr, service.metrics_port = f"{host}:{port}", int(m.group(3))
-                    found.set()
-
-        threading.Thread(target=read, daemon=True).start()
-        end = time.monotonic() + timeout_s
-        while not found.wait(0.1):
-            if proc.poll() is not None or time.monotonic() > end:
-                tail = (self.plan.log_dir / f"{name}.log").read_text().strip().splitlines()[-3:]
-                why = "exited" if proc.poll() is not None else "did not become ready"
-                raise LaunchError(f"{name} {why}; last log lines: {' | '.join(tail)}")
+        service = start_service(name, kind, env, self.plan.log_dir, netns, host)
+        self.services.append(service)  # before waiting: stop() ends it if it never gets ready
+        service.wait_ready(timeout_s)
         return service
 
     def start(self, on_started: Callable[[Service], None] | None = None) -> None:
@@ -223,7 +128,7 @@ class LocalCluster:
                 raise LaunchError("TLS together with a netns topology is not supported yet")
             mint_cluster(p.tls_dir, p.worker_ids)
         prof = self._spawn(
-            "profiler", "services.profiler", self._env("profiler", **bind), 60, hub_ns, hub_host
+            "profiler", "profiler", self._env("profiler", **bind), 60, hub_ns, hub_host
         )
         if on_started:
             on_started(prof)
@@ -243,7 +148,7 @@ class LocalCluster:
             registration_timeout_s=300,
             **bind,
         )
-        agg = self._spawn("aggregator", "services.aggregator", agg_env, 300, hub_ns, hub_host)
+        agg = self._spawn("aggregator", "aggregator", agg_env, 300, hub_ns, hub_host)
         if on_started:
             on_started(agg)
         agg_port = agg.grpc_addr.rsplit(":", 1)[1]
@@ -251,7 +156,7 @@ class LocalCluster:
             ns, addr, hub_addr = worker_links[i] if worker_links else (None, "127.0.0.1", None)
             w = self._spawn(
                 f"worker-{i}",
-                "services.worker",
+                "worker",
                 self._env(
                     wid,
                     aggregator_addr=f"{hub_addr or '127.0.0.1'}:{agg_port}",
@@ -277,7 +182,7 @@ class LocalCluster:
         self.services.remove(old)
         port = old.grpc_addr.rsplit(":", 1)[1]
         env = {**old.env, "POWERTRIP_GRPC_PORT": port}
-        return self._spawn(name, old.module, env, 300, old.netns, old.host)
+        return self._spawn(name, old.kind, env, 300, old.netns, old.host)
 
     def restart_aggregator(self) -> Service:
         return self.restart("aggregator")

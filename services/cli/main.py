@@ -32,7 +32,7 @@ FLAG_FOR_FIELD = {
 
 
 class TargetAccuracy(click.ParamType):
-    """A number, or ``auto`` for the spec's rule (decided after the static sweep)."""
+    """A number, or ``auto`` for the paper's rule: the lowest best accuracy of the static sweep."""
 
     name = "FLOAT|auto"
 
@@ -101,7 +101,7 @@ PRESET_HELP = "; ".join(f"{k}: {v['description']}" for k, v in PRESETS.items())
     "--target",
     "target_accuracy",
     type=TargetAccuracy(),
-    help="Target accuracy in (0, 1], or 'auto' for the spec rule: the lowest best accuracy "
+    help="Target accuracy in (0, 1], or 'auto' for the paper's rule: the lowest best accuracy "
     "any static-k run reaches within the round budget.",
 )
 @click.option(
@@ -124,7 +124,7 @@ PRESET_HELP = "; ".join(f"{k}: {v['description']}" for k, v in PRESETS.items())
 @click.option(
     "--ground-truth",
     type=click.Choice(["per-site-max", "aggregate"]),
-    help="Round-time model: per-site max (spec §4.2) or Eq. 7 aggregate.",
+    help="Round-time model: per-site max (the paper's §5.1 emulation) or Eq. 7 aggregate.",
 )
 @click.option("--distance-mode", type=click.Choice(["stratified", "uniform"]))
 @click.option("--sweep", "static_sweep", type=CommaList(int), help="Static-k sweep, e.g. 10,20,50.")

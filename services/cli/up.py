@@ -55,8 +55,8 @@ def write_rounds_csv(path: Path, policy: str, rounds: list[aggregator_pb2.RoundS
     type=click.Choice(["powertrip", "curtailment"]),
     default="powertrip",
     show_default=True,
-    help="curtailment: sites train only in their grid's curtailment windows (spec §5), one "
-    "site per region of --curtail-preset's carbon trace (use --sites 3 for its three regions).",
+    help="curtailment: sites train only in their grid's curtailment windows (arXiv 2602.22760), "
+    "one site per region of --curtail-preset's carbon trace (use --sites 3 for its three regions).",
 )
 @click.option(
     "--curtail-preset",

@@ -1,4 +1,4 @@
-"""python -m services.profiler: serve site profiles and probe worker links."""
+"""powertrip-profiler: serve site profiles and probe worker links."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import sys
 import threading
 
 from powertrip.v1 import profiler_pb2_grpc
+from services.common.command_line import parse_service_args
 from services.common.config import ConfigError, load_config
 from services.common.grpc_server import build_server, serve
 from services.common.logging import configure
@@ -22,6 +23,7 @@ logger = logging.getLogger("services.profiler")
 
 
 def main() -> int:
+    parse_service_args("powertrip-profiler", ProfilerConfig, __doc__)
     try:
         cfg = load_config(ProfilerConfig)
     except ConfigError as exc:

@@ -1,6 +1,7 @@
 """What the profiler knows about the grid: each site's region, its carbon intensity now, and
-its availability episodes (spec §5.2), built by the curtailment study's own code so that the
-service and ``powertrip curtail`` see the same sites, regions and windows."""
+its availability episodes (the curtailment paper's provisioning rule), built by the curtailment
+study's own code so that the service and ``powertrip curtail`` see the same sites, regions and
+windows."""
 
 from __future__ import annotations
 

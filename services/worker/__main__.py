@@ -1,4 +1,4 @@
-"""python -m services.worker: host sites, register with the aggregator, train rounds."""
+"""powertrip-worker: host sites, register with the aggregator, train rounds."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from powertrip.curtailment.config import CurtailmentConfig
 from powertrip.experiment import ExperimentConfig
 from powertrip.sites import site_id
 from powertrip.v1 import aggregator_pb2, aggregator_pb2_grpc, worker_pb2_grpc
+from services.common.command_line import parse_service_args
 from services.common.config import ConfigError, load_config
 from services.common.grpc_client import make_channel, retry_idempotent
 from services.common.grpc_server import build_server, serve
@@ -28,6 +29,7 @@ SERVICE = "powertrip.v1.WorkerService"
 
 
 def main() -> int:
+    parse_service_args("powertrip-worker", WorkerConfig, __doc__)
     try:
         cfg = load_config(WorkerConfig)
     except ConfigError as exc:

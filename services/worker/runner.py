@@ -1,9 +1,9 @@
 """The worker's training thread: one round at a time, newest round first, paced by power.
 
 In wall-clock mode a site at power fraction P releases its update ``train_seconds / P`` after
-training started (spec §5.1's emulation of a power cap: the work is done at full speed, the
-result is held back as if the site had computed at P). A round superseded by a newer one
-before it starts is dropped: its updates would be stale.
+training started (the PowerTrip paper's §5.1 emulation of a power cap: the work is done at full
+speed, the result is held back as if the site had computed at P). A round superseded by a newer
+one before it starts is dropped: its updates would be stale.
 """
 
 from __future__ import annotations

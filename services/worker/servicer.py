@@ -1,4 +1,4 @@
-"""WorkerService: accept a round (spec + streamed model), answer link probes.
+"""WorkerService: accept a round (its RoundSpec + streamed model), answer link probes.
 
 Training never runs in a handler thread: ``StartRound`` validates and queues the round for the
 worker's ``RoundRunner`` and returns at once.
@@ -56,7 +56,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
                     "stream rows must be given for exactly the round's sites, and only to a "
                     "curtailment-mode worker"
                 )
-            stream_rows = {  # in the spec's site order: the same batch on every run
+            stream_rows = {  # in the RoundSpec's site order: the same batch on every run
                 site_index(k): np.asarray(spec.stream_rows[k].positions, dtype=np.int64)
                 for k in spec.site_ids
             }

@@ -13,11 +13,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 from numpy.typing import NDArray
 
 from powertrip.emulate import Federation, site_seed
 from powertrip.experiment import ExperimentConfig
+from powertrip.learning.device import row_to_numpy, to_numpy, to_torch
 from powertrip.learning.federation import build_federation, load_workload
 
 
@@ -44,7 +44,7 @@ class SitesHost:
 
     @property
     def template(self) -> dict[str, NDArray]:
-        return {k: v.numpy() for k, v in self._fed.initial_params.items()}
+        return to_numpy(self._fed.initial_params)
 
     def train(
         self, params: Mapping[str, NDArray], round_index: int, sites: Sequence[int]
@@ -54,7 +54,7 @@ class SitesHost:
         if foreign:
             raise ValueError(f"sites {foreign} are not hosted by this worker")
         fed = self._fed
-        torch_params = {k: torch.from_numpy(np.asarray(v)) for k, v in params.items()}
+        torch_params = to_torch(params)
         started = time.perf_counter()
         updates = fed.trainer.train(
             torch_params,
@@ -67,7 +67,7 @@ class SitesHost:
         return [
             SiteUpdate(
                 site=s,
-                delta={k: v[j].numpy() for k, v in updates.deltas.items()},
+                delta=row_to_numpy(updates.deltas, j),
                 num_samples=float(updates.num_samples[j]),
                 train_seconds=seconds,
             )

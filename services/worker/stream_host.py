@@ -8,12 +8,12 @@ import time
 from collections.abc import Mapping, Sequence
 
 import numpy as np
-import torch
 from numpy.typing import NDArray
 
 from powertrip.curtailment.config import CurtailmentConfig
 from powertrip.curtailment.learner import check_stream_trainer, train_stream_rows
-from powertrip.study.curtailment import StreamSetup
+from powertrip.learning.device import row_to_numpy, to_torch
+from powertrip.learning.federation import StreamSetup
 from services.worker.sites_host import SiteUpdate
 
 
@@ -32,7 +32,7 @@ class StreamHost:
         self, params: Mapping[str, NDArray], rows: Mapping[int, NDArray[np.int64]]
     ) -> list[SiteUpdate]:
         """Train each site of ``rows`` (all hosted here) on its stream positions from ``params``;
-        the FedAvg weight is the site's optimizer steps (spec §5.5)."""
+        the FedAvg weight is the site's optimizer steps (work-weighted, as in the emulator)."""
         foreign = sorted(set(rows) - set(self.sites))
         if foreign:
             raise ValueError(f"sites {foreign} are not hosted by this worker")
@@ -44,7 +44,7 @@ class StreamHost:
                 f"sites {bad}: stream positions empty or outside 0..{self.total_rows - 1}"
             )
         sites = list(rows)
-        torch_params = {k: torch.from_numpy(np.asarray(v)) for k, v in params.items()}
+        torch_params = to_torch(params)
         s = self.setup
         started = time.perf_counter()
         upd = train_stream_rows(
@@ -59,7 +59,7 @@ class StreamHost:
         return [
             SiteUpdate(
                 site=site,
-                delta={k: v[j].numpy() for k, v in upd.deltas.items()},
+                delta=row_to_numpy(upd.deltas, j),
                 num_samples=float(upd.steps[j]),
                 train_seconds=seconds,
             )

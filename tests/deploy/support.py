@@ -215,9 +215,10 @@ def find(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
 
 
 def service_of_command(command: list[str] | str | None) -> str | None:
-    """'aggregator' for ``python -m services.aggregator`` (also inside a shell wrapper)."""
+    """'aggregator' for the ``powertrip-aggregator`` console script (also inside a shell
+    wrapper)."""
     text = " ".join(command) if isinstance(command, list) else command or ""
-    match = re.search(r"-m\s+services\.(\w+)", text)
+    match = re.search(r"(?:^|[\s/])powertrip-(aggregator|profiler|worker)\b", text)
     return match.group(1) if match else None
 
 

@@ -1,8 +1,8 @@
-"""The opt-in curtailment mode (spec §5) deploys as the services expect it: the k8s component
-(deploy/k8s/components/curtailment, applied by deploy/variants/curtailment) and the compose
-override (compose.curtailment.yaml) switch the aggregator to POWERTRIP_MODE=curtailment with the
-same settings, the profiler serves exactly the sites the run has, and the default variants are
-unchanged. R25, names and required variables: the variant-parametrized tests in test_manifests,
+"""The opt-in curtailment mode (docs/curtailment.md) deploys as the services expect it: the k8s
+component (deploy/k8s/components/curtailment, applied by deploy/variants/curtailment) and the
+compose override (compose.curtailment.yaml) switch the aggregator to POWERTRIP_MODE=curtailment with
+the same settings, the profiler serves exactly the sites the run has, and the default variants are
+unchanged. Hardening, names, required variables: the variant-parametrized tests in test_manifests,
 test_compose and test_env_drift."""
 
 from __future__ import annotations

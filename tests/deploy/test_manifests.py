@@ -1,5 +1,6 @@
-"""Every Kubernetes variant meets reliability-matrix row R25: the default one (deploy/k8s) and
-the opt-in curtailment mode (deploy/variants/curtailment).
+"""Every Kubernetes variant passes the static deploy checks (probes, requests and limits, a
+restricted securityContext, default-deny NetworkPolicy, safe PDBs): the default one (deploy/k8s)
+and the opt-in curtailment mode (deploy/variants/curtailment).
 
 No cluster needed. The checks run on ``kubectl kustomize <variant>`` when kubectl is installed,
 else on a plain-Python render of the same kustomization; only the tool-specific tests skip.
@@ -10,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,7 @@ from tests.deploy.support import (
     pod_spec,
     render_kustomize_in_python,
     selector_matches,
+    service_of_command,
     tool,
 )
 
@@ -124,7 +127,7 @@ def test_every_object_and_pod_is_labelled_part_of_powertrip(kustomize_build):
 
 
 # --------------------------------------------------------------------------------------------
-# Workloads (R25)
+# Workloads
 
 
 def test_variant_runs_exactly_the_checked_workloads(k8s):
@@ -270,6 +273,16 @@ def test_aggregator_checkpoints_on_a_persistent_volume(k8s):
     assert w["spec"]["replicas"] == 1 and w["spec"]["strategy"]["type"] == "Recreate"
 
 
+@pytest.mark.parametrize("name", SERVICE_WORKLOADS)
+def test_each_service_workload_runs_its_console_script_from_the_wheel(k8s, name):
+    """Console scripts, not ``python -m``: they import the installed package whatever the
+    container's working directory holds."""
+    (c,) = containers(workload(k8s, name))
+    assert service_of_command([*c["command"], *c.get("args", [])]) == name.split("-")[1]
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    assert name in scripts
+
+
 def expand_k8s_refs(text: str, env: dict[str, str]) -> str:
     """Kubernetes $(VAR) expansion in env values and args; unknown references stay as they are."""
     return re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), text)
@@ -278,8 +291,8 @@ def expand_k8s_refs(text: str, env: dict[str, str]) -> str:
 def worker_pod_env(
     sts: dict[str, Any], config: dict[str, str], ordinal: int, tmp_path: Path
 ) -> dict[str, str]:
-    """Run the worker container's command for pod ``ordinal`` with a stand-in ``python`` that
-    prints the environment the real worker would start with."""
+    """Run the worker container's command for pod ``ordinal`` with a stand-in
+    ``powertrip-worker`` that prints the environment the real worker would start with."""
     (c,) = containers(sts)
     pod_name = f"{sts['metadata']['name']}-{ordinal}"
     env = dict(config)  # what envFrom powertrip-config provides
@@ -289,7 +302,7 @@ def worker_pod_env(
             env[var["name"]] = pod_name
         else:
             env[var["name"]] = expand_k8s_refs(var["value"], env)
-    fake = tmp_path / "bin" / "python"
+    fake = tmp_path / "bin" / "powertrip-worker"
     fake.parent.mkdir(exist_ok=True)
     fake.write_text("#!/bin/sh\nenv\n")
     fake.chmod(0o755)

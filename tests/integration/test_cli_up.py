@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import csv
+import sys
+from pathlib import Path
 
 import pytest
 
+from services.cli.service_process import LaunchError, service_executable
 from tests.integration.test_cli_experiment import powertrip
 
 pytestmark = pytest.mark.slow
@@ -38,3 +41,15 @@ def test_up_refuses_bad_input_with_one_line_and_exit_2(tmp_path, args, words):
     r = powertrip("up", *args, "--output", str(tmp_path / "up"), tmp_path=tmp_path)
     assert r.returncode == 2
     assert words in r.stderr and "Traceback" not in r.stderr
+
+
+def test_the_services_start_from_the_console_scripts_beside_the_interpreter():
+    """The venv's own scripts, whatever else is on PATH: children import what the launcher does."""
+    assert service_executable("worker") == str(Path(sys.executable).parent / "powertrip-worker")
+
+
+def test_a_missing_service_command_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "bin" / "python"))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(LaunchError, match=r"powertrip-worker not found next to .* or on PATH"):
+        service_executable("worker")

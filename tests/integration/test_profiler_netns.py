@@ -1,4 +1,4 @@
-"""The profiler measures a real, shaped link (issue 4, Must show).
+"""The profiler measures a real, shaped link.
 
 A worker's WorkerService runs inside its own network namespace behind a veth pair shaped with
 tbf at 50 Mbit/s (tc-scripts/shape.sh, both ends). From the root namespace the profiler's

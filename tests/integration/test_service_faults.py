@@ -1,11 +1,12 @@
-"""Faults from the reliability matrix that a service must survive (R8, R10, R23)."""
+"""Faults a service must survive (an oversized message, garbage protobuf bytes, SIGTERM, a
+frozen peer), and the command line that a service answers before it serves anything."""
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
-import sys
 import time
 
 import grpc
@@ -13,7 +14,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from powertrip.v1 import profiler_pb2, profiler_pb2_grpc
-from services.cli.launcher import READY, REPO_ROOT
+from services.cli.service_process import READY, service_executable
 from services.common.config import ServiceConfig
 from services.common.grpc_client import make_channel
 
@@ -27,7 +28,6 @@ def start_profiler(**env_extra: str) -> tuple[subprocess.Popen, str]:
     """A real profiler process (any service will do: they share the server builder)."""
     env = {
         **os.environ,
-        "PYTHONPATH": f"{REPO_ROOT}{os.pathsep}{REPO_ROOT / 'protos'}",
         "POWERTRIP_BIND_HOST": "127.0.0.1",
         "POWERTRIP_GRPC_PORT": "0",
         "POWERTRIP_METRICS_PORT": "0",
@@ -35,7 +35,7 @@ def start_profiler(**env_extra: str) -> tuple[subprocess.Popen, str]:
         **env_extra,
     }
     proc = subprocess.Popen(
-        [sys.executable, "-m", "services.profiler"],
+        [service_executable("profiler")],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
@@ -111,3 +111,34 @@ def test_a_frozen_peer_is_detected_by_keepalive_in_seconds_not_at_the_deadline()
         proc.send_signal(signal.SIGCONT)
         proc.kill()
         proc.wait()
+
+
+def test_help_lists_the_environment_and_exits_0_before_binding_any_port():
+    """Both ports already taken: a service that tried to serve would fail, --help does not."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        env = {**os.environ, "POWERTRIP_BIND_HOST": "127.0.0.1"}
+        env |= {"POWERTRIP_GRPC_PORT": port, "POWERTRIP_METRICS_PORT": port}
+        done = subprocess.run(
+            [service_executable("profiler"), "--help"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert done.returncode == 0, done.stderr
+    assert "POWERTRIP_PROBE_INTERVAL_S" in done.stdout and "POWERTRIP_GRPC_PORT" in done.stdout
+    assert not READY.search(done.stdout)
+
+
+def test_an_unknown_argument_is_refused_with_exit_2_and_names_it():
+    done = subprocess.run(
+        [service_executable("profiler"), "--grpc-port", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "unrecognized arguments: --grpc-port 1" in done.stderr and "Traceback" not in done.stderr

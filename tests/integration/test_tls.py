@@ -1,7 +1,7 @@
-"""Mutual TLS (reliability matrix R14-R16): only holders of a certificate from the cluster's CA get
-past the handshake, a certificate speaks only for its own worker id, and an allow-list narrows who
-may join. Refusals leave the aggregator's registry and rounds untouched. Plaintext stays the
-default when no TLS setting is given."""
+"""Mutual TLS: only holders of a certificate from the cluster's CA get past the handshake, a
+certificate speaks only for its own worker id, and an allow-list narrows who may join. Refusals
+leave the aggregator's registry and rounds untouched. Plaintext stays the default when no TLS
+setting is given."""
 
 from __future__ import annotations
 
@@ -196,7 +196,7 @@ def test_up_with_tls_mints_into_the_output_directory(tmp_path, monkeypatch):
     assert plans[1].tls_dir is None  # plaintext unless asked
 
 
-# -- R14: unauthenticated callers fail the handshake ------------------------------------------
+# -- unauthenticated callers fail the handshake -----------------------------------------------
 
 
 def test_a_worker_with_a_valid_certificate_registers(aggregator, pki):
@@ -246,7 +246,7 @@ def test_an_expired_certificate_fails_the_handshake(expired_dir):
 
 
 def test_a_worker_that_cannot_verify_the_server_gives_up_at_once(aggregator, tmp_path):
-    """A wrong CA fails the same way every time: no retry storm (R14)."""
+    """A wrong CA fails the same way every time: no retry storm."""
     address, _ = aggregator
     mint_cluster(tmp_path, ["w0"])  # another cluster's CA and certificates
     stub = as_worker(address, tmp_path, "w0")
@@ -262,7 +262,7 @@ def test_a_worker_that_cannot_verify_the_server_gives_up_at_once(aggregator, tmp
     assert len(attempts) == 1
 
 
-# -- R15: a certificate speaks only for its own worker id -------------------------------------
+# -- a certificate speaks only for its own worker id ------------------------------------------
 
 
 def test_a_worker_cannot_register_under_another_workers_id(aggregator, pki):
@@ -286,7 +286,7 @@ def test_a_worker_cannot_submit_an_update_in_another_workers_name(aggregator, pk
     assert run.registry.owner(0).worker_id == "w0"
 
 
-# -- R16: the allow-list ----------------------------------------------------------------------
+# -- the allow-list ---------------------------------------------------------------------------
 
 
 def test_a_valid_certificate_not_on_the_allow_list_is_refused_at_registration(aggregator, pki):

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from powertrip.curtailment.config import build_curtail_config
-from powertrip.study.curtailment import StreamSetup
+from powertrip.learning.federation import StreamSetup
 from powertrip.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from services.common.config import ServiceConfig
 from services.common.grpc_server import build_server

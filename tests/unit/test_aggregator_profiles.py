@@ -43,7 +43,7 @@ def wall():
 
 
 def test_wall_clock_ranks_by_measured_links_once_probed(wall):
-    profile = wall._to_profile(reply())
+    profile = wall.feed.to_profile(reply(), wall.time_model)
     size = wall.time_model.update_bytes  # the real model's bytes on the wall clock
     want = comm_time_s(np.array([0.02, 0.1]), np.array([4e9, 2e7]), size, round_trip=True)
     assert np.allclose(profile.comm_s, want)
@@ -52,7 +52,7 @@ def test_wall_clock_ranks_by_measured_links_once_probed(wall):
 
 def test_emulated_clock_uses_the_site_model_like_the_emulator():
     emulated = run_with("emulated")
-    profile = emulated._to_profile(reply())
+    profile = emulated.feed.to_profile(reply(), emulated.time_model)
     tm = emulated.time_model
     want = comm_time_s(np.array([0.02, 0.01]), np.array([4e9, 8e9]), tm.update_bytes)
     assert np.allclose(profile.comm_s, want)
@@ -61,4 +61,4 @@ def test_emulated_clock_uses_the_site_model_like_the_emulator():
 def test_a_profiler_with_another_number_of_sites_is_refused(wall):
     short = profiler_pb2.GetSiteProfilesResponse(sites=reply().sites[:1])
     with pytest.raises(RuntimeError, match="POWERTRIP_NUM_SITES"):
-        wall._to_profile(short)
+        wall.feed.to_profile(short, wall.time_model)

@@ -1,6 +1,6 @@
-"""Site availability from carbon traces (spec §5.2, §5.9): provisioned when curtailment starts,
-ready after the provisioning delay, removed after the hysteresis; and the logged run's event
-table (spec §5.8) reproduced from the paper's own trace."""
+"""Site availability from carbon traces (the curtailment paper's rule): provisioned when curtailment
+starts, ready after the provisioning delay, removed after the hysteresis; and the logged run's event
+table reproduced from the paper's own trace."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def first(events, site: str, kind: str, after: float = 0.0) -> float:
 
 
 def test_paper_trace_availability_matches_the_logged_event_table(shared_data):
-    # spec §5.8, t in s from 17:00 UTC. The log adds polling and start-up jitter, so each event
+    # The logged run, t in s from 17:00 UTC. The log adds polling and start-up jitter, so each event
     # must match within one trace step (300 s).
     sites = availability_from_trace(paper_trace(shared_data), PAPER_SITES)  # θ 100, 600 s, 240 s
 

@@ -1,5 +1,6 @@
-"""Carbon-intensity traces and curtailment windows (spec §5.2): the real WattTime and Electricity
-Maps samples, corrupted copies, and the enter/exit-hysteresis rule on hand-made series."""
+"""Carbon-intensity traces and curtailment windows (the curtailment paper's rule): the real WattTime
+and Electricity Maps samples, corrupted copies, and the enter/exit-hysteresis rule on hand-made
+series."""
 
 from __future__ import annotations
 
@@ -66,7 +67,7 @@ def test_plain_threshold_windows_match_the_published_counts(shared_data):
 
 
 def test_hysteresis_windows_match_the_logged_run_timeline(shared_data):
-    # spec §5.8: CA provisioned at 287 s, its MCI rose above θ near 7490 s, deprovisioned at
+    # The logged run: CA provisioned at 287 s, its MCI rose above θ near 7490 s, deprovisioned at
     # 8125 s (after 10 min), curtailed again at 8391 s; SA joined at 17 025 s (incl. ~240 s
     # provisioning). The logged times add polling and overhead, hence the tolerances.
     trace = read_carbon_trace(carbon_file(shared_data, "curtail-llm_mci_2026-01-11.csv"))

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from powertrip.fedavg import StreamingFedAvg
-from powertrip.rounds import JournalEntry, RoundOutcome
+from powertrip.journal import JournalEntry
+from powertrip.rounds import RoundOutcome
 from services.aggregator.collector import RoundCollector
 from services.common.errors import Duplicate, StaleRound
 from services.common.tensor_stream import TensorStreamReceiver, encode, specs_of

@@ -1,4 +1,4 @@
-"""The logged curtailment run (spec §5.8) replayed on the paper's own carbon trace with the
+"""The logged curtailment run (arXiv 2602.22760) replayed on the paper's own carbon trace with the
 study's set-up: its mode timeline, the always-on baselines' emissions, and the headline ratios.
 Only the scheduler runs (the learner records), so this takes well under a second."""
 
@@ -13,7 +13,8 @@ from powertrip.curtailment.availability import always_available, availability_fr
 from powertrip.curtailment.config import build_curtail_config
 from powertrip.curtailment.cursor import ShardCursor
 from powertrip.curtailment.emissions import account
-from powertrip.curtailment.engine import ElasticEngine, LearnOutcome
+from powertrip.curtailment.engine import ElasticEngine
+from powertrip.curtailment.run_model import LearnOutcome
 from powertrip.curtailment.sites import build_sites
 from powertrip.curtailment.wall_clock import WallClockRounds
 from powertrip.selection.base import SelectAll
@@ -59,7 +60,7 @@ def test_modes_follow_the_logged_timeline(paper):
     _, (run, _), _ = paper
     modes = run.mode_segments()
 
-    # spec §5.8: pause until CA trains alone (~527 s), CA alone until deprovisioned (~8125 s),
+    # The logged run: pause until CA trains alone (~527 s), CA alone until deprovisioned (~8125 s),
     # pause, CA alone again (curtailed at ~8391 s + 240 s), federated CA + SA from ~17 025 s,
     # SA alone after CA leaves (~23 750 s), federated SA + TX from ~36 527 s, done (~14.6 h).
     logged = [

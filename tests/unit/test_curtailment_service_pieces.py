@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from powertrip.v1 import profiler_pb2_grpc
+from services.aggregator.collector import DeltaInbox
 from services.aggregator.config import AggregatorConfig
 from services.aggregator.curtail_run import CurtailmentRun
-from services.aggregator.delta_inbox import DeltaInbox
 from services.common.config import ConfigError, load_config
 from services.common.errors import Duplicate, StaleRound
 from services.common.grpc_server import build_server
@@ -112,7 +112,7 @@ def test_the_run_takes_the_profilers_availability_for_its_own_sites(profiler_at)
     run = CurtailmentRun(
         load_config(AggregatorConfig, {**BASE, **quick, "POWERTRIP_PROFILER_ADDR": addr})
     )
-    sites, threshold, trace = run.availability()
+    sites, threshold, trace = run.feed.availability()
     run.stop()
     assert [s.site for s in sites] == ["site-000", "site-001", "site-002"]
     assert threshold == 100.0 and trace.label == "synthetic-carbon"
@@ -125,5 +125,5 @@ def test_a_profiler_with_other_sites_is_refused_naming_the_setting(profiler_at):
         load_config(AggregatorConfig, {**BASE, **quick, "POWERTRIP_PROFILER_ADDR": addr})
     )
     with pytest.raises(RuntimeError, match="POWERTRIP_SITE_REGIONS"):
-        run.availability()
+        run.feed.availability()
     run.stop()

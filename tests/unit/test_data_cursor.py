@@ -1,5 +1,5 @@
-"""The global data cursor (spec §5.3, §5.9): shards dealt most-progressed first, progress
-committed per batch, so nothing is trained twice or skipped as sites come and go."""
+"""The global data cursor (as in the curtailment paper's prototype): shards dealt most-progressed
+first, progress committed per batch, so nothing is trained twice or skipped as sites come and go."""
 
 from __future__ import annotations
 

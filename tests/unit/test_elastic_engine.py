@@ -1,6 +1,6 @@
-"""Elastic rounds (spec §5.2-§5.5): pause, solo and federated modes; joins wait for the next
-round; a departing site finishes its current step and its partial work is aggregated, weighted
-by batches; one data cursor so no sample is repeated or lost. The learner here only records
+"""Elastic rounds (the curtailment paper's prototype): pause, solo and federated modes; joins wait
+for the next round; a departing site finishes its current step and its partial work is aggregated,
+weighted by batches; one data cursor so no sample is repeated or lost. The learner here only records
 what it was asked to train, so every number below is exact."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import pytest
 from powertrip.curtailment.availability import Episode, SiteAvailability
 from powertrip.curtailment.cursor import ShardCursor
 from powertrip.curtailment.emissions import account
-from powertrip.curtailment.engine import ElasticEngine, ElasticSite, LearnOutcome
+from powertrip.curtailment.engine import ElasticEngine
+from powertrip.curtailment.run_model import ElasticSite, LearnOutcome
 from powertrip.curtailment.wall_clock import WallClockRounds
 from powertrip.selection.base import SelectAll
 

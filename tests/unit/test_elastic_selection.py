@@ -1,5 +1,5 @@
-"""PowerTrip inside the curtailment system (spec §5.9): Eq. 8 with a carbon term ranks the
-available sites, Algorithm 1 picks how many with wall-clock round times."""
+"""PowerTrip inside the curtailment system (docs/curtailment.md): Eq. 8 with a carbon term
+ranks the available sites, Algorithm 1 picks how many with wall-clock round times."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from powertrip.curtailment.carbon_greedy import CarbonRanking, CarbonSiteProfile
 from powertrip.curtailment.wall_clock import WallClockRounds
 from powertrip.selection.base import RoundContext, RoundFeedback
 from powertrip.selection.scoring import Ranking, rank_sites, score_weights
+from powertrip.sites import SiteProfile
 
 ROUNDS = WallClockRounds(step_s=64.08, round_min_s=600.0, overhead_s=45.0)
 
@@ -39,6 +40,29 @@ def test_the_carbon_term_puts_a_clean_site_ahead_of_a_stronger_dirty_one():
 
     assert CarbonRanking(0.0).order(c).tolist() == [0, 1]
     assert CarbonRanking(0.5).order(c).tolist() == [1, 0]
+
+
+def test_the_carbon_term_is_the_weighted_intensity_over_the_pools_dirtiest_site():
+    # Eq. 8 at 1.1 GB (alpha 0.66, beta 0.34): S = [0.66 - 0.34, 0.462 - 0.34] = [0.32, 0.122];
+    # intensity / 450 = [1, 1/90]; gamma 0.5: 0.5 * S - 0.5 * I~
+    c = ctx([1.0, 0.7], [1.0, 1.0], [450.0, 5.0])
+    expected = [0.5 * 0.32 - 0.5, 0.5 * 0.122 - 0.5 / 90]
+    assert CarbonRanking(0.5).scores(c).tolist() == pytest.approx(expected)
+
+
+def test_a_pool_with_no_emissions_keeps_the_eq8_order_scaled_by_one_minus_gamma():
+    c = ctx([0.5, 1.0], [1.0, 1.0], [0.0, 0.0])
+    eq8 = CarbonRanking(0.0).scores(c)
+    assert CarbonRanking(0.5).scores(c).tolist() == pytest.approx((0.5 * eq8).tolist())
+    assert CarbonRanking(0.5).order(c).tolist() == [1, 0]
+
+
+@pytest.mark.parametrize("carbon_weight", [0.0, 0.5])
+def test_the_carbon_ranking_refuses_a_profile_without_intensities(carbon_weight):
+    plain = SiteProfile(power=np.ones(2), comm_s=np.ones(2), distance_mi=np.zeros(2))
+    c = RoundContext(1, 0.0, plain, 600.0, 1.1e9, np.random.default_rng(0))
+    with pytest.raises(TypeError, match="needs a CarbonSiteProfile.*got SiteProfile"):
+        CarbonRanking(carbon_weight).order(c)
 
 
 def test_carbon_weight_outside_the_unit_interval_is_refused():

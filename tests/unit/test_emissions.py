@@ -1,5 +1,5 @@
-"""Energy and emissions accounting (spec §5.7): two power levels, linear interpolation of the
-intensity on a 60 s grid, and the curtailed-energy share."""
+"""Energy and emissions accounting (the curtailment paper's notebook): two power levels, linear
+interpolation of the intensity on a 60 s grid, and the curtailed-energy share."""
 
 from __future__ import annotations
 

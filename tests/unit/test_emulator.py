@@ -148,7 +148,8 @@ def test_the_directional_variant_runs_in_the_emulator(tiny_cfg, tiny_data):
     _, emu = _emulator(tiny_cfg, tiny_data)
     policy = build_policy("powertrip-directional")
     emu.run(policy, None, 4)
-    assert policy._noise_par is not None
+    assert policy.wants_direction
+    assert policy.gain.along_direction.value is not None  # fitted from the projections
 
 
 def test_the_split_half_accuracy_variant_gets_the_half_models_accuracy(tiny_cfg, tiny_data):
@@ -159,4 +160,4 @@ def test_the_split_half_accuracy_variant_gets_the_half_models_accuracy(tiny_cfg,
     policy.observe = lambda fb: (seen.append(fb.half_accuracy), observe(fb))
     emu.run(policy, None, 3)
     assert all(a is not None and 0.0 <= a <= 1.0 for a in seen)
-    assert policy._penalty is not None
+    assert policy.gain.fit.value is not None  # the split-half fit took the half accuracies

@@ -1,4 +1,4 @@
-"""Algorithm 1 (spec §3.2-§3.5): the greedy, bottom-up site-count policy.
+"""Algorithm 1: the greedy, bottom-up site-count policy of the PowerTrip paper.
 
 Most tests rank by latency over eight full-power sites with tau = 1 s, so the mean-power
 estimate is T_hat(k) = 1 + max_{j<=k} C_j and, with the log gain, the efficiency is
@@ -13,13 +13,18 @@ E(k') = trend * log(1+k') / log(1+k) / (1 + max_{j<=k'} C_j). The comm profiles 
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 
-from powertrip.fedavg import StreamingFedAvg
 from powertrip.selection.base import RankingConfig, RoundContext, RoundFeedback
+from powertrip.selection.gains import (
+    DirectionalNoiseGain,
+    KappaHeadroomGain,
+    LogGain,
+    NoiseScaleGain,
+    SplitHalfAccuracyGain,
+    SplitHalfGain,
+)
 from powertrip.selection.greedy import GainModel, GreedyConfig, PowerTripGreedy, SearchMode
 from powertrip.selection.scoring import Estimator, Ranking
 from powertrip.sites import SiteProfile
@@ -300,8 +305,8 @@ def test_gain_is_epsilon_before_any_feedback_and_after_a_flat_round():
     ids=["steady", "plateau", "falling", "noisy"],
 )
 def test_with_the_log_gain_the_chosen_k_does_not_depend_on_the_accuracy_trend(accuracies):
-    # spec §3.5: E(k') = trend * g(k') / g(k) / T_hat(k'); the positive factor trend cancels in
-    # the argmax. Worked path (k0 = 1, window 2, patience 2):
+    # E(k') = trend * g(k') / g(k) / T_hat(k'): the positive factor trend cancels in the argmax.
+    # Worked path (k0 = 1, window 2, patience 2):
     #   PEAK4: 1 -> 3 (cands 1..3) -> 4 (cands 1..5) -> 4 (hold)
     #   STEEP: vote, shrink to 2 (cands 2..6) -> vote, shrink to 1 (cands 1..4)
     #   FLAT:  3 -> 5 -> 7
@@ -310,54 +315,41 @@ def test_with_the_log_gain_the_chosen_k_does_not_depend_on_the_accuracy_trend(ac
     assert history == [1, 3, 4, 4, 4, 2, 2, 1, 3, 5, 7]
 
 
-# ------------------------------------------------------------------------ kappa-headroom gain
+# --------------------------------------------------------------- the gain model in the policy
+# Each model's own statistics and projections are specified in test_gains.py; here, that the
+# policy builds the configured one, feeds it every round and projects with its own trend.
 
 
-def test_kappa_headroom_gain_grows_as_per_round_gains_flatten():
-    # Prepare: gains 0.3 then 0.1 -> trend (0.4 - 0) / 2 = 0.2, best single gain 0.3,
-    # headroom = 1 - 0.2 / 0.3 = 1/3; k = 3
-    policy = greedy(gain=GainModel.KAPPA_HEADROOM, kappa=1.0)
-    policy.observe(feedback(0.0, 0.3))
-    policy.observe(feedback(0.3, 0.4))
-
-    # Execute
-    gain = policy.projected_gain(np.array([1, 3, 7]), 3)
-
-    # Assert: 0.2 * (1 + (1/3) * ln((1+k') / 4)) = 0.2 * [1 - ln2/3, 1, 1 + ln2/3]
-    third_ln2 = math.log(2) / 3
-    assert gain == pytest.approx([0.2 * (1 - third_ln2), 0.2, 0.2 * (1 + third_ln2)])
-    assert gain == pytest.approx([0.1537901880, 0.2, 0.2462098120])
-
-
-def test_kappa_headroom_gain_is_flat_while_gains_are_at_their_best():
-    # steady 0.1 per round: trend == best gain, headroom 0, extra sites project no extra gain
-    policy = greedy(gain=GainModel.KAPPA_HEADROOM)
-    policy.observe(feedback(0.0, 0.1))
-    policy.observe(feedback(0.1, 0.2))
-    assert policy.projected_gain(np.array([1, 3, 7]), 3) == pytest.approx([0.1, 0.1, 0.1])
+@pytest.mark.parametrize(
+    ("model", "cls", "split_half", "direction"),
+    [
+        (GainModel.LOG, LogGain, False, False),
+        (GainModel.KAPPA_HEADROOM, KappaHeadroomGain, False, False),
+        (GainModel.NOISE_SCALE, NoiseScaleGain, False, False),
+        (GainModel.NOISE_DIRECTIONAL, DirectionalNoiseGain, False, True),
+        (GainModel.SPLIT_HALF, SplitHalfGain, True, False),
+        (GainModel.SPLIT_HALF_ACCURACY, SplitHalfAccuracyGain, True, False),
+    ],
+)
+def test_the_policy_holds_the_configured_gain_model_and_declares_its_probes(
+    model, cls, split_half, direction
+):
+    policy = greedy(gain=model)
+    assert type(policy.gain) is cls
+    assert (policy.wants_split_half, policy.wants_direction) == (split_half, direction)
 
 
-def test_kappa_zero_turns_off_the_headroom_term():
-    policy = greedy(gain=GainModel.KAPPA_HEADROOM, kappa=0.0)
-    policy.observe(feedback(0.0, 0.3))
-    policy.observe(feedback(0.3, 0.4))
-    assert policy.projected_gain(np.array([1, 3, 7]), 3) == pytest.approx([0.2, 0.2, 0.2])
-
-
-def test_kappa_scales_the_headroom_term():
-    # kappa = 2: 0.2 * (1 + 2 * (1/3) * ln 2) = 0.292419624 at k' = 7
+def test_kappa_headroom_projects_from_the_policys_trend_and_best_round():
+    # gains 0.3 then 0.1: trend (0.4 - 0) / 2 = 0.2, best gain 0.3, headroom 1/3;
+    # kappa = 2: 0.2 * (1 + 2 * (1/3) * ln((1+7) / (1+3))) = 0.292419624 at k' = 7
     policy = greedy(gain=GainModel.KAPPA_HEADROOM, kappa=2.0)
     policy.observe(feedback(0.0, 0.3))
     policy.observe(feedback(0.3, 0.4))
-    assert policy.projected_gain(np.array([7]), 3) == pytest.approx([0.292419624])
-
-
-# ------------------------------------------------------------------------- noise-scale gain
+    assert policy.projected_gain(np.array([3, 7]), 3) == pytest.approx([0.2, 0.292419624])
 
 
 def dispersion_feedback(signal: float, trace: float, k_eff: float) -> RoundFeedback:
-    """Feedback whose statistics are the expectations for |G|^2 = signal, tr(Sigma) = trace:
-    weighted mean |d_i|^2 = |G|^2 + tr(Sigma), |mean d|^2 = |G|^2 + tr(Sigma) / k_eff."""
+    """A 0.2 -> 0.3 round whose update dispersion gives |G|^2 = signal, tr(Sigma) = trace."""
     return feedback(
         0.2,
         0.3,
@@ -367,85 +359,51 @@ def dispersion_feedback(signal: float, trace: float, k_eff: float) -> RoundFeedb
     )
 
 
-@pytest.mark.parametrize(
-    ("signal", "trace", "k_eff", "noise_scale"),
-    [
-        (2.0, 6.0, 4.0, 3.0),  # mean |d|^2 = 8, |mean|^2 = 3.5 -> tr = 4.5 / 0.75 = 6, |G|^2 = 2
-        (1.0, 10.0, 2.5, 10.0),  # 11 and 5 -> tr = 6 / 0.6 = 10, |G|^2 = 5 - 4 = 1
-        (4.0, 1.0, 10.0, 0.25),  # 5 and 4.1 -> tr = 0.9 / 0.9 = 1, |G|^2 = 4.1 - 0.1 = 4
-    ],
-)
-def test_noise_scale_recovers_trace_over_signal_from_constructed_dispersion(
-    signal, trace, k_eff, noise_scale
-):
+def test_noise_scale_projects_the_averaging_benefit_with_the_policys_trend():
+    # one round: trend 0.1, B = 6 / 2 = 3, k = 4: 0.1 * (k'/(k'+3)) / (4/7)
     policy = greedy(gain=GainModel.NOISE_SCALE)
-    policy.observe(dispersion_feedback(signal, trace, k_eff))
-    assert policy.noise_scale() == pytest.approx(noise_scale)
+    policy.observe(dispersion_feedback(2.0, 6.0, 4.0))
+    assert policy.projected_gain(np.array([1, 4, 12]), 4) == pytest.approx([0.04375, 0.1, 0.14])
 
 
-def test_noise_scale_recovers_b_from_real_fedavg_dispersion():
-    # Prepare: 100 sites per round, d_i = G + N(0, 0.12 I) in 50 dims, unequal sample weights:
-    # |G|^2 = 50 * 0.2^2 = 2, tr(Sigma) = 50 * 0.12 = 6, so B = 3
-    rng = np.random.default_rng(0)
-    policy = greedy(gain=GainModel.NOISE_SCALE, noise_smoothing=0.9)
-    g = np.full(50, 0.2)
-
-    # Execute
-    for r in range(1, 61):
-        agg = StreamingFedAvg({"w": np.zeros(50)})
-        for weight in rng.uniform(1.0, 3.0, size=100):
-            agg.add({"w": g + math.sqrt(0.12) * rng.standard_normal(50)}, float(weight))
-        mean_sq, sq_mean, k_eff = agg.dispersion()
-        policy.observe(
-            feedback(
-                0.2,
-                0.3,
-                rnd=r,
-                mean_sq_norm=mean_sq,
-                sq_norm_of_mean=sq_mean,
-                effective_sites=k_eff,
-            )
-        )
-
-    # Assert
-    assert policy.noise_scale() == pytest.approx(3.0, rel=0.1)
-
-
-def test_noise_scale_statistics_are_smoothed_separately():
-    # EMA weight 0.7 on history: tr = 0.7 * 6 + 0.3 * 12 = 7.8, |G|^2 = 0.7 * 2 + 0.3 * 1 = 1.7
-    policy = greedy(gain=GainModel.NOISE_SCALE, noise_smoothing=0.7)
+def test_the_configured_smoothing_reaches_the_gain_model():
+    # EMA weight 0.5: tr = 0.5 * 6 + 0.5 * 12 = 9, |G|^2 = 0.5 * 2 + 0.5 * 1 = 1.5 -> B = 6
+    policy = greedy(gain=GainModel.NOISE_SCALE, noise_smoothing=0.5)
     policy.observe(dispersion_feedback(2.0, 6.0, 4.0))
     policy.observe(dispersion_feedback(1.0, 12.0, 4.0))
-    assert policy.noise_scale() == pytest.approx(7.8 / 1.7)
+    assert policy.gain.noise_scale() == pytest.approx(6.0)
 
 
-@pytest.mark.parametrize(
-    "noise",
-    [
-        {},  # no dispersion reported
-        {"mean_sq_norm": 8.0, "sq_norm_of_mean": 3.5, "effective_sites": 1.0},  # one site
-        {"mean_sq_norm": 8.0, "sq_norm_of_mean": 3.5, "effective_sites": None},
-    ],
-    ids=["missing", "single-site", "no-k-eff"],
-)
-def test_noise_scale_ignores_rounds_that_cannot_measure_dispersion(noise):
-    policy = greedy(gain=GainModel.NOISE_SCALE)
-    policy.observe(feedback(0.2, 0.3, **noise))
-    assert policy.noise_scale() == 0.0
-    # with B = 0 the gain k'/(k'+B) is flat: the trend for every candidate
-    assert policy.projected_gain(np.array([1, 4, 12]), 4) == pytest.approx([0.1, 0.1, 0.1])
+def test_split_half_gain_fits_loss_against_sites_averaged():
+    # m = 8 sites give L = 1.5, their every-other half (m = 4) gives 1.6, the round began at 2.0:
+    # c = 0.1 / (1/4 - 1/8) = 0.8, L_inf = 1.5 - 0.8/8 = 1.4, noise-free progress 0.6,
+    # b = 0.8 / 0.6 = 4/3; averaging 16 instead of 8 keeps (1 - b/16) / (1 - b/8) = 1.1x.
+    policy = PowerTripGreedy(GreedyConfig(gain=GainModel.SPLIT_HALF, min_sites=2))
+    policy.observe(
+        RoundFeedback(
+            1,
+            np.arange(8),
+            10.0,
+            0.5,
+            0.4,
+            effective_sites=8.0,
+            loss=1.5,
+            previous_loss=2.0,
+            half_loss=1.6,
+            half_sites=4.0,
+        )
+    )
+    assert policy.gain.averaging_scale() == pytest.approx(4 / 3)
+    gain = policy.projected_gain(np.array([8, 16]), k=8)
+    assert gain[1] / gain[0] == pytest.approx(1.1)
 
 
-def test_noise_scale_gain_is_the_averaging_benefit_k_over_k_plus_b():
-    # Prepare: B = 3, trend 0.1, k = 4
-    policy = greedy(gain=GainModel.NOISE_SCALE)
-    policy.observe(dispersion_feedback(2.0, 6.0, 4.0))
-
-    # Execute
-    gain = policy.projected_gain(np.array([1, 4, 12]), 4)
-
-    # Assert: 0.1 * (k'/(k'+3)) / (4/7) = 0.1 * [0.25, 4/7, 0.8] * 7/4 = [0.04375, 0.1, 0.14]
-    assert gain == pytest.approx([0.04375, 0.1, 0.14])
+def test_split_half_policy_never_drops_below_two_sites():
+    # k0 = 1 is lifted to the floor: one site gives no half to compare against
+    profile = SiteProfile(power=np.full(5, 0.5), comm_s=np.ones(5), distance_mi=np.ones(5))
+    ctx = RoundContext(1, 0.0, profile, 10.0, 1.5e9, np.random.default_rng(0))
+    policy = PowerTripGreedy(GreedyConfig(gain=GainModel.SPLIT_HALF, min_sites=2, k0=1))
+    assert len(policy.select(ctx)) == 2
 
 
 # ----------------------------------------------------------------------------- configuration
@@ -478,157 +436,3 @@ def test_every_invalid_greedy_parameter_is_named_at_once():
 def test_boundary_greedy_config_values_are_accepted():
     cfg = GreedyConfig(k0=1, window=0, patience=1, trend_rounds=1, kappa=0.0, noise_smoothing=0.0)
     assert (cfg.k0, cfg.window, cfg.patience) == (1, 0, 1)
-
-
-def test_split_half_gain_fits_loss_against_sites_averaged():
-    # m = 8 sites give L = 1.5, their every-other half (m = 4) gives 1.6, the round began at 2.0:
-    # c = 0.1 / (1/4 - 1/8) = 0.8, L_inf = 1.5 - 0.8/8 = 1.4, noise-free progress 0.6,
-    # b = 0.8 / 0.6 = 4/3; averaging 16 instead of 8 keeps (1 - b/16) / (1 - b/8) = 1.1x.
-    policy = PowerTripGreedy(GreedyConfig(gain=GainModel.SPLIT_HALF, min_sites=2))
-    policy.observe(
-        RoundFeedback(
-            1,
-            np.arange(8),
-            10.0,
-            0.5,
-            0.4,
-            effective_sites=8.0,
-            loss=1.5,
-            previous_loss=2.0,
-            half_loss=1.6,
-            half_sites=4.0,
-        )
-    )
-    assert policy.averaging_scale() == pytest.approx(4 / 3)
-    gain = policy.projected_gain(np.array([8, 16]), k=8)
-    assert gain[1] / gain[0] == pytest.approx(1.1)
-
-
-def test_split_half_policy_never_drops_below_two_sites():
-    # k0 = 1 is lifted to the floor: one site gives no half to compare against
-    profile = SiteProfile(power=np.full(5, 0.5), comm_s=np.ones(5), distance_mi=np.ones(5))
-    ctx = RoundContext(1, 0.0, profile, 10.0, 1.5e9, np.random.default_rng(0))
-    policy = PowerTripGreedy(GreedyConfig(gain=GainModel.SPLIT_HALF, min_sites=2, k0=1))
-    assert len(policy.select(ctx)) == 2
-
-
-# ----------------------------------------------------------------- directional noise scale
-
-
-def directional_feedback(
-    signal: float, trace: float, signal_par: float, noise_par: float, k_eff: float
-) -> RoundFeedback:
-    """Expected statistics for |G|^2, tr(Sigma) and, along u, (G.u)^2 and u'Sigma u."""
-    return feedback(
-        0.2,
-        0.3,
-        mean_sq_norm=signal + trace,
-        sq_norm_of_mean=signal + trace / k_eff,
-        effective_sites=k_eff,
-        mean_proj=math.sqrt(signal_par + noise_par / k_eff),
-        mean_sq_proj=signal_par + noise_par,
-    )
-
-
-def test_directional_noise_scale_uses_the_projections_only():
-    # Prepare: B = 12 / 2 = 6 overall; along u: (G.u)^2 = 1.5, u'Sigma u = 0.75 -> B_par = 0.5
-    #   mean p^2 = 2.25, (mean p)^2 = 1.5 + 0.75 / 4 = 1.6875
-    #   noise = (2.25 - 1.6875) / 0.75 = 0.75, signal = 1.6875 - 0.75 / 4 = 1.5
-    policy = greedy(gain=GainModel.NOISE_DIRECTIONAL)
-
-    # Execute
-    policy.observe(directional_feedback(2.0, 12.0, 1.5, 0.75, 4.0))
-
-    # Assert
-    assert policy.noise_scale() == pytest.approx(6.0)
-    assert policy.noise_scale(directional=True) == pytest.approx(0.5)
-    # gain k'/(k'+0.5) relative to k = 4 (4 / 4.5), trend 0.1:
-    #   k'=1: 0.1 * (1 / 1.5) * (4.5 / 4) = 0.075;  k'=2: 0.1 * 0.8 * 1.125 = 0.09
-    assert policy.projected_gain(np.array([1, 2, 4]), 4) == pytest.approx([0.075, 0.09, 0.1])
-    assert policy.wants_direction
-    assert not greedy(gain=GainModel.NOISE_SCALE).wants_direction
-
-
-def test_directional_noise_scale_falls_back_to_b_before_the_first_projection():
-    policy = greedy(gain=GainModel.NOISE_DIRECTIONAL)
-    policy.observe(dispersion_feedback(2.0, 6.0, 4.0))  # round 1: no previous delta yet
-    assert policy.noise_scale(directional=True) == pytest.approx(3.0)
-
-
-def test_directional_statistics_are_smoothed_separately():
-    # EMA 0.7: u'Su = 0.7 * 0.75 + 0.3 * 3 = 1.425, (G.u)^2 = 0.7 * 1.5 + 0.3 * 1 = 1.35
-    policy = greedy(gain=GainModel.NOISE_DIRECTIONAL, noise_smoothing=0.7)
-    policy.observe(directional_feedback(2.0, 12.0, 1.5, 0.75, 4.0))
-    policy.observe(directional_feedback(2.0, 12.0, 1.0, 3.0, 4.0))
-    assert policy.noise_scale(directional=True) == pytest.approx(1.425 / 1.35)
-
-
-def test_directional_noise_scale_from_real_fedavg_projections():
-    # Prepare: d_i = G + N(0, 0.12 I) in 50 dims, |G|^2 = 2 -> B = 6 / 2 = 3; projected on
-    # u = G / |G|: (G.u)^2 = 2 and u'Sigma u = 0.12 -> B_par = 0.06, isotropic noise mostly
-    # lies off the direction of travel
-    rng = np.random.default_rng(0)
-    policy = greedy(gain=GainModel.NOISE_DIRECTIONAL, noise_smoothing=0.9)
-    g = np.full(50, 0.2)
-
-    # Execute
-    for r in range(1, 61):
-        agg = StreamingFedAvg({"w": np.zeros(50)}, direction={"w": g})
-        for weight in rng.uniform(1.0, 3.0, size=100):
-            agg.add({"w": g + math.sqrt(0.12) * rng.standard_normal(50)}, float(weight))
-        mean_sq, sq_mean, k_eff = agg.dispersion()
-        mean_proj, mean_sq_proj = agg.projection()
-        policy.observe(
-            feedback(
-                0.2,
-                0.3,
-                rnd=r,
-                mean_sq_norm=mean_sq,
-                sq_norm_of_mean=sq_mean,
-                effective_sites=k_eff,
-                mean_proj=mean_proj,
-                mean_sq_proj=mean_sq_proj,
-            )
-        )
-
-    # Assert
-    assert policy.noise_scale() == pytest.approx(3.0, rel=0.1)
-    assert policy.noise_scale(directional=True) == pytest.approx(0.06, rel=0.2)
-
-
-# ------------------------------------------------------------------ split-half on accuracy
-
-
-def test_split_half_accuracy_fits_the_validation_error_not_the_loss():
-    # m = 8 sites reach accuracy 0.70 (error 0.30), their half (m = 4) 0.68 (error 0.32), the
-    # round began at 0.60 (error 0.40): c = 0.02 / (1/4 - 1/8) = 0.16, E_inf = 0.30 - 0.16/8
-    # = 0.28, noise-free progress 0.40 - 0.28 = 0.12, b = 0.16 / 0.12 = 4/3. The losses would
-    # give b = 4/3 * 10 (half_loss 2.5): they must be ignored.
-    policy = PowerTripGreedy(GreedyConfig(gain=GainModel.SPLIT_HALF_ACCURACY, min_sites=2))
-    assert policy.wants_split_half
-    policy.observe(
-        RoundFeedback(
-            1,
-            np.arange(8),
-            10.0,
-            0.70,
-            0.60,
-            effective_sites=8.0,
-            loss=1.5,
-            previous_loss=2.0,
-            half_loss=2.5,
-            half_sites=4.0,
-            half_accuracy=0.68,
-        )
-    )
-    assert policy.averaging_scale() == pytest.approx(4 / 3)
-
-
-def test_split_half_accuracy_waits_for_a_half_accuracy():
-    policy = PowerTripGreedy(GreedyConfig(gain=GainModel.SPLIT_HALF_ACCURACY, min_sites=2))
-    policy.observe(
-        RoundFeedback(
-            1, np.arange(8), 10.0, 0.7, 0.6, effective_sites=8.0, half_loss=1.6, half_sites=4.0
-        )
-    )
-    assert policy.averaging_scale() == 0.0

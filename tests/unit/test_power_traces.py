@@ -1,5 +1,5 @@
 """Google power traces: reading real and upstream-schema files, refusing corrupt ones with an
-error that points at file/line/column, and replaying them as a PowerSource (spec §4.4, A12)."""
+error that points at file/line/column, and replaying them as a PowerSource."""
 
 from __future__ import annotations
 
@@ -106,7 +106,7 @@ def test_upstream_schema_uses_production_by_default_and_measured_on_request(tmp_
     production = read_power_trace(f)
     measured = read_power_trace(f, column="measured")
 
-    # Verify: spec A12, spare = 1 - production_power_util unless told otherwise
+    # Verify: spare = 1 - production_power_util unless told otherwise
     assert production.column == PRODUCTION and measured.column == MEASURED
     assert production.names == ("a/pdu1",)
     np.testing.assert_allclose(production.series[0].spare, [0.5, 0.49, 0.48])

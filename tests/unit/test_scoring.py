@@ -47,7 +47,7 @@ TRADE_OFF = profile(power=[1.0, 0.5, 0.8], comm=[10.0, 2.0, 4.0])
         (1.75, 0.4, 0.6),  # 0.7 - 0.4 * 0.75
     ],
 )
-def test_linear_weights_follow_the_spec_schedule(update_gb, alpha, beta):
+def test_linear_weights_follow_the_update_size_schedule(update_gb, alpha, beta):
     assert score_weights(update_gb * GB) == pytest.approx((alpha, beta))
 
 
@@ -110,7 +110,7 @@ def test_difference_score_normalises_by_the_largest_power_and_comm():
 
 
 def test_difference_score_ranks_like_alpha_p_plus_beta_one_minus_c():
-    # spec §2 Eq. 8: S differs from alpha P~ + beta (1 - C~) by the constant beta
+    # Eq. 8: S differs from alpha P~ + beta (1 - C~) by the constant beta
     p, c = TRADE_OFF.power, TRADE_OFF.comm_s
     s = power_to_cost_scores(p, c, 0.3, 0.7)
     alt = 0.3 * p / p.max() + 0.7 * (1 - c / c.max())

@@ -1,4 +1,4 @@
-"""Every selection policy of spec §4.6 on tiny hand-made site sets, and the policy factory."""
+"""Every selection policy on tiny hand-made site sets, and the policy factory."""
 
 from __future__ import annotations
 
@@ -311,8 +311,9 @@ def test_build_policy_configures_every_greedy_variant(name, gain, estimator, ran
     assert policy.config.search is (search or SearchMode.WINDOW_ARGMAX)
 
 
-def test_paper_greedy_uses_the_spec_defaults():
-    # spec §3.3: k0 = 10, w = 5, p = 3, m = 3, epsilon = 1e-4, log gain, mean-power estimator
+def test_paper_greedy_uses_the_reconstructed_defaults():
+    # Algorithm 1 as reconstructed: k0 = 10, w = 5, p = 3, m = 3, epsilon = 1e-4, log gain,
+    # mean-power estimator
     cfg = PAPER_GREEDY
     assert (cfg.k0, cfg.window, cfg.patience, cfg.trend_rounds) == (10, 5, 3, 3)
     assert cfg.gain_floor == 1e-4

@@ -1,4 +1,5 @@
-"""Sites: the spec §4.3/§4.4 generator, SiteSet validation, the power/link sources and profiles."""
+"""Sites: the generator of the paper's set-up, SiteSet validation, the power/link sources and
+profiles."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ def rng(seed: int = 0) -> np.random.Generator:
 
 
 def hand_made_sites() -> SiteSet:
-    """Three sites at 100, 1000 and 10 000 mi with the spec §4.3 link model worked by hand."""
+    """Three sites at 100, 1000 and 10 000 mi with the Eq. 3 link model worked by hand."""
     return SiteSet(
         distance_mi=np.array([100.0, 1000.0, 10_000.0]),
         bandwidth_bps=np.array([10e9 / np.sqrt(1.01), 10e9 / np.sqrt(2.0), 10e9 / np.sqrt(101.0)]),
@@ -39,7 +40,7 @@ def test_stratified_draw_puts_exactly_22_of_100_sites_within_1000_miles():
     # Prepare / Execute
     sites = generate_sites(100, rng(0))
 
-    # Assert: spec A9, 22 in [100, 1000) mi and 78 in [1000, 10 000] mi
+    # Assert: 22 in [100, 1000) mi (the paper's 22 within 1000 mi), 78 in [1000, 10 000] mi
     d = sites.distance_mi
     assert sites.size == 100
     assert int((d < 1000.0).sum()) == 22
@@ -64,7 +65,7 @@ def test_stratified_draw_scales_the_near_share_with_the_number_of_sites(num_site
 
 
 def test_uniform_draw_puts_about_9_of_100_sites_within_1000_miles():
-    # Prepare: U(100, 10 000) puts 900 / 9900 = 9.09 % of the sites within 1000 mi (spec A9)
+    # Prepare: U(100, 10 000) puts 900 / 9900 = 9.09 % of the sites within 1000 mi, not 22
     draws = [generate_sites(100, rng(seed), DistanceMode.UNIFORM) for seed in range(200)]
 
     # Execute

@@ -1,6 +1,7 @@
-"""The elastic learner (spec §5.5): sites train on exactly their rows, updates are averaged
-weighted by batches, solo checkpoints do not change the trajectory, and the optional Nesterov
-outer step (B1) follows its formula."""
+"""The elastic learner (the work-weighted FedAvg of the curtailment-window study, arXiv
+2602.22760): sites train on exactly their rows, updates are averaged weighted by batches, solo
+checkpoints do not change the trajectory, and the optional DiLoCo-style Nesterov outer step
+follows its formula."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from powertrip.curtailment.engine import Checkpoints, SiteWork
 from powertrip.curtailment.learner import StreamLearner
+from powertrip.curtailment.run_model import Checkpoints, SiteWork
 from powertrip.learning.models import build_model
 from powertrip.learning.trainer import LocalTrainingConfig, SiteTrainer, get_params
 from powertrip.outer_step import NesterovOuter

@@ -1,5 +1,6 @@
-"""The embedded synthetic power trace (spec §4.4 fallback) and trace-driven power in the study:
-calibrated statistics, determinism, and the "synthetic-trace" label reaching the outputs."""
+"""The embedded synthetic power trace (the stand-in for the Google traces) and trace-driven power in
+the study: calibrated statistics, determinism, and the "synthetic-trace" label reaching the
+outputs."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The time model (spec §2 Eqs. 3, 4, 6, 7, §5.1 and §4.2) against hand-computed numbers, and
-the clocks that time advances on.
+"""The time model (the paper's Eqs. 3, 4, 6, 7 and its §5.1 emulation) against hand-computed
+numbers, and the clocks that time advances on.
 
 Constants used by hand: c = 2e8 m/s, 1 mi = 1609.344 m, B(d) = 10 Gbps / sqrt(1 + (d/1000 mi)^2),
 decimal GB (1.5 GB = 12e9 bit).
@@ -154,7 +154,8 @@ def test_effective_gpus_is_min_of_physical_and_power_supported(gpus, power_w, pe
 
 
 def test_effective_gpus_under_uniform_power_is_floor_of_fraction_times_gpus():
-    # spec §4.4: with P_max / p_gpu = G, a site at 0.55 of P_max runs floor(0.55 * 20) = 11 GPUs
+    # Eq. 6 under uniform power: with P_max / p_gpu = G, a site at 0.55 of P_max runs
+    # floor(0.55 * 20) = 11 GPUs
     assert effective_gpus(20, 0.55 * 20 * 300.0, 300.0) == 11
 
 
@@ -163,7 +164,7 @@ def test_effective_gpus_rejects_a_non_positive_power_per_gpu():
         effective_gpus(8, 1000.0, 0.0)
 
 
-# --------------------------------------------------------------------------- §5.1 T_ideal / P
+# --------------------------------------------------------------------- paper §5.1: T_ideal / P
 
 
 def test_compute_time_is_ideal_time_over_power_fraction():

@@ -113,3 +113,14 @@ def test_bad_training_requests_are_refused():
         trainer.train(get_params(model), x, y, [np.arange(0)], [1])
     with pytest.raises(ValueError, match="positive"):
         LocalTrainingConfig(lr=0.0, batch_size=4)
+
+
+def test_updates_come_back_in_host_memory():
+    x, y = _tiny_problem()
+    model = _model()
+    trainer = SiteTrainer(model, LocalTrainingConfig(lr=0.1, batch_size=4))
+
+    updates = trainer.train(get_params(model), x, y, [np.arange(10), np.arange(20, 25)], [0, 1])
+
+    assert all(d.device.type == "cpu" for d in updates.deltas.values())
+    assert isinstance(updates.loss, np.ndarray) and updates.loss.shape == (2,)

@@ -1,0 +1,54 @@
+"""Dataset loaders for the worker and the emulator (pure: no grpc, no network).
+
+Every loader returns the same ``Dataset`` record (``record``), so partitioning, models and the
+trainer never care where the data came from:
+
+* ``mnist1d``: generated offline by the ``mnist1d`` package and cached (the embedded default).
+* ``idx``: MNIST / EMNIST from IDX files (plain or .gz) in a directory the user provides.
+* ``shakespeare``: LEAF-style next-character prediction, one natural group per speaking role.
+
+``load_dataset`` picks one by name. Host arrays become tensors through ``learning.device``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from powertrip.learning.datasets.idx import load_idx
+from powertrip.learning.datasets.mnist1d import load_mnist1d
+from powertrip.learning.datasets.record import Dataset, DatasetError
+from powertrip.learning.datasets.shakespeare import (
+    LEAF_VOCAB,
+    decode_chars,
+    encode_chars,
+    load_shakespeare,
+)
+
+__all__ = [
+    "DATASET_NAMES",
+    "LEAF_VOCAB",
+    "Dataset",
+    "DatasetError",
+    "decode_chars",
+    "encode_chars",
+    "load_dataset",
+    "load_idx",
+    "load_mnist1d",
+    "load_shakespeare",
+]
+
+DATASET_NAMES = ("mnist1d", "mnist", "emnist", "shakespeare")
+
+
+def load_dataset(name: str, path: Path | None = None, **kwargs: Any) -> Dataset:
+    """Load a dataset by name; `path` is required for everything but the generated mnist1d."""
+    if name not in DATASET_NAMES:
+        raise DatasetError(f"unknown dataset {name!r}; valid names: {', '.join(DATASET_NAMES)}")
+    if name == "mnist1d":
+        return load_mnist1d(**kwargs)
+    if path is None:
+        raise DatasetError(f"dataset {name!r} needs a path to its files")
+    if name == "shakespeare":
+        return load_shakespeare(Path(path), **kwargs)
+    return load_idx(Path(path), **kwargs)

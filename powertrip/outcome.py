@@ -1,0 +1,55 @@
+"""A round's outcome from its folded updates: the one builder of ``RoundOutcome``.
+
+The emulator (``powertrip.emulate``) and the aggregator service (its ``GrpcRoundExecutor``) fold
+their sites' updates into a ``StreamingFedAvg`` in selection order; from there on a round is the
+same arithmetic in both, kept here so the service reproduces the emulator bit for bit: the
+updates' dispersion (the noise-scale gain model's input), the split-half probe, the projection
+on the previous global delta, the FedAvg step of Eq. 2 and the evaluation of the new model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from powertrip.fedavg import NumpyParams, StreamingFedAvg
+from powertrip.rounds import RoundOutcome
+
+#: (accuracy, loss) of a model on the held-out set
+Evaluate = Callable[[NumpyParams], tuple[float, float]]
+
+
+def round_outcome(
+    agg: StreamingFedAvg,
+    params: NumpyParams,
+    evaluate: Evaluate,
+    *,
+    selected: int,
+    half: StreamingFedAvg | None = None,
+) -> RoundOutcome:
+    """Commit ``agg`` onto the global model ``params`` and report the round.
+
+    ``selected`` is the number of sites the policy picked: the split-half probe (``half``, the
+    sum of every other selected site) needs two, since half of one site is the whole round.
+    ``agg`` and ``half`` are spent afterwards: the new model is built in ``agg``'s buffers and
+    returned as the outcome's ``params`` (numpy; ``params`` itself is not modified).
+    """
+    contributions = agg.count
+    dispersion = agg.dispersion()
+    half_loss = half_sites = half_accuracy = None
+    if half is not None and half.count > 0 and selected >= 2:
+        half_sites = half.dispersion()[2]
+        half_accuracy, half_loss = evaluate(half.apply(params, in_place=True))
+    projection = agg.projection()
+    new = agg.apply(params, in_place=True)
+    accuracy, loss = evaluate(new)
+    return RoundOutcome(
+        accuracy=accuracy,
+        loss=loss,
+        dispersion=dispersion,
+        contributions=contributions,
+        half_loss=half_loss,
+        half_sites=half_sites,
+        params=new,
+        projection=projection,
+        half_accuracy=half_accuracy,
+    )

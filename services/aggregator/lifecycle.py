@@ -1,0 +1,238 @@
+"""What the servicer and the entry point know of a run, whichever the mode: the ``Run`` protocol,
+and the lifecycle both modes share (wait for the sites, train on a thread, locked status).
+
+PowerTrip mode (``run.AggregatorRun``) and curtailment mode (``curtail_run.CurtailmentRun``)
+differ only in what happens once the sites are in (``RunLifecycle._train``) and in what a
+registering worker is told; the servicer maps ``Registration`` and ``StatusSnapshot`` to the wire
+without knowing which mode it serves.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from enum import IntEnum
+from typing import Protocol
+
+from powertrip.curtailment.emissions import EnergyReport
+from powertrip.fedavg import NumpyParams
+from powertrip.rounds import RoundRecord
+from services.aggregator.collector import RoundGate
+from services.aggregator.config import AggregatorConfig
+from services.aggregator.executor import GrpcRoundExecutor
+from services.aggregator.registry import WorkerRegistry
+
+logger = logging.getLogger(__name__)
+
+
+class RunState(IntEnum):  # values match powertrip.v1.RunState
+    WAITING_FOR_SITES = 1
+    TRAINING = 2
+    DONE = 3
+    FAILED = 4
+
+
+@dataclass(frozen=True)
+class StatusRound:
+    """A finished round as the status reports it."""
+
+    record: RoundRecord
+    start_s: float = 0.0  # curtailment mode: the clock when the round began
+    steps: tuple[int, ...] = ()  # curtailment mode: local steps of each selected site
+
+
+@dataclass
+class RunStatus:
+    """The run's progress; written by the run's thread under the lifecycle's lock."""
+
+    state: RunState = RunState.WAITING_FOR_SITES
+    round: int = 0
+    accuracy: float = 0.0
+    clock_s: float = 0.0
+    time_to_accuracy_s: float | None = None
+    message: str = ""
+    rounds: list[StatusRound] = field(default_factory=list)
+    mode: str = ""  # curtailment mode: "pause", "solo" or "federated"
+    active_sites: int = 0
+    energy: EnergyReport | None = None  # curtailment mode: energy and emissions so far
+
+
+@dataclass(frozen=True)
+class StatusSnapshot:
+    """A consistent copy of the status plus the run's fixed facts, for ``GetStatus``."""
+
+    status: RunStatus  # a copy: its ``rounds`` are not the live list
+    target: float | None
+    registered_sites: int
+    expected_sites: int
+    policy: str
+    clock: str
+
+
+@dataclass(frozen=True)
+class Registration:
+    """What a registering worker is told: enough to build the run's sites and data itself."""
+
+    run_seed: int
+    mode: str
+    run_config_json: str = ""  # PowerTrip mode: the experiment configuration
+    curtail_config_json: str = ""  # curtailment mode: the curtailment run's configuration
+
+
+class UpdateIntake(Protocol):
+    """Where the servicer puts a streamed update: the open round, and the model it must match."""
+
+    @property
+    def collector(self) -> RoundGate | None: ...
+
+    @property
+    def params(self) -> NumpyParams: ...
+
+
+class Run(Protocol):
+    """One aggregator run, in either mode, as the servicer and the entry point use it."""
+
+    @property
+    def cfg(self) -> AggregatorConfig: ...
+
+    @property
+    def registry(self) -> WorkerRegistry: ...  # who hosts which site
+
+    @property
+    def executor(self) -> UpdateIntake: ...
+
+    def registration(self) -> Registration: ...
+
+    def status_snapshot(self) -> StatusSnapshot: ...
+
+    def start(self) -> threading.Thread: ...
+
+    def stop(self) -> None: ...
+
+
+def wait_for_sites(
+    registry: WorkerRegistry, expected: int, timeout_s: float, stop: threading.Event
+) -> str | None:
+    """None once ``expected`` sites are registered; otherwise why not ("" when stopped)."""
+    end = time.monotonic() + timeout_s
+    while registry.site_count < expected:
+        if stop.is_set():
+            return ""
+        if time.monotonic() > end:
+            n = registry.site_count
+            return f"only {n} of {expected} sites registered within {timeout_s:.0f} s"
+        time.sleep(0.1)
+    return None
+
+
+class RunLifecycle:
+    """The lifecycle both modes share: a thread waits for the sites, then ``_train`` runs; a
+    crash or a refusal fails the run with its reason, and ``stop`` ends it at the next round.
+    A mode sets ``executor`` and ``target`` and provides the methods below that raise."""
+
+    thread_name = "aggregator-run"
+
+    def __init__(self, cfg: AggregatorConfig, num_sites: int, expected_sites: int) -> None:
+        self.cfg = cfg
+        self.registry = WorkerRegistry(num_sites)
+        self.expected_sites = expected_sites
+        self.status = RunStatus()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+
+    # -- what a mode provides ------------------------------------------------------------
+    executor: GrpcRoundExecutor  # PowerTrip's round executor, or curtailment's transport
+    target: float | None
+
+    @property
+    def policy_name(self) -> str:
+        raise NotImplementedError
+
+    def registration(self) -> Registration:
+        raise NotImplementedError
+
+    def _train(self) -> None:
+        """The run proper, on the run's thread, once the sites are in."""
+        raise NotImplementedError
+
+    # -- the shared lifecycle ------------------------------------------------------------
+    def run(self) -> None:
+        try:
+            why = wait_for_sites(
+                self.registry, self.expected_sites, self.cfg.registration_timeout_s, self._stop
+            )
+            if why is not None:
+                if why:
+                    self._fail(why)
+                return
+            self._train()
+        except Exception as exc:
+            logger.exception("run crashed")
+            self._fail(f"{type(exc).__name__}: {exc}")
+
+    def start(self) -> threading.Thread:
+        thread = threading.Thread(target=self.run, name=self.thread_name, daemon=True)
+        thread.start()
+        return thread
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.executor.close()
+
+    def status_snapshot(self) -> StatusSnapshot:
+        with self._lock:
+            st = self.status
+            copy = replace(st, rounds=list(st.rounds))
+        return StatusSnapshot(
+            status=copy,
+            target=self.target,
+            registered_sites=self.registry.site_count,
+            expected_sites=self.expected_sites,
+            policy=self.policy_name,
+            clock=self.cfg.clock,
+        )
+
+    # -- status updates, from the run's thread -------------------------------------------
+    def _begin_training(self) -> None:
+        with self._lock:
+            self.status.state = RunState.TRAINING
+
+    def _record_round(
+        self,
+        row: StatusRound,
+        reached_at: float | None,
+        mode: str = "",
+        active_sites: int = 0,
+        energy: EnergyReport | None = None,
+    ) -> bool:
+        """Add a finished round; True when it is the first to reach the target (``reached_at``:
+        when the target was first reached, None while it is not)."""
+        rec = row.record
+        with self._lock:
+            st = self.status
+            st.round, st.accuracy, st.clock_s = rec.round, rec.accuracy, rec.time_s
+            st.rounds.append(row)
+            st.mode, st.active_sites, st.energy = mode, active_sites, energy
+            first = st.time_to_accuracy_s is None and reached_at is not None
+            if first:
+                st.time_to_accuracy_s = reached_at
+        return first
+
+    def _finish(
+        self, message: str, clock_s: float | None = None, energy: EnergyReport | None = None
+    ) -> None:
+        with self._lock:
+            st = self.status
+            st.state, st.message = RunState.DONE, message
+            if clock_s is not None:
+                st.clock_s = clock_s
+            if energy is not None:
+                st.energy = energy
+        logger.info("run done: %s", message)
+
+    def _fail(self, message: str) -> None:
+        logger.error("run failed: %s", message)
+        with self._lock:
+            self.status.state, self.status.message = RunState.FAILED, message

@@ -1,0 +1,122 @@
+"""The architecture as a test: ``powertrip`` is a library that never loads gRPC or the services,
+and the three services are applications that never import each other (they talk over gRPC).
+
+Each import check runs in a fresh interpreter, so what another test imported cannot hide a leak.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import pkgutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import powertrip
+
+REPO = Path(__file__).resolve().parents[2]
+SERVICES = ("aggregator", "profiler", "worker")
+
+
+def _library_modules() -> list[str]:
+    """Every module of the library except the generated stubs (``powertrip.v1``), which only
+    the services import."""
+    names = ["powertrip"]
+    for info in pkgutil.walk_packages(powertrip.__path__, "powertrip."):
+        if not info.name.startswith("powertrip.v1"):
+            names.append(info.name)
+    return names
+
+
+def _loaded_after_import(*modules: str) -> list[str]:
+    """Top-level packages loaded by a fresh interpreter after importing ``modules``."""
+    code = (
+        f"import json, sys; import {', '.join(modules)}; "
+        "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_the_library_has_the_documented_subpackages():
+    modules = set(_library_modules())
+    for sub in ("selection", "learning", "traces", "curtailment", "study"):
+        assert f"powertrip.{sub}" in modules
+
+
+def test_importing_the_whole_library_loads_neither_grpc_nor_the_services():
+    """All modules in one interpreter: what is loaded only grows, so none of them alone can
+    load grpc either."""
+    loaded = _loaded_after_import(*_library_modules())
+    assert "grpc" not in loaded, "some powertrip module pulls in grpc"
+    assert "services" not in loaded, "some powertrip module pulls in the services package"
+
+
+def test_the_public_api_is_importable_without_grpc():
+    loaded = _loaded_after_import("powertrip")
+    assert "grpc" not in loaded and "matplotlib" not in loaded
+    for name in powertrip.__all__:
+        assert getattr(powertrip, name) is not None, name
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    tree = ast.parse(path.read_text(), str(path))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append((node.lineno, node.module))
+            found += [(node.lineno, f"{node.module}.{a.name}") for a in node.names]
+    return found
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_a_service_never_imports_another_service(service):
+    others = [s for s in SERVICES if s != service]
+    bad = []
+    for path in sorted((REPO / "services" / service).rglob("*.py")):
+        for line, name in _imports(path):
+            parts = name.split(".")
+            if parts[0] == "services" and len(parts) > 1 and parts[1] in others:
+                bad.append(f"{path.relative_to(REPO)}:{line} imports {name}")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_shared_service_code_belongs_to_no_service():
+    bad = []
+    for path in sorted((REPO / "services" / "common").rglob("*.py")):
+        for line, name in _imports(path):
+            parts = name.split(".")
+            if parts[0] == "services" and len(parts) > 1 and parts[1] in SERVICES:
+                bad.append(f"{path.relative_to(REPO)}:{line} imports {name}")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_library_source_never_mentions_grpc_or_the_services():
+    """The static twin of the import checks: it also covers code paths no import runs."""
+    bad = []
+    for path in sorted((REPO / "powertrip").rglob("*.py")):
+        if "v1" in path.relative_to(REPO / "powertrip").parts:
+            continue
+        for line, name in _imports(path):
+            if name.split(".")[0] in {"grpc", "services"} or name.startswith("powertrip.v1"):
+                bad.append(f"{path.relative_to(REPO)}:{line} imports {name}")
+    assert not bad, "\n".join(bad)
+
+
+def test_no_hand_written_module_exceeds_300_lines():
+    too_long = []
+    for root in ("powertrip", "services"):
+        for path in sorted((REPO / root).rglob("*.py")):
+            if path.name.endswith(("_pb2.py", "_pb2_grpc.py")):
+                continue
+            n = len(path.read_text().splitlines())
+            if n > 300:
+                too_long.append(f"{path.relative_to(REPO)}: {n} lines")
+    assert not too_long, "\n".join(too_long)
