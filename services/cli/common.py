@@ -53,3 +53,16 @@ class CommaList(click.ParamType):
         except ValueError:
             kind = self.kind.__name__
             self.fail(f"{value!r} is not a comma-separated list of {kind}", param, ctx)
+
+
+def preset_option(presets: Mapping[str, Mapping[str, object]], default: str):  # noqa: ANN201
+    """``--preset``: a choice of ``presets``, each explained by its description in the help; the
+    study commands share it so both describe their presets the same way."""
+    described = "; ".join(f"{k}: {v['description']}" for k, v in presets.items())
+    return click.option(
+        "--preset",
+        type=click.Choice(list(presets)),
+        default=default,
+        show_default=True,
+        help=f"Starting configuration. {described}.",
+    )

@@ -17,7 +17,7 @@ from powertrip.curtailment.config import (
     CurtailmentConfig,
     build_curtail_config,
 )
-from services.cli.common import CommaList, describe_validation, err, fail, out
+from services.cli.common import CommaList, describe_validation, err, fail, out, preset_option
 
 FLAG_FOR_FIELD = {
     "carbon_trace_path": "--carbon-trace",
@@ -30,17 +30,8 @@ FLAG_FOR_FIELD = {
 }
 
 
-PRESET_HELP = "; ".join(f"{k}: {v['description']}" for k, v in CURTAIL_PRESETS.items())
-
-
 @click.command()
-@click.option(
-    "--preset",
-    type=click.Choice(list(CURTAIL_PRESETS)),
-    default="curtailment",
-    show_default=True,
-    help=f"Starting configuration. {PRESET_HELP}.",
-)
+@preset_option(CURTAIL_PRESETS, "curtailment")
 @click.option("--output", "-o", type=click.Path(path_type=Path), help="Default: results/<preset>.")
 @click.option(
     "--carbon-trace",

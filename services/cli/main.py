@@ -12,7 +12,7 @@ from rich.table import Table
 
 from powertrip.experiment import PRESETS, ExperimentConfig, build_config
 from services.cli.certs import certs
-from services.cli.common import CommaList, describe_validation, err, fail, out
+from services.cli.common import CommaList, describe_validation, err, fail, out, preset_option
 from services.cli.curtail import curtail
 from services.cli.traces import traces
 from services.cli.up import up
@@ -56,17 +56,9 @@ main.add_command(up)
 main.add_command(curtail)
 main.add_command(certs)
 
-PRESET_HELP = "; ".join(f"{k}: {v['description']}" for k, v in PRESETS.items())
-
 
 @main.command()
-@click.option(
-    "--preset",
-    type=click.Choice(sorted(PRESETS)),
-    default="quick",
-    show_default=True,
-    help=f"Starting configuration. {PRESET_HELP}.",
-)
+@preset_option(PRESETS, "quick")
 @click.option(
     "--output",
     "-o",
