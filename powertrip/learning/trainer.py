@@ -47,6 +47,15 @@ class SiteUpdates:
     loss: np.ndarray  # mean training loss per site over its steps
 
 
+def sample_losses(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy per sample: one label per sample (``y`` [B], logits [B, C]), or one per
+    position of a sequence model (``y`` [B, T], logits [B, T, V]; the sample's mean over T)."""
+    per_target = nn.functional.cross_entropy(logits.flatten(0, -2), y.flatten(), reduction="none")
+    if y.dim() == 1:
+        return per_target
+    return per_target.view(y.shape[0], -1).mean(1)
+
+
 def get_params(model: nn.Module) -> TorchParams:
     """Detached copies of the model's parameters, on the model's device."""
     return {name: p.detach().clone() for name, p in model.named_parameters()}
@@ -69,7 +78,7 @@ class SiteTrainer:
 
         def site_loss(params: TorchParams, x: torch.Tensor, y: torch.Tensor, m: torch.Tensor):
             logits = functional_call(self.model, params, (x,))
-            per_sample = nn.functional.cross_entropy(logits, y, reduction="none")
+            per_sample = sample_losses(logits, y)
             return (per_sample * m).sum() / m.sum().clamp_min(1.0)
 
         self._grad_and_loss = vmap(grad_and_value(site_loss))
@@ -191,13 +200,18 @@ class SiteTrainer:
                 xb = x[start : start + batch_size].to(self.device)
                 yb = y[start : start + batch_size].to(self.device)
                 logits = functional_call(self.model, params, (xb,))
-                loss += float(nn.functional.cross_entropy(logits, yb, reduction="sum"))
+                if yb.dim() == 1:
+                    loss += float(nn.functional.cross_entropy(logits, yb, reduction="sum"))
+                else:  # a sequence model: each sample's mean over its positions
+                    loss += float(sample_losses(logits, yb).sum())
                 correct += int((logits.argmax(-1) == yb).sum())
-        return correct / n, loss / n
+        targets = y[0].numel() if n else 1  # tokens per sample for a sequence model
+        return correct / (n * targets), loss / n
 
 
 __all__ = [
     "LocalTrainingConfig",
+    "sample_losses",
     "SiteTrainer",
     "SiteUpdates",
     "get_params",
