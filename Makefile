@@ -1,17 +1,37 @@
 # Two entry points for a fresh machine: `make experiment` and `make test`.
-# Both create .venv on first use. torch is installed first and on its own: the pinned CPU build
-# where there is no NVIDIA GPU (so a CPU machine never pulls a multi-GB CUDA build), the default
-# (CUDA) build where nvidia-smi is present. Override with TORCH_SPEC='torch==X' if needed.
+# Both create .venv on first use. torch is installed first and on its own, at the Dockerfile's
+# version, from PyPI (plus pip's configured find-links/indexes) unless TORCH_INDEX names a PyTorch
+# index. PyPI's torch for Linux x86_64 is the CUDA 13.0 build: it runs on a CPU, and uses a GPU
+# with NVIDIA driver >= 580. Where nvidia-smi reports an older driver, TORCH_INDEX defaults to the
+# CUDA 12.6 build (driver >= 525); where it finds a GPU, the set-up warns if torch cannot use it.
+# A torch already in the venv is kept (`make clean` to replace it). Overrides:
+#   make test TORCH_INDEX=https://download.pytorch.org/whl/cpu     CPU-only wheel (no CUDA libs)
+#   make test TORCH_INDEX=https://download.pytorch.org/whl/cu130   another CUDA build
+#   make test NVIDIA_DRIVER=                                       ignore the GPU
+#   make test TORCH_SPEC='torch==X'                                another version
 VENV ?= .venv
 PY := $(VENV)/bin/python
-TORCH_SPEC ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 'torch>=2.3' || echo 'torch==2.13.0')
+TORCH_VERSION ?= 2.13.0
+TORCH_SPEC ?= torch==$(TORCH_VERSION)
+ifeq ($(origin NVIDIA_DRIVER),undefined)
+# The driver's major version; empty without a GPU (nvidia-smi missing or failing).
+NVIDIA_DRIVER := $(shell v=$$(nvidia-smi --query-gpu=driver_version --format=csv,noheader \
+  2>/dev/null) && printf '%s' "$${v%%.*}" | tr -cd 0-9)
+endif
+ifeq ($(origin TORCH_INDEX),undefined)
+TORCH_INDEX := $(if $(NVIDIA_DRIVER),$(shell [ $(NVIDIA_DRIVER) -lt 580 ] \
+  && echo https://download.pytorch.org/whl/cu126))
+endif
 OUTPUT ?= results/quick
 
 .PHONY: experiment test lint clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet "$(TORCH_SPEC)"
+	$(PY) -c "import torch" 2>/dev/null \
+	  || $(PY) -m pip install --quiet $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_SPEC)"
+	$(if $(NVIDIA_DRIVER),$(PY) -c "import torch; assert torch.cuda.is_available()" 2>/dev/null \
+	  || echo "WARNING: this torch cannot use the GPU; see TORCH_INDEX in the Makefile" >&2)
 	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $@
 

@@ -13,6 +13,7 @@ emulator's bit-identical results rely on.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 import numpy as np
@@ -24,8 +25,10 @@ from powertrip.fedavg import NumpyParams
 __all__ = [
     "TorchParams",
     "array",
+    "device_name",
     "resolve_device",
     "row_to_numpy",
+    "scalar",
     "tensor",
     "to_host",
     "to_numpy",
@@ -36,11 +39,41 @@ __all__ = [
 TorchParams = dict[str, torch.Tensor]
 
 
-def resolve_device(preferred: str = "auto") -> torch.device:
-    """``auto``: CUDA when available, else CPU; anything else is passed to ``torch.device``."""
-    if preferred == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(preferred)
+#: what ``--device`` / ``POWERTRIP_DEVICE`` accept (``meta``: shape-only, for the boundary tests)
+DEVICE_PATTERN = re.compile(r"auto|cpu|meta|cuda(:\d+)?")
+
+
+def device_name(preferred: str | torch.device) -> str:
+    """``preferred`` lower-cased, if it names a device ``resolve_device`` knows (ValueError
+    naming the choices if not), without asking whether this machine has it: a configuration
+    written for a GPU node stays valid config on a CPU-only CI."""
+    text = str(preferred).strip().lower()
+    if not DEVICE_PATTERN.fullmatch(text):
+        raise ValueError(f"device {str(preferred)!r}: use auto, cpu, cuda or cuda:N")
+    return text
+
+
+def resolve_device(preferred: str | torch.device = "auto") -> torch.device:
+    """The device a run trains on, checked once where the user names it: ``auto`` (CUDA when
+    available, else CPU), ``cpu``, ``cuda`` or ``cuda:N``. ``cuda`` gets its index, so tensor
+    and trainer devices compare equal. ValueError, naming the choices, for anything else or for
+    a GPU this machine does not have (better at start than at the first round)."""
+    text = device_name(preferred)
+    if text == "auto":
+        text = "cuda" if torch.cuda.is_available() else "cpu"
+    if not text.startswith("cuda"):
+        return torch.device(text)
+    if not torch.cuda.is_available():
+        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+        raise ValueError(
+            f"device {str(preferred)!r}: CUDA is not available (torch {torch.__version__}, "
+            f"{build}); use auto or cpu"
+        )
+    device = torch.device(text)
+    index = torch.cuda.current_device() if device.index is None else device.index
+    if index >= torch.cuda.device_count():
+        raise ValueError(f"device {text!r}: this machine has {torch.cuda.device_count()} GPU(s)")
+    return torch.device("cuda", index)
 
 
 def to_numpy(params: Mapping[str, torch.Tensor], *, copy: bool = False) -> NumpyParams:
@@ -52,13 +85,25 @@ def to_numpy(params: Mapping[str, torch.Tensor], *, copy: bool = False) -> Numpy
 def array(tensor: torch.Tensor, *, copy: bool = False) -> NDArray:
     """One tensor as a host numpy array: a view of a CPU tensor unless ``copy``; a tensor on
     another device is always copied (once)."""
-    out = tensor.detach().cpu().numpy()
+    out = _host(tensor).numpy()
     return out.copy() if copy and tensor.device.type == "cpu" else out
 
 
 def to_host(tensor: torch.Tensor) -> torch.Tensor:
     """One tensor in host memory, still a tensor (itself when it already is on the CPU): for
     results gathered once per batch of sites rather than once per site."""
+    return _host(tensor)
+
+
+def scalar(tensor: torch.Tensor) -> float:
+    """A one-element tensor as a Python number, read once (a GPU sync) after the work that made
+    it, e.g. an evaluation's summed loss; float64 is exact for float32 sums and int64 counts."""
+    return float(_host(tensor))
+
+
+def _host(tensor: torch.Tensor) -> torch.Tensor:
+    """The one device -> host copy every crossing above makes (the boundary tests replace it to
+    give shape-only ``meta`` tensors stand-in host values)."""
     return tensor.detach().cpu()
 
 

@@ -10,6 +10,7 @@ build the learning side here, so they share the model, its initialisation and th
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -21,12 +22,13 @@ from powertrip.emulate import Federation
 from powertrip.experiment import MODEL_FOR_WORKLOAD, WORKLOAD_DEFAULTS, ExperimentConfig
 from powertrip.learning.datasets import Dataset, load_dataset
 from powertrip.learning.device import array, resolve_device
+from powertrip.learning.gpt import GPTShape, gpt_shape
 from powertrip.learning.models import build_model
 from powertrip.learning.partition import partition
 from powertrip.learning.trainer import LocalTrainingConfig, SiteTrainer, get_params
 from powertrip.outer_step import NesterovOuter
 
-__all__ = ["StreamSetup", "build_federation", "load_workload"]
+__all__ = ["StreamSetup", "build_federation", "lm_shape", "load_workload"]
 
 
 def load_workload(cfg: ExperimentConfig | CurtailmentConfig, seed: int = 0) -> Dataset:
@@ -36,21 +38,44 @@ def load_workload(cfg: ExperimentConfig | CurtailmentConfig, seed: int = 0) -> D
         kwargs["num_samples"] = cfg.num_samples
     elif cfg.workload == "shakespeare":
         kwargs["max_samples"] = cfg.num_samples
+    elif cfg.workload == "lm":  # num_samples: training windows of the model's context
+        kwargs["max_samples"] = cfg.num_samples
+        kwargs["context_length"] = lm_shape(cfg).context_length
     return load_dataset(cfg.workload, cfg.dataset_path, **kwargs)
 
 
-def _workload_model(workload: str, data: Dataset) -> torch.nn.Module:
+def lm_shape(cfg: ExperimentConfig | CurtailmentConfig) -> GPTShape:
+    """The language model's shape: the named size (tiny by default) and the run's overrides."""
+    return gpt_shape(
+        cfg.model_size,
+        n_layer=cfg.n_layer,
+        n_head=cfg.n_head,
+        d_model=cfg.d_model,
+        context_length=cfg.context_length,
+    )
+
+
+def _workload_model(workload: str, data: Dataset, shape: GPTShape | None = None) -> torch.nn.Module:
     """The workload's model sized for ``data``, initialised from torch's global seed."""
     return build_model(
         MODEL_FOR_WORKLOAD[workload],
         num_classes=data.num_classes,
         in_shape=tuple(data.x_train.shape[1:]),
         vocab_size=data.num_classes if data.task == "next-char" else None,
+        gpt=shape,
     )
 
 
-def build_federation(cfg: ExperimentConfig, data: Dataset, seed: int) -> Federation:
-    """Partition the training set over the sites and initialise the model, both from ``seed``."""
+def _shape(cfg: ExperimentConfig | CurtailmentConfig) -> GPTShape | None:
+    return lm_shape(cfg) if cfg.workload == "lm" else None
+
+
+def build_federation(
+    cfg: ExperimentConfig, data: Dataset, seed: int, device: torch.device | str = "auto"
+) -> Federation:
+    """Partition the training set over the sites and initialise the model, both from ``seed``;
+    the model and the data go to ``device`` once, here (an execution setting, not part of the
+    run definition: results on the CPU do not depend on it)."""
     rng = np.random.default_rng([seed, 1])
     parts = partition(
         cfg.partition,
@@ -61,7 +86,7 @@ def build_federation(cfg: ExperimentConfig, data: Dataset, seed: int) -> Federat
         alpha=cfg.dirichlet_alpha,
     )
     torch.manual_seed(seed)
-    model = _workload_model(cfg.workload, data)
+    model = _workload_model(cfg.workload, data, _shape(cfg))
     trainer = SiteTrainer(
         model,
         LocalTrainingConfig(
@@ -70,14 +95,15 @@ def build_federation(cfg: ExperimentConfig, data: Dataset, seed: int) -> Federat
             local_epochs=cfg.local_epochs,
             max_local_steps=cfg.max_local_steps,
         ),
-        device=resolve_device(),
+        device=resolve_device(device),
     )
+    on = trainer.resident
     return Federation(
         trainer=trainer,
-        x_train=data.x_train,
-        y_train=data.y_train,
-        x_test=data.x_test,
-        y_test=data.y_test,
+        x_train=on(data.x_train),
+        y_train=on(data.y_train),
+        x_test=on(data.x_test),
+        y_test=on(data.y_test),
         partitions=parts,
         initial_params=get_params(model),
     )
@@ -89,24 +115,33 @@ class StreamSetup:
     so they share the model, the trainer settings, the data order and the evaluation set with
     the emulator."""
 
-    def __init__(self, cfg: CurtailmentConfig, data: Dataset) -> None:
+    def __init__(
+        self, cfg: CurtailmentConfig, data: Dataset, device: torch.device | str = "auto"
+    ) -> None:
         torch.manual_seed(cfg.seed)
-        model = _workload_model(cfg.workload, data)
+        model = _workload_model(cfg.workload, data, _shape(cfg))
         lr = cfg.lr if cfg.lr is not None else WORKLOAD_DEFAULTS[cfg.workload]["lr"]
         self.trainer = SiteTrainer(
             model,
             LocalTrainingConfig(lr=lr, batch_size=cfg.batch_size, shuffle=False),
-            device=resolve_device(),
+            device=resolve_device(device),
         )
         self.params = get_params(model)
-        self.data = data
+        on = self.trainer.resident  # the data moves to the trainer's device once, here
+        self.data = replace(
+            data,
+            x_train=on(data.x_train),
+            y_train=on(data.y_train),
+            x_test=on(data.x_test),
+            y_test=on(data.y_test),
+        )
         self.order = np.random.default_rng([cfg.seed, 2]).permutation(len(data.y_train))
         self.cfg = cfg
 
     @classmethod
-    def load(cls, cfg: CurtailmentConfig) -> StreamSetup:
+    def load(cls, cfg: CurtailmentConfig, device: torch.device | str = "auto") -> StreamSetup:
         """With the run's workload loaded: how the services build it."""
-        return cls(cfg, load_workload(cfg, seed=cfg.seed))
+        return cls(cfg, load_workload(cfg, seed=cfg.seed), device)
 
     def learner(self) -> StreamLearner:
         """A fresh in-process learner from the initial model (one per run of the study)."""

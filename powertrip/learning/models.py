@@ -1,5 +1,6 @@
 """The PowerTrip paper's models (§5.1, Table 2: a CNN for EMNIST, a two-layer LSTM for
-Shakespeare) plus a small 1-D CNN for MNIST-1D, written so many site copies can train at once.
+Shakespeare) plus a small 1-D CNN for MNIST-1D, written so many site copies can train at once;
+the transformers live in their own modules (``gpt``: the LM, ``kwt``: keyword spotting).
 
 The trainer stacks the parameters of all sites along a leading axis and runs
 ``vmap(grad(loss))`` over ``torch.func.functional_call``. That rules out BatchNorm (buffers
@@ -17,6 +18,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from powertrip.learning.datasets import Dataset
+from powertrip.learning.gpt import GPT, GPTShape, gpt_shape
+from powertrip.learning.kwt import KWT, KWTShape
 
 __all__ = [
     "DEFAULT_MODELS",
@@ -29,8 +32,10 @@ __all__ = [
     "num_parameters",
 ]
 
-MODEL_NAMES = ("cnn1d", "cnn2d", "lstm")
+MODEL_NAMES = ("cnn1d", "cnn2d", "lstm", "gpt", "kwt")
 DEFAULT_MODELS = {"mnist1d": "cnn1d", "mnist": "cnn2d", "emnist": "cnn2d", "shakespeare": "lstm"}
+DEFAULT_MODELS["lm"] = "gpt"
+DEFAULT_MODELS.update({"speech-commands": "kwt", "fsdd": "kwt"})
 
 
 def _conv_out(length: int, kernel: int, stride: int, padding: int) -> int:
@@ -147,11 +152,15 @@ def build_model(
     *,
     width: float = 1.0,
     hidden_size: int = 100,
+    gpt: GPTShape | None = None,
+    kwt: KWTShape | None = None,
 ) -> nn.Module:
     """Build a model by name for inputs of per-sample shape `in_shape`.
 
     "cnn1d": in_shape (C, L); "cnn2d": in_shape (C, H, W), `width` scales it; "lstm": in_shape
-    (seq_len,), `vocab_size` defaults to num_classes (next-char predicts a character).
+    (seq_len,), `vocab_size` defaults to num_classes (next-char predicts a character); "gpt":
+    in_shape (context,), vocabulary num_classes, `gpt` its shape (default: tiny at that context);
+    "kwt": in_shape (frames, n_mels), `kwt` its depth/width/heads (default: ``kwt_shape()``).
     """
     if name == "cnn1d":
         if len(in_shape) != 2:
@@ -163,6 +172,12 @@ def build_model(
         return CNN2D(num_classes, in_channels=in_shape[0], in_hw=in_shape[1:], width=width)
     if name == "lstm":
         return CharLSTM(vocab_size or num_classes, hidden_size=hidden_size)
+    if name == "gpt":
+        return GPT(num_classes, gpt or gpt_shape(context_length=in_shape[-1]))
+    if name == "kwt":
+        if len(in_shape) != 2:
+            raise ValueError(f"kwt needs in_shape (frames, n_mels), got {in_shape}")
+        return KWT(num_classes, frames=in_shape[0], n_mels=in_shape[1], shape=kwt)
     raise ValueError(f"unknown model {name!r}; valid names: {', '.join(MODEL_NAMES)}")
 
 

@@ -19,7 +19,15 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
-from powertrip.learning.device import TorchParams, array, resolve_device, tensor, to_host
+from powertrip.learning.compiled_step import CompiledSteps
+from powertrip.learning.device import (
+    TorchParams,
+    array,
+    resolve_device,
+    scalar,
+    tensor,
+    to_host,
+)
 
 
 @dataclass(frozen=True)
@@ -68,10 +76,12 @@ class SiteTrainer:
         self,
         model: nn.Module,
         config: LocalTrainingConfig,
-        device: torch.device | None = None,
+        device: torch.device | str | None = None,
         max_parallel_sites: int = 128,
+        compile_step: bool | None = None,
+        compile_mode: str = "default",
     ) -> None:
-        self.device = device or resolve_device()
+        self.device = resolve_device(device or "auto")
         self.model = model.to(self.device)
         self.config = config
         self.max_parallel_sites = max_parallel_sites
@@ -82,6 +92,23 @@ class SiteTrainer:
             return (per_sample * m).sum() / m.sum().clamp_min(1.0)
 
         self._grad_and_loss = vmap(grad_and_value(site_loss))
+        # Compiled on CUDA by default (launch-bound there); eager on the CPU, where it is the
+        # fast path and the emulator's bit-identical results come from (compiled_step.py).
+        if compile_step is None:
+            compile_step = self.device.type == "cuda"
+        self._compiled = (
+            CompiledSteps(self._grad_and_loss, config.lr, compile_mode) if compile_step else None
+        )
+
+    @property
+    def compiled(self) -> bool:
+        """Whether the SGD step runs compiled (``compile_step``; default: on CUDA only)."""
+        return self._compiled is not None
+
+    def resident(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` on the trainer's device: data is moved once, when a run is built, so a round
+        only indexes it (``train`` and ``evaluate`` copy tensors given elsewhere every call)."""
+        return t.to(self.device)
 
     # -- batches --------------------------------------------------------------------------------
     def _site_schedule(self, n: int, seed: int) -> np.ndarray:
@@ -148,8 +175,9 @@ class SiteTrainer:
         order = np.argsort(-steps, kind="stable")
         active = [int((steps > s).sum()) for s in range(int(steps.max()))]
         b = self.config.batch_size
-        gather = np.zeros((len(active), k, b), dtype=np.int64)
-        mask = np.zeros((len(active), k, b), dtype=np.float32)
+        rows = self._compiled.rows(k) if self._compiled else k  # compiled: bucketed, padded
+        gather = np.zeros((len(active), rows, b), dtype=np.int64)
+        mask = np.zeros((len(active), rows, b), dtype=np.float32)
         for pos, j in enumerate(order):
             idx = np.asarray(site_indices[j], dtype=np.int64)
             sched = schedules[j]
@@ -158,25 +186,16 @@ class SiteTrainer:
             mask[: sched.shape[0], pos] = valid
         gather_t = tensor(gather, self.device)
         mask_t = tensor(mask, self.device)
-        x = x.to(self.device)
-        y = y.to(self.device)
+        x, y = self.resident(x), self.resident(y)  # no copy when built resident
 
         params = {
-            name: p.to(self.device).unsqueeze(0).expand(k, *p.shape).clone()
+            name: p.to(self.device).unsqueeze(0).expand(rows, *p.shape).clone()
             for name, p in global_params.items()
         }
-        loss_sum = torch.zeros(k, device=self.device)
-        lr = self.config.lr
+        loss_sum = torch.zeros(rows, device=self.device)
         with torch.no_grad():
-            for s, a in enumerate(active):
-                g_idx = gather_t[s, :a]
-                xb, yb, mb = x[g_idx], y[g_idx], mask_t[s, :a]
-                live = {name: p[:a] for name, p in params.items()}
-                with torch.enable_grad():
-                    grads, loss = self._grad_and_loss(live, xb, yb, mb)
-                loss_sum[:a] += loss
-                for name, g in grads.items():
-                    live[name].sub_(g, alpha=lr)
+            run_steps = self._compiled.run if self._compiled is not None else self._eager_steps
+            run_steps(params, x, y, gather_t, mask_t, active, loss_sum)
         back = tensor(np.argsort(order), self.device)
         deltas = {  # to the host in one copy per tensor, not one per site
             name: to_host(p[back] - global_params[name].to(self.device).unsqueeze(0))
@@ -189,24 +208,51 @@ class SiteTrainer:
             loss=array(loss_sum[back]) / steps,
         )
 
+    def _eager_steps(
+        self,
+        params: TorchParams,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        gather_t: torch.Tensor,
+        mask_t: torch.Tensor,
+        active: Sequence[int],
+        loss_sum: torch.Tensor,
+    ) -> None:
+        """The round's SGD steps, one vmapped call each, shrinking as sites finish (in place;
+        the arguments are those of ``CompiledSteps.run``)."""
+        lr = self.config.lr
+        for s, a in enumerate(active):
+            g_idx = gather_t[s, :a]
+            xb, yb, mb = x[g_idx], y[g_idx], mask_t[s, :a]
+            live = {name: p[:a] for name, p in params.items()}
+            with torch.enable_grad():
+                grads, loss = self._grad_and_loss(live, xb, yb, mb)
+            loss_sum[:a] += loss
+            for name, g in grads.items():
+                live[name].sub_(g, alpha=lr)
+
     def evaluate(
         self, params: TorchParams, x: torch.Tensor, y: torch.Tensor, batch_size: int = 4096
     ) -> tuple[float, float]:
-        """(accuracy, mean loss) of one set of parameters on a held-out set."""
-        correct, loss, n = 0, 0.0, y.shape[0]
+        """(accuracy, mean loss) of one set of parameters on a held-out set. Sums stay on the
+        device and are read once (float64: the same value as adding per-batch floats)."""
+        n = y.shape[0]
         params = {k: v.to(self.device) for k, v in params.items()}
+        loss = torch.zeros((), dtype=torch.float64, device=self.device)
+        correct = torch.zeros((), dtype=torch.int64, device=self.device)
         with torch.no_grad():
             for start in range(0, n, batch_size):
-                xb = x[start : start + batch_size].to(self.device)
-                yb = y[start : start + batch_size].to(self.device)
+                xb = self.resident(x[start : start + batch_size])  # no copy when built resident
+                yb = self.resident(y[start : start + batch_size])
                 logits = functional_call(self.model, params, (xb,))
                 if yb.dim() == 1:
-                    loss += float(nn.functional.cross_entropy(logits, yb, reduction="sum"))
+                    batch_loss = nn.functional.cross_entropy(logits, yb, reduction="sum")
                 else:  # a sequence model: each sample's mean over its positions
-                    loss += float(sample_losses(logits, yb).sum())
-                correct += int((logits.argmax(-1) == yb).sum())
+                    batch_loss = sample_losses(logits, yb).sum()
+                loss += batch_loss.double()
+                correct += (logits.argmax(-1) == yb).sum()
         targets = y[0].numel() if n else 1  # tokens per sample for a sequence model
-        return correct / (n * targets), loss / n
+        return scalar(correct) / (n * targets), scalar(loss) / n
 
 
 __all__ = [

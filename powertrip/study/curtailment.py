@@ -20,6 +20,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+import torch
+
 from powertrip.curtailment.availability import (
     AvailabilityRule,
     SiteAvailability,
@@ -102,7 +104,11 @@ def build_engine(
     )
 
 
-def run_curtailment_study(cfg: CurtailmentConfig, progress: Progress | None = None):
+def run_curtailment_study(
+    cfg: CurtailmentConfig, progress: Progress | None = None, device: torch.device | str = "auto"
+):
+    """Every policy and baseline of ``cfg``; ``device`` is where the sites train (an execution
+    setting, not part of ``cfg``)."""
     started = time.perf_counter()
     trace = load_carbon(cfg)
     sites = build_sites(cfg, trace)
@@ -110,7 +116,7 @@ def run_curtailment_study(cfg: CurtailmentConfig, progress: Progress | None = No
     pairs = [(s.name, s.region) for s in sites]
     curtailed = tuple(availability_from_trace(trace, pairs, rule))
     data = load_workload(cfg, seed=cfg.seed)  # type: ignore[arg-type]  (same fields)
-    learning = StreamSetup(cfg, data)
+    learning = StreamSetup(cfg, data, device)
     total_rows = len(data.y_train)
     if cfg.num_shards > total_rows:
         raise ValueError(f"--shards: {cfg.num_shards} shards for {total_rows} training samples")

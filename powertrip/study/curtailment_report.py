@@ -70,6 +70,13 @@ def run_rows(study: CurtailmentStudy) -> list[RunRow]:
     return rows
 
 
+def lm_quality(study: CurtailmentStudy, name: str) -> tuple[float, float]:
+    """(best, final) validation loss per token of a run; perplexity is exp of it. Reported for
+    the language model, whose quality is its loss, not its token accuracy."""
+    losses = [loss for _, _, loss in study.results[name].run.evaluations]
+    return min(losses), losses[-1]
+
+
 def _num(v: float | None, digits: int = 4) -> str:
     return "" if v is None or not math.isfinite(v) else f"{v:.{digits}f}"
 
@@ -112,11 +119,13 @@ def write_curtailment_outputs(study: CurtailmentStudy, out_dir: Path) -> dict[st
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = run_rows(study)
     regions = list(study.single_site)
+    lm = study.config.workload == "lm"  # LM runs add loss and perplexity columns
+    lm_fields = ("best_loss", "final_loss", "final_perplexity") if lm else ()
     paths = {
         "runs": write_csv(
             out_dir / "runs.csv",
-            [*RUN_FIELDS, *[f"emissions_vs_single_{r}" for r in regions]],
-            (_run_line(r, regions) for r in rows),
+            [*RUN_FIELDS, *[f"emissions_vs_single_{r}" for r in regions], *lm_fields],
+            (_run_line(r, regions) + (_lm_cells(study, r.name) if lm else []) for r in rows),
         ),
         "baselines": write_csv(
             out_dir / "baselines.csv",
@@ -126,7 +135,11 @@ def write_curtailment_outputs(study: CurtailmentStudy, out_dir: Path) -> dict[st
                 for region, e in study.single_site.items()
             ),
         ),
-        "rounds": write_csv(out_dir / "rounds.csv", ROUND_FIELDS, _round_lines(study)),
+        "rounds": write_csv(
+            out_dir / "rounds.csv",
+            (*ROUND_FIELDS, "perplexity") if lm else ROUND_FIELDS,
+            _round_lines(study, lm),
+        ),
         "availability": write_csv(
             out_dir / "availability.csv",
             ["time_s", "hours", "site", "event"],
@@ -149,7 +162,7 @@ def write_curtailment_outputs(study: CurtailmentStudy, out_dir: Path) -> dict[st
     summary = {
         **summary_header(cfg),
         "carbon_trace": {"label": study.trace.label, "source": study.trace.source},
-        "data_label": data_label(cfg.workload),
+        "data_label": data_label(cfg.workload, cfg.dataset_path),
         "sites": [
             {"name": s.name, "region": s.region, "power": s.power, "comm_s": round(s.comm_s, 3)}
             for s in study.sites
@@ -162,6 +175,7 @@ def write_curtailment_outputs(study: CurtailmentStudy, out_dir: Path) -> dict[st
             for r, e in study.single_site.items()
         },
         "runs": [asdict(r) for r in rows],
+        **({"lm_quality": _lm_summary(study)} if lm else {}),
         **runtime_facts(study.wall_seconds),
     }
     paths["summary"] = write_json(out_dir / "summary.json", summary)
@@ -189,7 +203,20 @@ def _run_line(r: RunRow, regions: list[str]) -> list[object]:
     ]
 
 
-def _round_lines(study: CurtailmentStudy) -> Iterator[list[object]]:
+def _lm_summary(study: CurtailmentStudy) -> dict[str, dict[str, float]]:
+    out = {}
+    for name in study.results:
+        best, final = lm_quality(study, name)
+        out[name] = {"best_loss": best, "final_loss": final, "final_perplexity": math.exp(final)}
+    return out
+
+
+def _lm_cells(study: CurtailmentStudy, name: str) -> list[str]:
+    best, final = lm_quality(study, name)
+    return [_num(best), _num(final), _num(math.exp(final))]
+
+
+def _round_lines(study: CurtailmentStudy, lm: bool) -> Iterator[list[object]]:
     for name, res in study.results.items():
         run = res.run
         for r in run.rounds:
@@ -206,4 +233,5 @@ def _round_lines(study: CurtailmentStudy) -> Iterator[list[object]]:
                 ";".join(run.sites[x.site].name for x in r.work if x.left),
                 f"{r.accuracy:.4f}",
                 f"{r.loss:.4f}",
+                *([f"{math.exp(r.loss):.4f}"] if lm else []),
             ]

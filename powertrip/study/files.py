@@ -30,8 +30,13 @@ def summary_header(config: BaseModel) -> dict[str, object]:
     return {"preset": config.name, "config": json.loads(config.model_dump_json())}
 
 
-def data_label(workload: str) -> str:
-    return "synthetic (mnist1d)" if workload == "mnist1d" else "real"
+def data_label(workload: str, dataset_path: Path | None = None) -> str:
+    """The data behind a study: "real", or what generated it (never passed off as real)."""
+    if workload == "mnist1d":
+        return "synthetic (mnist1d)"
+    if workload == "lm" and dataset_path is None:
+        return "synthetic (lm: embedded generated corpus)"
+    return "real"
 
 
 def runtime_facts(wall_seconds: float) -> dict[str, object]:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
 from powertrip.emulate import Emulator, RoundRecord, RunResult, TimeModel, TrajectoryCache
 from powertrip.experiment import ExperimentConfig
@@ -103,7 +104,10 @@ def run_study(
     cfg: ExperimentConfig,
     progress: Progress | None = None,
     on_round: Callable[[str, int, RoundRecord], None] | None = None,
+    device: torch.device | str = "auto",
 ) -> StudyResult:
+    """Every policy x repeat of ``cfg``; ``device`` is where the sites train (an execution
+    setting: it is not part of ``cfg``, the run's identity)."""
     started = time.perf_counter()
     data = load_workload(cfg, seed=cfg.seed)
     sites, power, power_label = study_sites(cfg)
@@ -124,7 +128,7 @@ def run_study(
     emulators: list[Emulator] = []
     for rep in range(cfg.repeats):
         seed = cfg.seed + rep
-        fed = build_federation(cfg, data, seed)
+        fed = build_federation(cfg, data, seed, device)
         emulators.append(
             Emulator(
                 fed,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -118,19 +119,24 @@ ROUND_FIELDS = (
 def write_outputs(result: StudyResult, out_dir: Path) -> dict[str, Path]:
     """results.csv (policy x repeat), rounds.csv (every round), summary.json (table + config)."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    lm = result.config.workload == "lm"  # an LM's rounds also report perplexity = exp(loss)
     paths = {
         "results": write_csv(
             out_dir / "results.csv",
             RESULT_FIELDS,
             (_result_row(result, s) for s in result.summaries),
         ),
-        "rounds": write_csv(out_dir / "rounds.csv", ROUND_FIELDS, _round_lines(result)),
+        "rounds": write_csv(
+            out_dir / "rounds.csv",
+            (*ROUND_FIELDS, "perplexity") if lm else ROUND_FIELDS,
+            _round_lines(result, lm),
+        ),
     }
     summary = {
         **summary_header(result.config),
         "target_accuracy": result.target_accuracy,
         "k_star": result.k_star,
-        "data_label": data_label(result.config.workload),
+        "data_label": data_label(result.config.workload, result.config.dataset_path),
         "power_model": result.power_label,
         **runtime_facts(result.wall_seconds),
         "trajectory_cache": {"hits": result.cache_hits, "misses": result.cache_misses},
@@ -141,6 +147,7 @@ def write_outputs(result: StudyResult, out_dir: Path) -> dict[str, Path]:
             {"k": k, "tta_mean_s": m, "tta_std_s": s, "reached": n, "repeats": r}
             for k, m, s, n, r in sweep_table(result)
         ],
+        **({"lm_quality": _lm_quality(result)} if lm else {}),
     }
     paths["summary"] = write_json(out_dir / "summary.json", summary)
     return paths
@@ -165,7 +172,28 @@ def _result_row(result: StudyResult, s: RunSummary) -> dict[str, object]:
     }
 
 
-def _round_lines(result: StudyResult) -> Iterator[list[object]]:
+def _lm_quality(result: StudyResult) -> list[dict[str, object]]:
+    """Validation loss per token and perplexity after the first and the last round of every LM
+    run."""
+    out: list[dict[str, object]] = []
+    for rep, run in result.runs:
+        if not run.rounds:
+            continue
+        first, last = run.rounds[0].loss, run.rounds[-1].loss
+        out.append(
+            {
+                "policy": run.policy,
+                "repeat": rep,
+                "first_round_loss": first,
+                "final_loss": last,
+                "first_round_perplexity": math.exp(first),
+                "final_perplexity": math.exp(last),
+            }
+        )
+    return out
+
+
+def _round_lines(result: StudyResult, lm: bool) -> Iterator[list[object]]:
     for rep, run in result.runs:
         for r in run.rounds:
             yield [
@@ -178,4 +206,5 @@ def _round_lines(result: StudyResult) -> Iterator[list[object]]:
                 f"{r.accuracy:.4f}",
                 f"{r.loss:.4f}",
                 " ".join(site_id(s) for s in r.selected),
+                *([f"{math.exp(r.loss):.4f}"] if lm else []),
             ]

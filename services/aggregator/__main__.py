@@ -34,6 +34,7 @@ def main() -> int:
     try:
         cfg = load_config(AggregatorConfig)
         cfg.curtailment() if cfg.mode == "curtailment" else cfg.experiment()
+        cfg.usable_device()  # it evaluates there: no GPU, no start
     except (ConfigError, ValueError) as exc:
         print(f"powertrip-aggregator: {exc}", file=sys.stderr)
         return 2

@@ -13,10 +13,10 @@ from pydantic import Field, field_validator, model_validator
 from powertrip.curtailment.config import CurtailmentConfig
 from powertrip.experiment import ExperimentConfig, build_config
 from powertrip.selection.registry import validate_policy_name
-from services.common.config import CurtailSettings, ServiceConfig
+from services.common.config import CurtailSettings, DeviceSettings, ServiceConfig
 
 
-class AggregatorConfig(ServiceConfig, CurtailSettings):
+class AggregatorConfig(ServiceConfig, CurtailSettings, DeviceSettings):
     profiler_addr: str  # host:port of the profiler
     # powertrip: PowerTrip's rounds over the experiment preset; curtailment: the elastic,
     # curtailment-aware run of docs/curtailment.md over POWERTRIP_CURTAIL_PRESET, availability

@@ -120,7 +120,7 @@ class CurtailmentRun(RunLifecycle):
         self.num_sites = num_sites
         self.run_seed = config.seed
         self.target = cfg.target_accuracy
-        self.setup = StreamSetup.load(self.config)
+        self.setup = StreamSetup.load(self.config, cfg.device)  # evaluates there
         x_test, y_test = self.setup.eval_set
         trainer = self.setup.trainer
         params = to_numpy(self.setup.params, copy=True)

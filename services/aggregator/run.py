@@ -42,7 +42,7 @@ class AggregatorRun(RunLifecycle):
         self._failed_in_a_row = 0
         self._quorum_lost = False
         data = load_workload(exp, seed=exp.seed)
-        fed = build_federation(exp, data, self.run_seed)
+        fed = build_federation(exp, data, self.run_seed, cfg.device)  # evaluates there
         self._trainer, self._x_test, self._y_test = fed.trainer, fed.x_test, fed.y_test
         params = to_numpy(fed.initial_params, copy=True)
         self.clock: Clock = EmulatedClock() if cfg.clock == "emulated" else WallClock()

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Collection, Mapping
-from typing import NoReturn
+from typing import NoReturn, get_args
 
 import click
 from pydantic import ValidationError
 from rich.console import Console
+
+from powertrip.experiment import ModelSize
 
 err = Console(stderr=True, soft_wrap=True)
 out = Console(width=None if sys.stdout.isatty() else 160)
@@ -66,3 +68,44 @@ def preset_option(presets: Mapping[str, Mapping[str, object]], default: str):  #
         show_default=True,
         help=f"Starting configuration. {described}.",
     )
+
+
+def lm_options(command):  # noqa: ANN001, ANN201 - a click decorator
+    """The language model's size flags, shared by the study commands (``--workload lm``)."""
+    sizes = get_args(ModelSize)
+    options = [
+        click.option(
+            "--model-size",
+            type=click.Choice(sizes),
+            help="LM size (default tiny, ~1 M parameters; xl ~570 M needs a GPU).",
+        ),
+        click.option("--n-layer", type=click.IntRange(min=1), help="LM: transformer blocks."),
+        click.option("--n-head", type=click.IntRange(min=1), help="LM: attention heads."),
+        click.option("--d-model", type=click.IntRange(min=1), help="LM: embedding width."),
+        click.option("--context-length", type=click.IntRange(min=1), help="LM: tokens per window."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def _check_device(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    from powertrip.learning.device import resolve_device  # torch: only once parsing is done
+
+    try:
+        resolve_device(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx, param) from None
+    return value
+
+
+def device_option(command):  # noqa: ANN001, ANN201 - a click decorator
+    """``--device``: where the sites train; checked here, once, so a missing GPU ends the
+    command before any data is loaded. Not part of the run's configuration (its identity)."""
+    return click.option(
+        "--device",
+        default="auto",
+        show_default=True,
+        callback=_check_device,
+        help="auto|cpu|cuda[:N]: where models train (auto: CUDA when present).",
+    )(command)

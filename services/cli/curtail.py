@@ -5,6 +5,7 @@ command with one line (exit 2)."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import click
@@ -17,7 +18,16 @@ from powertrip.curtailment.config import (
     CurtailmentConfig,
     build_curtail_config,
 )
-from services.cli.common import CommaList, describe_validation, err, fail, out, preset_option
+from services.cli.common import (
+    CommaList,
+    describe_validation,
+    device_option,
+    err,
+    fail,
+    lm_options,
+    out,
+    preset_option,
+)
 
 FLAG_FOR_FIELD = {
     "carbon_trace_path": "--carbon-trace",
@@ -27,11 +37,23 @@ FLAG_FOR_FIELD = {
     "overhead_s": "--overhead",
     "num_shards": "--shards",
     "target_accuracy": "--target",
+    "dataset_path": "--dataset-path",
 }
 
 
 @click.command()
 @preset_option(CURTAIL_PRESETS, "curtailment")
+@click.option(
+    "--workload",
+    type=click.Choice(["lm", "mnist1d"]),
+    help="What the sites train: the GPT-style LM (the preset's) or mnist1d's CNN.",
+)
+@click.option(
+    "--dataset-path",
+    type=click.Path(path_type=Path),
+    help="lm: a text file or a .npy of token ids (default: embedded synthetic corpus).",
+)
+@lm_options
 @click.option("--output", "-o", type=click.Path(path_type=Path), help="Default: results/<preset>.")
 @click.option(
     "--carbon-trace",
@@ -65,7 +87,10 @@ FLAG_FOR_FIELD = {
 @click.option("--sites-per-region", type=int, help="Sites per region (default 1).")
 @click.option("--always-on-sites", type=int, help="Sites of the always-on federated baseline.")
 @click.option("--update-gb", type=float, help="Update size in decimal GB (upload time).")
-@click.option("--num-samples", type=int, help="mnist1d samples to generate.")
+@click.option(
+    "--num-samples", type=int, help="mnist1d samples to generate, or lm training windows."
+)
+@click.option("--eval-samples", type=int, help="Held-out samples (lm: windows) per evaluation.")
 @click.option("--batch-size", type=int, help="Samples per optimizer step.")
 @click.option("--lr", type=float, help="Learning rate.")
 @click.option("--shards", "num_shards", type=int, help="Shards of the global data cursor.")
@@ -74,8 +99,14 @@ FLAG_FOR_FIELD = {
 @click.option("--site-seed", type=int, help="Seed of the site distances.")
 @click.option("--plots/--no-plots", default=True, show_default=True, help="Write PNG figures.")
 @click.option("--threads", type=click.IntRange(min=1), help="CPU threads for torch.")
+@device_option
 def curtail(
-    preset: str, output: Path | None, plots: bool, threads: int | None, **options: object
+    preset: str,
+    output: Path | None,
+    plots: bool,
+    threads: int | None,
+    device: str,
+    **options: object,
 ) -> None:
     """Curtailment-aware elastic training on an emulated clock (arXiv 2602.22760).
 
@@ -92,10 +123,10 @@ def curtail(
         import torch
 
         torch.set_num_threads(threads)
-    _run(cfg, output or Path("results") / cfg.name, plots)
+    _run(cfg, output or Path("results") / cfg.name, plots, device)
 
 
-def _run(cfg: CurtailmentConfig, out_dir: Path, plots: bool) -> None:
+def _run(cfg: CurtailmentConfig, out_dir: Path, plots: bool, device: str) -> None:
     from powertrip.learning.datasets import DatasetError
     from powertrip.study.curtailment import run_curtailment_study
     from powertrip.study.curtailment_plots import write_curtailment_plots
@@ -113,7 +144,7 @@ def _run(cfg: CurtailmentConfig, out_dir: Path, plots: bool) -> None:
             err.print(f"[{done + 1}/{total}] {label}", highlight=False)
 
     try:
-        study = run_curtailment_study(cfg, progress=progress)
+        study = run_curtailment_study(cfg, progress=progress, device=device)
     except (TraceError, DatasetError) as exc:
         fail(str(exc))
     except ValueError as exc:
@@ -127,7 +158,7 @@ def _run(cfg: CurtailmentConfig, out_dir: Path, plots: bool) -> None:
 
 
 def _print_table(study) -> None:  # noqa: ANN001 - CurtailmentStudy, imported lazily
-    from powertrip.study.curtailment_report import run_rows
+    from powertrip.study.curtailment_report import lm_quality, run_rows
 
     regions = list(study.single_site)
     title = (
@@ -138,20 +169,26 @@ def _print_table(study) -> None:  # noqa: ANN001 - CurtailmentStudy, imported la
     table = Table(title=title, title_justify="left")
     cols = ["run", "sites", "runtime h", "done", "TTA h", "best acc", "final acc", "site-h"]
     cols += ["kWh", "kg CO2", "curtailed", "vs single site"]
+    lm = study.config.workload == "lm"  # its quality is the validation loss and perplexity
+    if lm:
+        cols[5:7] = ["best loss", "final loss (ppl)"]
     for c in cols:
         table.add_column(c, justify="left" if c in ("run", "vs single site") else "right")
     for r in run_rows(study):
         ratios = "/".join(
             "—" if v is None else f"{100 * v:.1f}" for v in r.emissions_vs_single.values()
         )
+        quality = [f"{r.best_accuracy:.3f}", f"{r.final_accuracy:.3f}"]
+        if lm:
+            best, final = lm_quality(study, r.name)
+            quality = [f"{best:.3f}", f"{final:.3f} ({math.exp(final):.2f})"]
         table.add_row(
             r.name,
             f"{r.sites} {r.availability}",
             f"{r.runtime_h:.2f}",
             "yes" if r.finished else "no",
             "—" if r.tta_h is None else f"{r.tta_h:.2f}",
-            f"{r.best_accuracy:.3f}",
-            f"{r.final_accuracy:.3f}",
+            *quality,
             f"{r.training_site_hours:.1f}",
             f"{r.energy_kwh:.1f}",
             f"{r.emissions_kg:.2f}",

@@ -51,6 +51,8 @@ class ClusterPlan:
     # Mutual TLS: mint a throw-away CA and one certificate per service into this directory and
     # start every service with it; None = plaintext.
     tls_dir: Path | None = None
+    # Where the workers train and the aggregator evaluates (POWERTRIP_DEVICE): auto|cpu|cuda[:N]
+    device: str = "auto"
 
     @property
     def worker_ids(self) -> list[str]:
@@ -146,6 +148,7 @@ class LocalCluster:
             round_deadline_s=p.round_deadline_s,
             checkpoint_dir=p.checkpoint_dir or "",
             registration_timeout_s=300,
+            device=p.device,
             **bind,
         )
         agg = self._spawn("aggregator", "aggregator", agg_env, 300, hub_ns, hub_host)
@@ -163,6 +166,7 @@ class LocalCluster:
                     worker_id=wid,
                     advertise_host=addr,
                     sites=sites,
+                    device=p.device,
                     **bind,
                 ),
                 300,

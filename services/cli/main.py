@@ -12,7 +12,16 @@ from rich.table import Table
 
 from powertrip.experiment import PRESETS, ExperimentConfig, build_config
 from services.cli.certs import certs
-from services.cli.common import CommaList, describe_validation, err, fail, out, preset_option
+from services.cli.common import (
+    CommaList,
+    describe_validation,
+    device_option,
+    err,
+    fail,
+    lm_options,
+    out,
+    preset_option,
+)
 from services.cli.curtail import curtail
 from services.cli.traces import traces
 from services.cli.up import up
@@ -59,6 +68,7 @@ main.add_command(certs)
 
 @main.command()
 @preset_option(PRESETS, "quick")
+@lm_options
 @click.option(
     "--output",
     "-o",
@@ -83,11 +93,17 @@ main.add_command(certs)
 @click.option("--repeats", type=int, help="Training seeds per policy.")
 @click.option("--seed", type=int, help="First training seed.")
 @click.option("--site-seed", type=int, help="Seed of the site profiles (fixed across repeats).")
-@click.option("--workload", type=click.Choice(["mnist1d", "mnist", "emnist", "shakespeare"]))
+@click.option(
+    "--workload",
+    type=click.Choice(
+        ["mnist1d", "mnist", "emnist", "shakespeare", "lm", "speech-commands", "fsdd"]
+    ),
+)
 @click.option(
     "--dataset-path",
     type=click.Path(path_type=Path),
-    help="IDX folder (mnist/emnist) or Shakespeare text(s).",
+    help="IDX folder (mnist/emnist), Shakespeare text(s), a Speech Commands or FSDD folder, or "
+    "for lm a text file or a .npy of token ids (lm without it: an embedded synthetic corpus).",
 )
 @click.option(
     "--target",
@@ -133,8 +149,14 @@ main.add_command(certs)
     type=click.IntRange(min=1),
     help="CPU threads for torch (default: one per core; use 1 when sharing cores).",
 )
+@device_option
 def experiment(
-    preset: str, output: Path | None, plots: bool, threads: int | None, **options: object
+    preset: str,
+    output: Path | None,
+    plots: bool,
+    threads: int | None,
+    device: str,
+    **options: object,
 ) -> None:
     """Reproduce and extend the PowerTrip study on one machine with an emulated clock.
 
@@ -155,10 +177,10 @@ def experiment(
         import torch
 
         torch.set_num_threads(threads)
-    _run_experiment(cfg, out_dir, plots)
+    _run_experiment(cfg, out_dir, plots, device)
 
 
-def _run_experiment(cfg: ExperimentConfig, out_dir: Path, plots: bool) -> None:
+def _run_experiment(cfg: ExperimentConfig, out_dir: Path, plots: bool, device: str) -> None:
     from powertrip.learning.datasets import DatasetError
     from powertrip.study.plots import write_plots
     from powertrip.study.powertrip import run_study
@@ -189,7 +211,7 @@ def _run_experiment(cfg: ExperimentConfig, out_dir: Path, plots: bool) -> None:
                     elapsed = time.monotonic() - started
                     err.print(f"[{done}/{total}] {label} done ({elapsed:.0f} s)", highlight=False)
 
-            result = run_study(cfg, progress=progress)
+            result = run_study(cfg, progress=progress, device=device)
             bar.update(task, description="done")
     except DatasetError as exc:
         fail(f"dataset: {exc}")
@@ -207,10 +229,13 @@ def _run_experiment(cfg: ExperimentConfig, out_dir: Path, plots: bool) -> None:
 
 
 def _print_table(result) -> None:  # noqa: ANN001 - StudyResult, imported lazily
+    from powertrip.study.files import data_label
+
     c = result.config
     title = (
         f"time to accuracy {result.target_accuracy:.3f} — {c.workload}"
-        f"{' (synthetic)' if c.workload == 'mnist1d' else ''}, {c.partition}, "
+        f"{' (synthetic)' if data_label(c.workload, c.dataset_path) != 'real' else ''}, "
+        f"{c.partition}, "
         f"{c.num_sites} sites, {c.update_gb:g} GB, tau {c.ideal_compute_s:g} s, "
         f"{c.ground_truth}, {result.power_label} power; k* = {result.k_star}"
     )

@@ -12,7 +12,7 @@ from rich.table import Table
 from powertrip.experiment import PRESETS
 from powertrip.selection.registry import validate_policy_name
 from powertrip.v1 import aggregator_pb2
-from services.cli.common import err, fail, out
+from services.cli.common import device_option, err, fail, out
 from services.cli.launcher import ClusterPlan, LaunchError, LocalCluster
 
 
@@ -90,6 +90,7 @@ def write_rounds_csv(path: Path, policy: str, rounds: list[aggregator_pb2.RoundS
     show_default=True,
     help="Logs, checkpoints and rounds.csv go here.",
 )
+@device_option
 def up(
     workers: int,
     sites: int,
@@ -108,6 +109,7 @@ def up(
     timeout: float,
     netns_profile: Path | None,
     output: Path,
+    device: str,
 ) -> None:
     """Start the profiler, the aggregator and W workers on loopback, train to the target,
     print the summary and the metrics endpoints, then stop exactly those processes."""
@@ -131,6 +133,7 @@ def up(
             extra_env={"POWERTRIP_K_STAR": str(k_star)} if k_star else {},
             netns_profile=netns_profile,
             tls_dir=output / "tls" if tls else None,
+            device=device,
         )
         plan.site_ranges()
     except ValueError as exc:

@@ -98,7 +98,8 @@ def load_config(cls: type[C], env: Mapping[str, str] | None = None) -> C:
         var = env_name(field)
         if err["type"] == "missing":
             raise ConfigError(f"{var} is required but not set") from None
-        raise ConfigError(f"{var}={values.get(field)!r}: {err['msg']}") from None
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        raise ConfigError(f"{var}={values.get(field)!r}: {msg}") from None
 
 
 class CurtailSettings(BaseModel):
@@ -130,3 +131,29 @@ class CurtailSettings(BaseModel):
             hours=self.curtail_hours,
             **overrides,
         )
+
+
+class DeviceSettings(BaseModel):
+    """POWERTRIP_DEVICE for the services that run models (workers train, the aggregator
+    evaluates): auto (CUDA when present), cpu, cuda or cuda:N. The name is checked here; that
+    the machine has it, by ``usable_device`` at the service's start (so a GPU deployment's
+    config still validates on a CPU-only machine, and a pod without its GPU fails at once)."""
+
+    device: str = "auto"
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, v: str) -> str:
+        from powertrip.learning.device import device_name  # torch: not for the profiler
+
+        return device_name(v)
+
+    def usable_device(self) -> str:
+        """The device, checked against this machine: ConfigError naming POWERTRIP_DEVICE."""
+        from powertrip.learning.device import resolve_device
+
+        try:
+            resolve_device(self.device)
+        except ValueError as exc:
+            raise ConfigError(f"{env_name('device')}={self.device!r}: {exc}") from None
+        return self.device

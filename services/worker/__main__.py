@@ -32,6 +32,7 @@ def main() -> int:
     parse_service_args("powertrip-worker", WorkerConfig, __doc__)
     try:
         cfg = load_config(WorkerConfig)
+        device = cfg.usable_device()  # before registering: no GPU, no join
     except ConfigError as exc:
         print(f"powertrip-worker: {exc}", file=sys.stderr)
         return 2
@@ -68,10 +69,10 @@ def main() -> int:
         reply = register(ready=False)  # the run configuration first; rounds wait for ready
         if reply.mode == "curtailment":
             curtail = CurtailmentConfig.model_validate_json(reply.curtail_config_json)
-            runner.start(StreamHost(curtail, cfg.site_indices))
+            runner.start(StreamHost(curtail, cfg.site_indices, device))
         else:
             run_cfg = ExperimentConfig.model_validate_json(reply.run_config_json)
-            runner.start(SitesHost(run_cfg, reply.run_seed, cfg.site_indices))
+            runner.start(SitesHost(run_cfg, reply.run_seed, cfg.site_indices, device))
         register(ready=True)
     except Exception as exc:
         logger.error("cannot join the run at %s: %s", cfg.aggregator_addr, exc)

@@ -7,10 +7,10 @@ import socket
 from pydantic import Field, field_validator
 
 from powertrip.sites import parse_site_list
-from services.common.config import ServiceConfig
+from services.common.config import DeviceSettings, ServiceConfig
 
 
-class WorkerConfig(ServiceConfig):
+class WorkerConfig(ServiceConfig, DeviceSettings):
     aggregator_addr: str  # host:port of the aggregator
     sites: str  # the sites this worker hosts: "site-000,site-001" or "0-3"
     worker_id: str = Field(default_factory=socket.gethostname)

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 from numpy.typing import NDArray
 
 from powertrip.emulate import Federation, site_seed
@@ -30,7 +31,13 @@ class SiteUpdate:
 
 
 class SitesHost:
-    def __init__(self, cfg: ExperimentConfig, run_seed: int, sites: Sequence[int]) -> None:
+    def __init__(
+        self,
+        cfg: ExperimentConfig,
+        run_seed: int,
+        sites: Sequence[int],
+        device: torch.device | str = "auto",
+    ) -> None:
         bad = [s for s in sites if not 0 <= s < cfg.num_sites]
         if bad:
             raise ValueError(
@@ -40,7 +47,7 @@ class SitesHost:
         self.run_seed = run_seed
         self.sites = sorted(sites)
         data = load_workload(cfg, seed=cfg.seed)
-        self._fed: Federation = build_federation(cfg, data, run_seed)
+        self._fed: Federation = build_federation(cfg, data, run_seed, device)  # data resident
 
     @property
     def template(self) -> dict[str, NDArray]:

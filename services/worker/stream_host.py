@@ -8,6 +8,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 import numpy as np
+import torch
 from numpy.typing import NDArray
 
 from powertrip.curtailment.config import CurtailmentConfig
@@ -18,10 +19,12 @@ from services.worker.sites_host import SiteUpdate
 
 
 class StreamHost:
-    def __init__(self, cfg: CurtailmentConfig, sites: Sequence[int]) -> None:
+    def __init__(
+        self, cfg: CurtailmentConfig, sites: Sequence[int], device: torch.device | str = "auto"
+    ) -> None:
         self.cfg = cfg
         self.sites = sorted(sites)
-        self.setup = StreamSetup.load(cfg)
+        self.setup = StreamSetup.load(cfg, device)  # the stream is resident on ``device``
         check_stream_trainer(self.setup.trainer)
 
     @property

@@ -11,6 +11,7 @@ import functools
 import os
 import re
 import shutil
+import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,10 +31,21 @@ CURTAILMENT_COMPONENT = K8S / "components" / "curtailment"
 CURTAILMENT_ENV = CURTAILMENT_COMPONENT / "curtailment.env"
 CURTAILMENT_VARIANT = REPO / "deploy" / "variants" / "curtailment"
 COMPOSE_CURTAILMENT = REPO / "compose.curtailment.yaml"
+# GPU workers (opt-in), the same way: a component applied by an overlay, and a compose override.
+GPU_COMPONENT = K8S / "components" / "gpu"
+GPU_VARIANT = REPO / "deploy" / "variants" / "gpu"
+COMPOSE_GPU = REPO / "compose.gpu.yaml"
 #: Every way to deploy: kustomization root, and compose files in ``-f`` order.
-K8S_VARIANTS = {"default": K8S, "curtailment": CURTAILMENT_VARIANT}
-COMPOSE_VARIANTS = {"default": (COMPOSE,), "curtailment": (COMPOSE, COMPOSE_CURTAILMENT)}
+K8S_VARIANTS = {"default": K8S, "curtailment": CURTAILMENT_VARIANT, "gpu": GPU_VARIANT}
+COMPOSE_VARIANTS = {
+    "default": (COMPOSE,),
+    "curtailment": (COMPOSE, COMPOSE_CURTAILMENT),
+    "gpu": (COMPOSE, COMPOSE_GPU),
+}
 DOCKERFILE = REPO / "Dockerfile"
+#: The image's names (before the tag): the default CPU build and the CUDA build
+#: (``--build-arg TORCH_INDEX=cu...``) that the GPU variants run on their workers.
+IMAGE, CUDA_IMAGE = "powertrip", "powertrip-cuda"
 
 SERVICES_SRC = REPO / "services"
 SERVICES = ("aggregator", "profiler", "worker")
@@ -137,6 +149,19 @@ def render_kustomize_in_python(
         for i in hits:
             docs[i] = strategic_merge(docs[i], patch)
     return docs
+
+
+@functools.cache
+def kubectl_kustomize(root: Path) -> tuple[dict[str, Any], ...] | None:
+    """``kubectl kustomize <root>`` output, or None when kubectl is not installed."""
+    kubectl = tool("kubectl")
+    if kubectl is None:
+        return None
+    out = subprocess.run(
+        [kubectl, "kustomize", str(root)], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, f"kubectl kustomize {root} failed:\n{out.stderr}"
+    return tuple(load_yaml_all(out.stdout))
 
 
 def kustomizations() -> list[Path]:

@@ -1,5 +1,6 @@
 """compose.yaml: local multi-site emulation with the same config, names and files as k8s; every
-check runs on compose.yaml alone and with the curtailment override (compose.curtailment.yaml)."""
+check runs on compose.yaml alone and with each override (compose.curtailment.yaml,
+compose.gpu.yaml)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,19 @@ from typing import Any
 import pytest
 
 from tests.deploy.support import (
+    COMPOSE_VARIANTS,
+    CUDA_IMAGE,
     DASHBOARDS,
+    IMAGE,
+    K8S_VARIANTS,
     MONITORING,
     REPO,
     SHARED_ENV,
     WORKLOAD_KINDS,
     compose_service_env,
     find,
+    kubectl_kustomize,
+    load_compose,
     service_of_command,
     tool,
 )
@@ -89,7 +96,14 @@ def test_compose_service_has_a_healthcheck_and_restarts_on_failure(compose, name
 @pytest.mark.parametrize("name", APP_SERVICES)
 def test_compose_app_service_runs_the_image_with_the_shared_env_file(compose, name):
     service = svc(compose, name)
-    assert service["image"] == "powertrip:dev" and service["build"] == "."
+    # The image built from this repo's Dockerfile: the CPU build, or the CUDA one by build arg.
+    image, build = service["image"], service["build"]
+    if image == f"{IMAGE}:dev":
+        assert build == "."
+    else:
+        assert image == f"{CUDA_IMAGE}:dev", image
+        assert build["context"] == "." and "dockerfile" not in build
+        assert build["args"]["TORCH_INDEX"].startswith("cu")
     assert service_of_command(service["command"]) == name.split("-")[0]
     # The shared settings first; a variant's own env file (later wins) may follow.
     env_files = as_list(service["env_file"])
@@ -186,15 +200,17 @@ def test_compose_monitoring_mounts_the_single_copy_of_its_config(compose):
     assert not stray, "dashboards live only in deploy/k8s/components/monitoring/dashboards"
 
 
-def test_compose_and_k8s_run_the_same_images(compose, kustomize_build):
-    if kustomize_build is None:
+@pytest.mark.parametrize("variant", sorted(COMPOSE_VARIANTS.keys() & K8S_VARIANTS.keys()))
+def test_compose_and_k8s_run_the_same_images(variant):
+    built = kubectl_kustomize(K8S_VARIANTS[variant])
+    if built is None:
         pytest.skip("kubectl not installed: image tags are set by kustomize")
     k8s_images = {
         c["name"]: c["image"]
-        for w in kustomize_build
+        for w in built
         if w["kind"] in WORKLOAD_KINDS
         for c in w["spec"]["template"]["spec"]["containers"]
     }
-    for name, service in compose["services"].items():
+    for name, service in load_compose(*COMPOSE_VARIANTS[variant])["services"].items():
         k8s_name = "worker" if name.startswith("worker-") else name
         assert service["image"] == k8s_images[k8s_name], name

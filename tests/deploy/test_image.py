@@ -1,4 +1,5 @@
-"""The one container image (Dockerfile): slim, CPU torch, non-root, small build context."""
+"""The one container image (Dockerfile): slim, CPU torch by default (CUDA by build argument),
+non-root, small build context."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from tests.deploy.support import (
     tool,
 )
 
-TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+TORCH_INDEXES = "https://download.pytorch.org/whl/"
 
 
 def instructions() -> list[tuple[str, str]]:
@@ -43,17 +44,36 @@ def test_image_is_python_slim():
     assert arg_default("PYTHON_VERSION") in {"3.11", "3.12"}
 
 
-def test_image_installs_the_pinned_cpu_torch_build():
+def final_stage() -> list[tuple[str, str]]:
+    ops = instructions()
+    last_from = max(i for i, (op, _) in enumerate(ops) if op == "FROM")
+    return ops[last_from:]
+
+
+def test_image_installs_the_pinned_torch_of_the_variant_its_build_arg_names():
     version = arg_default("TORCH_VERSION")
-    installs = [rest for op, rest in instructions() if op == "RUN" and "torch==" in rest]
+    # CPU stays the default; `--build-arg TORCH_INDEX=cu126` (or another cuXYZ) builds for CUDA.
+    assert arg_default("TORCH_INDEX") == "cpu"
+    args = [rest.split("=")[0] for op, rest in final_stage() if op == "ARG"]
+    assert {"TORCH_VERSION", "TORCH_INDEX"} <= set(args), "declared in the stage that uses them"
+    installs = [rest for op, rest in final_stage() if op == "RUN" and "torch==" in rest]
     assert len(installs) == 1
-    assert f"--index-url {TORCH_CPU_INDEX}" in installs[0]
+    assert f'--index-url "{TORCH_INDEXES}${{TORCH_INDEX}}"' in installs[0]
     assert '"torch==${TORCH_VERSION}"' in installs[0]
-    # Same pin as the Makefile's CPU default, so tests and image train with the same torch.
-    makefile_pin = re.search(
-        r"^TORCH_SPEC .*torch==([\d.]+)", (REPO / "Makefile").read_text(), re.M
-    )
+    # ... and the build fails unless torch is the variant asked for (a CUDA build or not).
+    assert "torch.version.cuda is None" in installs[0] and "'TORCH_INDEX'" in installs[0]
+    # Same pin as the Makefile, so tests and image train with the same torch.
+    makefile_pin = re.search(r"^TORCH_VERSION \?= ([\d.]+)$", (REPO / "Makefile").read_text(), re.M)
     assert makefile_pin and makefile_pin.group(1) == version
+
+
+def test_image_leaves_gpu_visibility_to_the_runtime():
+    # NVIDIA_VISIBLE_DEVICES=all in an image hands every GPU of a host whose default runtime is
+    # nvidia to every container, around the device plugin's and compose's allocation.
+    text = DOCKERFILE.read_text()
+    assert "NVIDIA_VISIBLE_DEVICES=" not in text
+    env = " ".join(rest for op, rest in final_stage() if op == "ENV")
+    assert "NVIDIA_DRIVER_CAPABILITIES=compute,utility" in env  # CUDA needs compute
 
 
 def test_image_runs_as_a_fixed_non_root_user():

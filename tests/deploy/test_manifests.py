@@ -1,6 +1,6 @@
 """Every Kubernetes variant passes the static deploy checks (probes, requests and limits, a
-restricted securityContext, default-deny NetworkPolicy, safe PDBs): the default one (deploy/k8s)
-and the opt-in curtailment mode (deploy/variants/curtailment).
+restricted securityContext, default-deny NetworkPolicy, safe PDBs): the default one (deploy/k8s),
+the opt-in curtailment mode (deploy/variants/curtailment) and GPU workers (deploy/variants/gpu).
 
 No cluster needed. The checks run on ``kubectl kustomize <variant>`` when kubectl is installed,
 else on a plain-Python render of the same kustomization; only the tool-specific tests skip.
@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 
 from tests.deploy.support import (
+    CUDA_IMAGE,
+    IMAGE,
     K8S,
     REPO,
     WORKLOAD_KINDS,
@@ -52,7 +54,8 @@ def containers(w: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def runs_powertrip_image(container: dict[str, Any]) -> bool:
-    return container["image"].split(":")[0] == "powertrip"
+    """The repo's image, CPU or CUDA build."""
+    return container["image"].split(":")[0] in {IMAGE, CUDA_IMAGE}
 
 
 def effective_security(w: dict[str, Any], c: dict[str, Any], key: str) -> Any:

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = [
@@ -191,3 +192,13 @@ def test_auto_target_is_the_lowest_best_accuracy_of_the_static_sweep(tmp_path):
         sweep = [r for r in csv.DictReader(f) if r["policy"] in points]
     best = min(float(r["best_accuracy"]) for r in sweep)
     assert summary["target_accuracy"] == pytest.approx(best, abs=1e-4)
+
+
+@pytest.mark.parametrize("command", ["experiment", "curtail", "up"])
+def test_a_device_that_cannot_be_used_ends_the_command_before_any_work(command, tmp_path):
+    bad = "tpu" if torch.cuda.is_available() else "cuda"
+    words = "use auto, cpu, cuda or cuda:N" if bad == "tpu" else "CUDA is not available"
+    proc = powertrip(command, "--device", bad, "--output", str(tmp_path / "o"), tmp_path=tmp_path)
+    assert proc.returncode == 2
+    assert "--device" in proc.stderr and words in proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout and not (tmp_path / "o").exists()

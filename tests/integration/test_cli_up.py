@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import csv
+import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from services.cli.service_process import LaunchError, service_executable
 from tests.integration.test_cli_experiment import powertrip
@@ -53,3 +56,22 @@ def test_a_missing_service_command_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     with pytest.raises(LaunchError, match=r"powertrip-worker not found next to .* or on PATH"):
         service_executable("worker")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+@pytest.mark.parametrize(
+    ("kind", "env"),
+    [
+        ("worker", {"POWERTRIP_AGGREGATOR_ADDR": "127.0.0.1:1", "POWERTRIP_SITES": "0-1"}),
+        ("aggregator", {"POWERTRIP_PROFILER_ADDR": "127.0.0.1:1"}),
+    ],
+)
+def test_a_service_asked_for_a_gpu_it_lacks_exits_2_naming_the_variable(kind, env):
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("POWERTRIP_")}
+    done = subprocess.run(
+        [service_executable(kind)],
+        env={**clean, **env, "POWERTRIP_DEVICE": "cuda"},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "POWERTRIP_DEVICE='cuda'" in done.stderr and "CUDA is not available" in done.stderr

@@ -20,7 +20,7 @@ from powertrip.curtailment.wall_clock import WallClockRounds
 from powertrip.selection.base import SelectAll
 from powertrip.traces.carbon import read_carbon_trace
 
-TRAIN_ROWS = 32_000  # the preset's mnist1d training set
+TRAIN_ROWS = 32_000  # 80 % of mnist1d's 40 000 samples (the docs' measured run)
 TRACE_STEP_S = 300.0
 
 

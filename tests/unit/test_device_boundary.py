@@ -152,6 +152,26 @@ def test_resolve_device_prefers_cuda_only_when_there_is_one():
     assert resolve_device("meta").type == "meta"
 
 
+@pytest.mark.parametrize("bad", ["gpu", "mps", "cuda:x", "cuda0", ""])
+def test_resolve_device_refuses_what_it_cannot_train_on_naming_the_choices(bad):
+    with pytest.raises(ValueError, match="use auto, cpu, cuda or cuda:N"):
+        resolve_device(bad)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+@pytest.mark.parametrize("asked", ["cuda", "cuda:0", "CUDA:1"])
+def test_resolve_device_refuses_cuda_on_a_machine_without_it(asked):
+    with pytest.raises(ValueError, match="CUDA is not available"):
+        resolve_device(asked)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_resolves_to_an_indexed_device_so_tensor_devices_compare_equal():
+    assert resolve_device("cuda") == torch.zeros(1, device="cuda").device
+    assert resolve_device("auto").type == "cuda"
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_a_round_trip_through_the_gpu_keeps_values_and_copies_once():

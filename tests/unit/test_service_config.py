@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from services.aggregator.config import AggregatorConfig
 from services.common.config import ConfigError, load_config
@@ -10,6 +11,7 @@ from services.common.grpc_options import client_options, server_options
 from services.worker.config import WorkerConfig
 
 WORKER = {"POWERTRIP_AGGREGATOR_ADDR": "agg:50051", "POWERTRIP_SITES": "0-3,site-007"}
+AGG = {"POWERTRIP_PROFILER_ADDR": "profiler:50052"}
 
 
 def test_worker_sites_accept_ranges_and_ids():
@@ -53,3 +55,22 @@ def test_server_accepts_pings_as_often_as_clients_send_them():
     )
     assert client["grpc.max_receive_message_length"] == 4 << 20  # chunks, never a raised limit
     assert client["grpc.http2.ping_timeout_ms"] > 0  # a frozen peer is noticed in seconds
+
+
+@pytest.mark.parametrize(("cls", "env"), [(WorkerConfig, WORKER), (AggregatorConfig, AGG)])
+def test_the_device_defaults_to_auto_and_a_bad_one_is_named_at_start(cls, env):
+    assert load_config(cls, env).device == "auto"
+    assert load_config(cls, {**env, "POWERTRIP_DEVICE": "cpu"}).device == "cpu"
+    with pytest.raises(ConfigError, match="POWERTRIP_DEVICE='tpu': device 'tpu': use auto"):
+        load_config(cls, {**env, "POWERTRIP_DEVICE": "tpu"})
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+@pytest.mark.parametrize(("cls", "env"), [(WorkerConfig, WORKER), (AggregatorConfig, AGG)])
+def test_a_gpu_config_is_valid_anywhere_but_unusable_without_cuda(cls, env):
+    cfg = load_config(cls, {**env, "POWERTRIP_DEVICE": "CUDA:0"})  # a GPU node's config, on CI
+
+    assert cfg.device == "cuda:0"
+    with pytest.raises(ConfigError, match="POWERTRIP_DEVICE='cuda:0'.*CUDA is not available"):
+        cfg.usable_device()  # what the service's start checks
+    assert load_config(cls, env).usable_device() == "auto"

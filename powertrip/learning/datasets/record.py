@@ -23,8 +23,9 @@ class Dataset:
     """A train/test split plus the natural grouping the federated partitioner may use."""
 
     name: str  # "mnist1d", "mnist", "emnist", "shakespeare"
-    task: str  # "image" or "next-char"
-    x_train: torch.Tensor  # float32 [n, C, L] / [n, 1, H, W]; int64 [n, seq_len] for chars
+    task: str  # "image", "next-char" or "audio"
+    x_train: torch.Tensor  # float32 [n, C, L] / [n, 1, H, W]; int64 [n, seq_len] for chars;
+    # float32 [n, frames, n_mels] log-mel for audio
     y_train: torch.Tensor  # int64 [n]
     x_test: torch.Tensor
     y_test: torch.Tensor
