@@ -16,11 +16,13 @@ and trains on a CPU, ``xl`` is the curtailment paper's 561 M scale and needs a G
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from powertrip.learning.shapes import named_shape
 
 __all__ = ["GPT", "GPT_SIZES", "GPTShape", "gpt_shape"]
 
@@ -52,10 +54,7 @@ GPT_SIZES: dict[str, GPTShape] = {
 
 def gpt_shape(size: str | None = None, **overrides: int | None) -> GPTShape:
     """A named size (default ``tiny``) with the non-None fields of ``overrides`` on top."""
-    name = size or "tiny"
-    if name not in GPT_SIZES:
-        raise ValueError(f"unknown model size {name!r}; known sizes: {', '.join(GPT_SIZES)}")
-    return replace(GPT_SIZES[name], **{k: v for k, v in overrides.items() if v is not None})
+    return named_shape(GPT_SIZES, size, "model", **overrides)
 
 
 class Block(nn.Module):

@@ -18,11 +18,13 @@ to ``kwt3`` are the paper's KWT-1/2/3 (0.6 M, 2.4 M, 5.4 M).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from powertrip.learning.shapes import named_shape
 
 __all__ = ["KWT", "KWT_SIZES", "KWTShape", "kwt_shape"]
 
@@ -52,10 +54,7 @@ KWT_SIZES: dict[str, KWTShape] = {
 
 def kwt_shape(size: str | None = None, **overrides: int | None) -> KWTShape:
     """A named size (default ``tiny``) with the non-None fields of ``overrides`` on top."""
-    name = size or "tiny"
-    if name not in KWT_SIZES:
-        raise ValueError(f"unknown KWT size {name!r}; known sizes: {', '.join(KWT_SIZES)}")
-    return replace(KWT_SIZES[name], **{k: v for k, v in overrides.items() if v is not None})
+    return named_shape(KWT_SIZES, size, "KWT", **overrides)
 
 
 class EncoderBlock(nn.Module):

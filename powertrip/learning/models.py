@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from powertrip.experiment import MODEL_FOR_WORKLOAD
 from powertrip.learning.datasets import Dataset
 from powertrip.learning.gpt import GPT, GPTShape, gpt_shape
 from powertrip.learning.kwt import KWT, KWTShape
@@ -33,9 +34,8 @@ __all__ = [
 ]
 
 MODEL_NAMES = ("cnn1d", "cnn2d", "lstm", "gpt", "kwt")
-DEFAULT_MODELS = {"mnist1d": "cnn1d", "mnist": "cnn2d", "emnist": "cnn2d", "shakespeare": "lstm"}
-DEFAULT_MODELS["lm"] = "gpt"
-DEFAULT_MODELS.update({"speech-commands": "kwt", "fsdd": "kwt"})
+#: the model of each workload: one mapping, kept with the run definition (torch-free)
+DEFAULT_MODELS = MODEL_FOR_WORKLOAD
 
 
 def _conv_out(length: int, kernel: int, stride: int, padding: int) -> int:
