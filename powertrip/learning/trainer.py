@@ -10,6 +10,7 @@ The worker service runs the same code with one site.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,6 +29,8 @@ from powertrip.learning.device import (
     tensor,
     to_host,
 )
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -164,6 +167,16 @@ class SiteTrainer:
         )
 
     def _train_chunk(self, global_params, x, y, site_indices, seeds) -> SiteUpdates:
+        if self._compiled is None:
+            return self._train_rows(global_params, x, y, site_indices, seeds)
+        try:
+            return self._train_rows(global_params, x, y, site_indices, seeds)
+        except Exception as exc:  # a compiler missing or failing on this machine: train eagerly
+            logger.warning("compiled SGD step failed (%s); training eagerly from now on", exc)
+            self._compiled = None
+            return self._train_rows(global_params, x, y, site_indices, seeds)
+
+    def _train_rows(self, global_params, x, y, site_indices, seeds) -> SiteUpdates:
         k = len(site_indices)
         schedules = [
             self._site_schedule(len(idx), s) for idx, s in zip(site_indices, seeds, strict=True)

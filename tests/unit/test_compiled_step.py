@@ -53,3 +53,27 @@ def test_compiled_steps_give_the_eager_deltas_losses_and_steps():
         assert got.deltas[name].shape == d.shape  # padding rows are not returned
         torch.testing.assert_close(got.deltas[name], d, rtol=1e-4, atol=1e-6)
     assert compiled.evaluate(start, x, y) == eager.evaluate(start, x, y)
+
+
+def test_a_step_that_fails_to_compile_falls_back_to_the_eager_step(caplog):
+    """A GPU machine without a working compiler must still train, the same round, eagerly."""
+    g = torch.Generator().manual_seed(2)
+    x, y = torch.randn(40, 1, 8, generator=g), torch.randint(0, 3, (40,), generator=g)
+    cfg = LocalTrainingConfig(lr=0.3, batch_size=4)
+    sites = [np.arange(0, 20), np.arange(20, 33)]
+    eager = SiteTrainer(_model(), cfg, device="cpu")
+    broken = SiteTrainer(_model(), cfg, device="cpu", compile_step=True)
+
+    def no_compiler(*args, **kwargs):
+        raise RuntimeError("inductor: no C++ compiler found")
+
+    broken._compiled._step = no_compiler
+    start = get_params(eager.model)
+
+    want = eager.train(start, x, y, sites, [1, 2])
+    got = broken.train(start, x, y, sites, [1, 2])
+
+    assert not broken.compiled
+    assert "training eagerly" in caplog.text and "no C++ compiler" in caplog.text
+    for name, d in want.deltas.items():
+        torch.testing.assert_close(got.deltas[name], d, rtol=0, atol=0)
