@@ -26,7 +26,7 @@ def finish_figure(
     if ylabel is not None:
         ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=9)
-    if legend:
+    if legend and ax.get_legend_handles_labels()[0]:  # nothing labelled: no empty box
         ax.legend(fontsize=7)
     return save_figure(fig, path)
 

@@ -24,51 +24,82 @@ def _title(result: StudyResult, what: str) -> str:
 
 
 def plot_tta_bars(result: StudyResult, path: Path) -> Path:
+    fig, ax = draw_tta_bars(result)
+    return save_figure(fig, path)
+
+
+def draw_tta_bars(result: StudyResult) -> tuple[plt.Figure, plt.Axes]:
+    """Paper Fig. 9: mean time to accuracy per policy, its ratio to static-optimal on the bar,
+    ± std only when there are repeats to take it over, and a policy that never reached the
+    target marked so instead of drawn as a zero-height win."""
     rows = policy_table(result)
+    repeats = result.config.repeats
     fig, ax = plt.subplots(figsize=(9, 4.5))
     names = [r.policy for r in rows]
     means = [(r.tta_mean_s or 0) / HOURS for r in rows]
-    stds = [(r.tta_std_s or 0) / HOURS for r in rows]
+    stds = [(r.tta_std_s or 0) / HOURS for r in rows] if repeats > 1 else None
     colors = ["tab:green" if n.startswith("powertrip") else "tab:gray" for n in names]
     bars = ax.bar(names, means, yerr=stds, capsize=3, color=colors)
     for bar, row in zip(bars, rows, strict=True):
-        label = "missed" if row.reached == 0 else f"{row.reached}/{row.repeats}"
-        if row.reached and row.reached < row.repeats:
-            label += " reached"
-        if row.reached != row.repeats or row.reached == 0:
-            ax.annotate(
-                label,
-                (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                ha="center",
-                va="bottom",
-                fontsize=7,
-            )
+        label = _bar_label(row.reached, row.repeats, row.ratio_to_static_optimal)
+        x = bar.get_x() + bar.get_width() / 2
+        ax.annotate(label, (x, bar.get_height()), ha="center", va="bottom", fontsize=7)
     ax.set_ylabel("time to accuracy (emulated hours)")
-    ax.set_title(_title(result, "Time to accuracy by policy (mean ± std)"), fontsize=9)
+    spread = "mean ± std" if repeats > 1 else "one repeat, no error bars"
+    ax.set_title(_title(result, f"Time to accuracy by policy ({spread})"), fontsize=9)
     ax.tick_params(axis="x", rotation=30)
-    return save_figure(fig, path)
+    return fig, ax
+
+
+def _bar_label(reached: int, repeats: int, ratio: float | None) -> str:
+    if reached == 0:
+        return "did not reach\nthe target"
+    parts = [] if ratio is None else [f"{ratio:.2f}× static-opt."]
+    if reached < repeats:
+        parts.append(f"{reached}/{repeats} reached")
+    return "\n".join(parts)
 
 
 def plot_static_sweep(result: StudyResult, path: Path) -> Path | None:
-    sweep = [row for row in sweep_table(result) if row[1] is not None]
+    drawn = draw_static_sweep(result)
+    return None if drawn is None else save_figure(drawn[0], path)
+
+
+def draw_static_sweep(result: StudyResult) -> tuple[plt.Figure, plt.Axes] | None:
+    """Paper Fig. 8's valley: every swept k, the ones that never reached the target drawn as
+    such at the top (dropping them would hide where the valley's walls are)."""
+    sweep = sweep_table(result)
     if not sweep:
         return None
+    reached = [row for row in sweep if row[1] is not None]
+    missed = [k for k, mean, *_ in sweep if mean is None]
     fig, ax = plt.subplots(figsize=(6, 4))
-    ks = [k for k, *_ in sweep]
-    ax.errorbar(
-        ks,
-        [m / HOURS for _, m, *_ in sweep],
-        yerr=[s / HOURS for _, _, s, *_ in sweep],
-        marker="o",
-        capsize=3,
-    )
+    if reached:
+        ax.errorbar(
+            [k for k, *_ in reached],
+            [m / HOURS for _, m, *_ in reached],
+            yerr=[s / HOURS for _, _, s, *_ in reached] if result.config.repeats > 1 else None,
+            marker="o",
+            capsize=3,
+            label="time to target",
+        )
+    if missed:
+        top = max((m for _, m, *_ in reached), default=HOURS) / HOURS * 1.1
+        ax.scatter(
+            missed,
+            [top] * len(missed),
+            marker="x",
+            color="tab:red",
+            zorder=3,
+            label="did not reach the target",
+        )
     if result.k_star is not None:
         ax.axvline(result.k_star, ls="--", color="tab:red", label=f"k* = {result.k_star}")
-        ax.legend()
+    ax.legend(fontsize=7)
     ax.set_xlabel("sites per round (static top-k, Eq. 8 ranking)")
     ax.set_ylabel("time to accuracy (emulated hours)")
     ax.set_title(_title(result, "Static-k sweep"), fontsize=9)
-    return save_figure(fig, path)
+    return fig, ax
 
 
 def _first_repeat_runs(result: StudyResult):
