@@ -10,6 +10,7 @@ without knowing which mode it serves.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -19,6 +20,7 @@ from typing import Protocol
 from powertrip.curtailment.emissions import EnergyReport
 from powertrip.fedavg import NumpyParams
 from powertrip.rounds import RoundRecord
+from services.aggregator import metrics
 from services.aggregator.collector import RoundGate
 from services.aggregator.config import AggregatorConfig
 from services.aggregator.executor import GrpcRoundExecutor
@@ -141,6 +143,8 @@ class RunLifecycle:
         self.status = RunStatus()
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        # One meaning in both modes: NaN until the target is first reached, then the clock time.
+        metrics.TIME_TO_ACCURACY.set(math.nan)
 
     # -- what a mode provides ------------------------------------------------------------
     executor: GrpcRoundExecutor  # PowerTrip's round executor, or curtailment's transport
@@ -218,6 +222,7 @@ class RunLifecycle:
             first = st.time_to_accuracy_s is None and reached_at is not None
             if first:
                 st.time_to_accuracy_s = reached_at
+                metrics.TIME_TO_ACCURACY.set(reached_at)
         return first
 
     def _finish(

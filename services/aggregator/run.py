@@ -9,7 +9,6 @@ with curtailment mode (``lifecycle.RunLifecycle``).
 from __future__ import annotations
 
 import logging
-import math
 from pathlib import Path
 
 from powertrip.clock import Clock, EmulatedClock, WallClock
@@ -75,7 +74,6 @@ class AggregatorRun(RunLifecycle):
         self.feed = ProfileFeed(cfg, exp.num_sites)
         if self.target is not None:
             metrics.TARGET.set(self.target)
-        metrics.TIME_TO_ACCURACY.set(math.nan)
 
     # -- pieces the round loop calls -------------------------------------------------------
     def _evaluate(self, params: NumpyParams) -> tuple[float, float]:
@@ -110,8 +108,7 @@ class AggregatorRun(RunLifecycle):
             self._quorum_lost = True
             self._stop.set()
         reached = self.target is not None and rec.accuracy >= self.target
-        if self._record_round(StatusRound(rec), rec.time_s if reached else None):
-            metrics.TIME_TO_ACCURACY.set(rec.time_s)
+        self._record_round(StatusRound(rec), rec.time_s if reached else None)
         replayed = self.journaled.replaying(rec.round)
         if self._checkpoints is not None and rec.outcome == "completed" and not replayed:
             checkpoint.save(

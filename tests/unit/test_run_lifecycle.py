@@ -4,10 +4,12 @@ a consistent status whichever mode it is."""
 
 from __future__ import annotations
 
+import math
 import threading
 from types import SimpleNamespace
 
 import pytest
+from prometheus_client import REGISTRY
 
 from powertrip.rounds import RoundRecord
 from powertrip.v1 import aggregator_pb2
@@ -108,6 +110,18 @@ def test_time_to_accuracy_is_the_first_round_reaching_the_target():
     assert not run._record_round(StatusRound(record(3, 0.97)), 30.0)
     st = run.status_snapshot().status
     assert (st.round, st.accuracy, st.time_to_accuracy_s) == (3, 0.97, 20.0)
+
+
+def test_the_time_to_accuracy_metric_means_not_reached_as_nan_in_every_mode():
+    """The gauge reads the same in both modes: NaN until the target is first reached (never 0,
+    which would read as "reached instantly"), then that clock time, unchanged by later rounds."""
+    run = ToyRun()
+    assert math.isnan(REGISTRY.get_sample_value("powertrip_time_to_accuracy_seconds"))
+    run._record_round(StatusRound(record(1, 0.5)), None)
+    assert math.isnan(REGISTRY.get_sample_value("powertrip_time_to_accuracy_seconds"))
+    run._record_round(StatusRound(record(2, 0.95)), 20.0)
+    run._record_round(StatusRound(record(3, 0.97)), 30.0)
+    assert REGISTRY.get_sample_value("powertrip_time_to_accuracy_seconds") == 20.0
 
 
 def test_a_snapshot_does_not_change_as_the_run_goes_on():
