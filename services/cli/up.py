@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import signal
 import sys
+import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import click
@@ -14,6 +18,7 @@ from powertrip.selection.registry import validate_policy_name
 from powertrip.v1 import aggregator_pb2
 from services.cli.common import device_option, err, fail, out
 from services.cli.launcher import ClusterPlan, LaunchError, LocalCluster
+from services.cli.service_process import Service
 
 
 def write_rounds_csv(path: Path, policy: str, rounds: list[aggregator_pb2.RoundSummary]) -> None:
@@ -29,6 +34,23 @@ def write_rounds_csv(path: Path, policy: str, rounds: list[aggregator_pb2.RoundS
                  len(r.selected_site_ids), r.contributions, f"{r.accuracy:.4f}", f"{r.loss:.4f}",
                  r.outcome, " ".join(r.selected_site_ids)]
             )  # fmt: skip
+
+
+def write_scrape_config(path: Path, services: Iterable[Service]) -> Path:
+    """A Prometheus config that scrapes every service of this cluster (job per service kind,
+    the run clock's fast pace in mind: 1 s interval)."""
+    jobs: dict[str, list[str]] = {}
+    for s in services:
+        jobs.setdefault(s.kind, []).append(s.metrics_url.split("//", 1)[1].split("/", 1)[0])
+    lines = ["global:", "  scrape_interval: 1s", "scrape_configs:"]
+    for kind, targets in jobs.items():
+        lines += [
+            f"  - job_name: powertrip-{kind}",
+            "    static_configs:",
+            "      - targets: [" + ", ".join(f"'{t}'" for t in targets) + "]",
+        ]
+    path.write_text("\n".join(lines) + "\n")
+    return path
 
 
 @click.command()
@@ -90,6 +112,14 @@ def write_rounds_csv(path: Path, policy: str, rounds: list[aggregator_pb2.RoundS
     show_default=True,
     help="Logs, checkpoints and rounds.csv go here.",
 )
+@click.option(
+    "--linger",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_default=True,
+    help="Keep the services (and their /metrics) up this many seconds after the run ends, for "
+    "a Prometheus to scrape (OUTPUT/prometheus.yml lists them); Ctrl-C stops early.",
+)
 @device_option
 def up(
     workers: int,
@@ -109,6 +139,7 @@ def up(
     timeout: float,
     netns_profile: Path | None,
     output: Path,
+    linger: float,
     device: str,
 ) -> None:
     """Start the profiler, the aggregator and W workers on loopback, train to the target,
@@ -151,11 +182,20 @@ def up(
             )
         last[0] = len(st.rounds)
 
+    # SIGTERM (a supervisor, `kill`, a test) ends the run like Ctrl-C: through the cluster's
+    # exit, which stops every process it started, instead of orphaning them.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     with LocalCluster(plan) as cluster:
         try:
             cluster.start(
-                lambda s: err.print(f"started {s.name} (pid {s.process.pid}) at {s.grpc_addr}")
+                lambda s: err.print(
+                    f"started {s.name} (pid {s.process.pid}) at {s.grpc_addr}, "
+                    f"metrics {s.metrics_url}",
+                    highlight=False,
+                )
             )
+            scrape = write_scrape_config(output / "prometheus.yml", cluster.services)
+            err.print(f"Prometheus scrape config: {scrape}", highlight=False)
             err.print(
                 f"training: policy={policy} clock={clock} workers={workers} sites={sites}"
                 + (f" tls={plan.tls_dir}" if plan.tls_dir else "")
@@ -189,6 +229,10 @@ def up(
         for s in cluster.services:
             out.print(f"  {s.name:<11} grpc {s.grpc_addr:<22} metrics {s.metrics_url}")
         out.print(f"rounds: {output / 'rounds.csv'}  logs: {plan.log_dir}")
+        if linger > 0:
+            err.print(f"services stay up {linger:g} s for scraping (Ctrl-C stops them)")
+            with contextlib.suppress(KeyboardInterrupt):
+                time.sleep(linger)
         err.print("stopping the services")
     if st.state != aggregator_pb2.RUN_STATE_DONE:
         sys.exit(1)

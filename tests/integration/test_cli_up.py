@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -75,3 +78,42 @@ def test_a_service_asked_for_a_gpu_it_lacks_exits_2_naming_the_variable(kind, en
     )  # fmt: skip
     assert done.returncode == 2
     assert "POWERTRIP_DEVICE='cuda'" in done.stderr and "CUDA is not available" in done.stderr
+
+
+def test_up_shows_each_endpoint_when_ready_and_lingers_for_a_scraper(tmp_path):
+    """The endpoints appear as each service starts (not only after the run), a Prometheus
+    config lists them, and with --linger they still answer after the target is reached."""
+    out = tmp_path / "up"
+    env = {**os.environ, "POWERTRIP_CACHE_DIR": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "services.cli.main", "up", "--workers", "1", "--sites", "2",
+         "--max-rounds", "2", "--linger", "30", "--output", str(out)],
+        cwd=Path(__file__).resolve().parents[2], env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        urls, lines = [], []
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            assert line, f"up ended early: {''.join(lines)}"
+            lines.append(line)
+            urls += re.findall(r"metrics (http://\S+/metrics)", line)
+            if "stay up" in line:
+                break
+        assert len(urls) == 3  # profiler, aggregator, worker-0: each as it became ready
+        assert all(ln.startswith("started") for ln in lines[:3])
+        scrape = (out / "prometheus.yml").read_text()
+        for url in urls:
+            assert url.split("//")[1].split("/")[0] in scrape
+            body = urllib.request.urlopen(url, timeout=10).read().decode()
+            assert "powertrip_" in body
+        agg = next(
+            u
+            for u in urls
+            if "powertrip_round_current" in urllib.request.urlopen(u).read().decode()
+        )
+        assert "powertrip_round_current 2.0" in urllib.request.urlopen(agg).read().decode()
+    finally:
+        proc.terminate()
+        proc.wait(30)
