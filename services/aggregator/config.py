@@ -6,14 +6,28 @@ plus the overrides below, so the service and ``powertrip experiment`` share one 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from powertrip.curtailment.config import CurtailmentConfig
-from powertrip.experiment import ExperimentConfig, build_config
+from powertrip.experiment import (
+    GENERATED_WORKLOADS,
+    ExperimentConfig,
+    ModelSize,
+    Partition,
+    Workload,
+    build_config,
+)
 from powertrip.selection.registry import validate_policy_name
-from services.common.config import CurtailSettings, DeviceSettings, ServiceConfig
+from services.common.config import (
+    ConfigError,
+    CurtailSettings,
+    DeviceSettings,
+    ServiceConfig,
+    env_name,
+)
 
 
 class AggregatorConfig(ServiceConfig, CurtailSettings, DeviceSettings):
@@ -28,7 +42,12 @@ class AggregatorConfig(ServiceConfig, CurtailSettings, DeviceSettings):
     preset: str = "quick"
     num_sites: int | None = Field(None, ge=1)
     num_samples: int | None = Field(None, ge=100)
-    partition: Literal["iid", "dirichlet", "natural"] | None = None
+    # The workload and its data (default: the preset's, synthetic MNIST-1D). Workers rebuild the
+    # same partition from this run's config, so they must see the dataset at the same path.
+    workload: Workload | None = None
+    dataset_path: Path | None = None
+    partition: Partition | None = None
+    model_size: ModelSize | None = None  # the lm workload's size
     seed: int | None = None
     target_accuracy: float | None = Field(None, gt=0, le=1)
     max_rounds: int | None = Field(None, ge=1)
@@ -59,6 +78,26 @@ class AggregatorConfig(ServiceConfig, CurtailSettings, DeviceSettings):
         validate_policy_name(v)
         return v
 
+    @field_validator("workload", "dataset_path", "partition", "model_size", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, v: object) -> object:
+        return v or None
+
+    @model_validator(mode="after")
+    def _workload_has_its_data(self) -> AggregatorConfig:
+        # Checked on names only; that the path exists, by experiment() at the service's start
+        # (so a deployment's config still validates on a machine without the volume).
+        if self.workload not in (None, *GENERATED_WORKLOADS) and self.dataset_path is None:
+            raise ValueError(
+                f"POWERTRIP_WORKLOAD={self.workload} needs POWERTRIP_DATASET_PATH "
+                "(datasets are mounted, never downloaded)"
+            )
+        if self.workload == "lm" and self.partition not in (None, "iid"):
+            raise ValueError(
+                "POWERTRIP_WORKLOAD=lm has no labels to split by: POWERTRIP_PARTITION=iid"
+            )
+        return self
+
     @model_validator(mode="after")
     def _curtailment_runs_on_the_emulated_clock(self) -> AggregatorConfig:
         if self.mode == "curtailment" and self.clock != "emulated":
@@ -70,11 +109,31 @@ class AggregatorConfig(ServiceConfig, CurtailSettings, DeviceSettings):
         return self.curtail_config(num_samples=self.num_samples, seed=self.seed)
 
     def experiment(self) -> ExperimentConfig:
+        """The run: the preset plus these overrides; ConfigError naming the variable when the
+        dataset is missing here or the combination is invalid."""
+        if self.dataset_path is not None and not self.dataset_path.exists():
+            var = env_name("dataset_path")
+            raise ConfigError(f"{var}={str(self.dataset_path)!r}: no such file or directory")
+        partition = self.partition
+        if self.workload == "lm" and partition is None:
+            partition = "iid"  # the presets' label skew does not apply to a text corpus
+        try:
+            return self._build(partition)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = env_name(str(err["loc"][0])) + ": " if err["loc"] else ""
+            msg = str(err["msg"]).removeprefix("Value error, ")
+            raise ConfigError(f"{where}{msg}") from None
+
+    def _build(self, partition: str | None) -> ExperimentConfig:
         return build_config(
             self.preset,
+            workload=self.workload,
+            dataset_path=self.dataset_path,
+            model_size=self.model_size,
             num_sites=self.num_sites,
             num_samples=self.num_samples,
-            partition=self.partition,
+            partition=partition,
             seed=self.seed,
             target_accuracy=self.target_accuracy,
             max_rounds=self.max_rounds,

@@ -38,6 +38,10 @@ class ClusterPlan:
     max_rounds: int | None = None
     seed: int | None = None
     num_samples: int | None = None
+    # The workload and its data (None: the preset's); every process sees the same path.
+    workload: str | None = None
+    dataset_path: Path | None = None
+    partition: str | None = None
     round_deadline_s: float = 60.0
     log_dir: Path = Path("results/up/logs")
     checkpoint_dir: Path | None = None
@@ -145,6 +149,9 @@ class LocalCluster:
             max_rounds=p.max_rounds,
             seed=p.seed,
             num_samples=p.num_samples,
+            workload=p.workload,
+            dataset_path=p.dataset_path,
+            partition=p.partition,
             round_deadline_s=p.round_deadline_s,
             checkpoint_dir=p.checkpoint_dir or "",
             registration_timeout_s=300,

@@ -9,11 +9,12 @@ import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import get_args
 
 import click
 from rich.table import Table
 
-from powertrip.experiment import PRESETS
+from powertrip.experiment import GENERATED_WORKLOADS, PRESETS, Partition, Workload
 from powertrip.selection.registry import validate_policy_name
 from powertrip.v1 import aggregator_pb2
 from services.cli.common import device_option, err, fail, out
@@ -90,6 +91,22 @@ def write_scrape_config(path: Path, services: Iterable[Service]) -> Path:
 @click.option("--max-rounds", type=int, help="Round budget (default: the preset's).")
 @click.option("--seed", type=int, help="Training seed.")
 @click.option("--samples", "num_samples", type=int, help="Dataset size (mnist1d).")
+@click.option(
+    "--workload",
+    type=click.Choice(get_args(Workload)),
+    help="What to train (default: the preset's, mnist1d); all but mnist1d and lm need "
+    "--dataset-path.",
+)
+@click.option(
+    "--dataset-path",
+    type=click.Path(exists=True, path_type=Path, resolve_path=True),
+    help="The workload's dataset, read by the aggregator and every worker at this path.",
+)
+@click.option(
+    "--partition",
+    type=click.Choice(get_args(Partition)),
+    help="How sites split the data (default: the preset's); natural: by speaker or writer.",
+)
 @click.option("--k-star", type=int, help="k for static-optimal / random policies.")
 @click.option("--deadline", default=60.0, show_default=True, help="Round deadline, wall seconds.")
 @click.option(
@@ -133,6 +150,9 @@ def up(
     max_rounds: int | None,
     seed: int | None,
     num_samples: int | None,
+    workload: str | None,
+    dataset_path: Path | None,
+    partition: str | None,
     k_star: int | None,
     deadline: float,
     tls: bool,
@@ -146,6 +166,8 @@ def up(
     print the summary and the metrics endpoints, then stop exactly those processes."""
     try:
         validate_policy_name(policy)
+        if workload not in (None, *GENERATED_WORKLOADS) and dataset_path is None:
+            raise ValueError(f"--workload {workload} needs --dataset-path")
         plan = ClusterPlan(
             workers=workers,
             sites=sites,
@@ -158,6 +180,9 @@ def up(
             max_rounds=max_rounds,
             seed=seed,
             num_samples=num_samples,
+            workload=workload,
+            dataset_path=dataset_path,
+            partition=partition,
             round_deadline_s=deadline,
             log_dir=output / "logs",
             checkpoint_dir=output / "checkpoints",

@@ -17,8 +17,8 @@ from tests.deploy.support import (
 @pytest.fixture(scope="session", params=sorted(K8S_VARIANTS))
 def k8s_variant(request) -> Path:
     """Every check on the rendered manifests runs for each variant: the default one
-    (deploy/k8s), the opt-in curtailment mode (deploy/variants/curtailment) and GPU workers
-    (deploy/variants/gpu)."""
+    (deploy/k8s), the opt-in curtailment mode (deploy/variants/curtailment), GPU workers
+    (deploy/variants/gpu) and a mounted dataset (deploy/variants/dataset)."""
     return K8S_VARIANTS[request.param]
 
 

@@ -35,12 +35,23 @@ COMPOSE_CURTAILMENT = REPO / "compose.curtailment.yaml"
 GPU_COMPONENT = K8S / "components" / "gpu"
 GPU_VARIANT = REPO / "deploy" / "variants" / "gpu"
 COMPOSE_GPU = REPO / "compose.gpu.yaml"
+# A mounted dataset (opt-in), the same way: read-only at /data in the aggregator and workers.
+DATASET_COMPONENT = K8S / "components" / "dataset"
+DATASET_ENV = DATASET_COMPONENT / "dataset.env"
+DATASET_VARIANT = REPO / "deploy" / "variants" / "dataset"
+COMPOSE_DATASET = REPO / "compose.dataset.yaml"
 #: Every way to deploy: kustomization root, and compose files in ``-f`` order.
-K8S_VARIANTS = {"default": K8S, "curtailment": CURTAILMENT_VARIANT, "gpu": GPU_VARIANT}
+K8S_VARIANTS = {
+    "default": K8S,
+    "curtailment": CURTAILMENT_VARIANT,
+    "gpu": GPU_VARIANT,
+    "dataset": DATASET_VARIANT,
+}
 COMPOSE_VARIANTS = {
     "default": (COMPOSE,),
     "curtailment": (COMPOSE, COMPOSE_CURTAILMENT),
     "gpu": (COMPOSE, COMPOSE_GPU),
+    "dataset": (COMPOSE, COMPOSE_DATASET),
 }
 DOCKERFILE = REPO / "Dockerfile"
 #: The image's names (before the tag): the default CPU build and the CUDA build

@@ -13,6 +13,7 @@ import pytest
 from tests.deploy.support import (
     COMPOSE,
     CURTAILMENT_ENV,
+    DATASET_ENV,
     DOCKERFILE,
     ENV_PREFIX,
     SERVICES,
@@ -63,7 +64,7 @@ def test_the_field_parser_sees_the_service_config():
     assert "POWERTRIP_NOT_A_FIELD" not in all_env_vars()
 
 
-@pytest.mark.parametrize("path", [SHARED_ENV, CURTAILMENT_ENV], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [SHARED_ENV, CURTAILMENT_ENV, DATASET_ENV], ids=lambda p: p.name)
 def test_env_file_sets_only_variables_some_service_reads(path):
     env = powertrip_names(read_env_file(path))
     assert env and env - all_env_vars() == set()

@@ -36,11 +36,27 @@ def test_up_trains_to_the_target_prints_endpoints_and_writes_rounds(tmp_path):
     assert "stopping the services" in r.stderr
 
 
+def test_up_trains_a_mounted_workload_with_its_natural_partition(tmp_path, shared_data):
+    """FSDD by speaker instead of the preset's MNIST-1D: the aggregator's POWERTRIP_WORKLOAD,
+    DATASET_PATH and PARTITION reach the workers through the run's config."""
+    out = tmp_path / "up"
+    r = powertrip(
+        "up", "--workers", "2", "--sites", "6", "--workload", "fsdd",
+        "--dataset-path", str(shared_data / "datasets" / "fsdd"), "--partition", "natural",
+        "--max-rounds", "2", "--output", str(out), tmp_path=tmp_path,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    rows = list(csv.DictReader((out / "rounds.csv").open()))
+    assert [row["round"] for row in rows] == ["1", "2"]
+    assert all(row["outcome"] and row["selected"].startswith("site-") for row in rows)
+
+
 @pytest.mark.parametrize(
     ("args", "words"),
     [
         (["--workers", "5", "--sites", "3"], "workers <= sites"),
         (["--policy", "nope"], "unknown policy 'nope'"),
+        (["--workload", "fsdd"], "--workload fsdd needs --dataset-path"),
     ],
 )
 def test_up_refuses_bad_input_with_one_line_and_exit_2(tmp_path, args, words):

@@ -28,11 +28,45 @@ def test_worker_sites_accept_ranges_and_ids():
         ({"POWERTRIP_PROFILER_ADDR": "p:1", "POWERTRIP_POLICY": "nope"}, "POWERTRIP_POLICY"),
         ({"POWERTRIP_PROFILER_ADDR": "p:1", "POWERTRIP_CLOCK": "sundial"}, "POWERTRIP_CLOCK"),
         ({"POWERTRIP_PROFILER_ADDR": "p:1", "POWERTRIP_TARGET_ACCURACY": "2"}, "TARGET_ACCURACY"),
+        ({**AGG, "POWERTRIP_WORKLOAD": "imagenet"}, "POWERTRIP_WORKLOAD='imagenet'"),
+        ({**AGG, "POWERTRIP_PARTITION": "random"}, "POWERTRIP_PARTITION='random'"),
+        ({**AGG, "POWERTRIP_MODEL_SIZE": "huge"}, "POWERTRIP_MODEL_SIZE='huge'"),
+        ({**AGG, "POWERTRIP_WORKLOAD": "fsdd"}, "WORKLOAD=fsdd needs POWERTRIP_DATASET_PATH"),
+        ({**AGG, "POWERTRIP_WORKLOAD": "lm", "POWERTRIP_PARTITION": "natural"}, "PARTITION=iid"),
     ],
 )
 def test_bad_aggregator_settings_name_the_variable(env, message):
     with pytest.raises(ConfigError, match=message):
         load_config(AggregatorConfig, env)
+
+
+def test_the_workload_defaults_to_the_presets():
+    exp = load_config(AggregatorConfig, AGG).experiment()
+    assert exp.workload == "mnist1d" and exp.dataset_path is None and exp.partition == "dirichlet"
+
+
+def test_a_dataset_missing_at_start_is_named_but_the_config_still_validates(tmp_path):
+    gone = tmp_path / "nowhere"
+    cfg = load_config(AggregatorConfig, {**AGG, "POWERTRIP_WORKLOAD": "fsdd",
+                                         "POWERTRIP_DATASET_PATH": str(gone)})  # fmt: skip
+    with pytest.raises(ConfigError, match=f"POWERTRIP_DATASET_PATH='{gone}': no such file"):
+        cfg.experiment()  # what the service's start checks
+
+
+def test_the_lm_workload_takes_its_size_and_iid_sites():
+    exp = load_config(
+        AggregatorConfig, {**AGG, "POWERTRIP_WORKLOAD": "lm", "POWERTRIP_MODEL_SIZE": "small"}
+    ).experiment()
+    assert (exp.workload, exp.model_size, exp.partition) == ("lm", "small", "iid")
+
+
+def test_a_mounted_dataset_reaches_the_run_the_workers_get(shared_data):
+    fsdd = shared_data / "datasets" / "fsdd"
+    env = {**AGG, "POWERTRIP_WORKLOAD": "fsdd", "POWERTRIP_DATASET_PATH": str(fsdd),
+           "POWERTRIP_PARTITION": "natural"}  # fmt: skip
+    exp = load_config(AggregatorConfig, env).experiment()
+    assert (exp.workload, exp.dataset_path, exp.partition) == ("fsdd", fsdd, "natural")
+    assert exp.name == "quick"  # the rest is still the preset's
 
 
 def test_bad_site_lists_name_the_site():
