@@ -77,7 +77,7 @@ class GreedyParams(BaseModel):
 class RunConfig(BaseModel):
     """What both study modes share: a name, and the workload with its data. The PowerTrip study
     (``ExperimentConfig``) and the curtailment study (``CurtailmentConfig``) extend it, and
-    ``from_preset`` builds either from a preset plus overrides."""
+    ``preset_values`` merges a preset and overrides for either."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

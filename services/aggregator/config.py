@@ -26,6 +26,7 @@ from services.common.config import (
     CurtailSettings,
     DeviceSettings,
     ServiceConfig,
+    config_error,
     env_name,
 )
 
@@ -120,10 +121,7 @@ class AggregatorConfig(ServiceConfig, CurtailSettings, DeviceSettings):
         try:
             return self._build(partition)
         except ValidationError as exc:
-            err = exc.errors()[0]
-            where = env_name(str(err["loc"][0])) + ": " if err["loc"] else ""
-            msg = str(err["msg"]).removeprefix("Value error, ")
-            raise ConfigError(f"{where}{msg}") from None
+            raise config_error(exc, {}) from None
 
     def _build(self, partition: str | None) -> ExperimentConfig:
         return build_config(

@@ -91,15 +91,23 @@ def load_config(cls: type[C], env: Mapping[str, str] | None = None) -> C:
     try:
         return cls.model_validate(values)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        if not err["loc"]:  # a rule across fields: its message names the variables itself
-            raise ConfigError(str(err["msg"]).removeprefix("Value error, ")) from None
-        field = str(err["loc"][0])
-        var = env_name(field)
-        if err["type"] == "missing":
-            raise ConfigError(f"{var} is required but not set") from None
-        msg = str(err["msg"]).removeprefix("Value error, ")
-        raise ConfigError(f"{var}={values.get(field)!r}: {msg}") from None
+        raise config_error(exc, values) from None
+
+
+def config_error(exc: ValidationError, values: Mapping[str, object]) -> ConfigError:
+    """The first validation error, naming the variable (and its value where ``values`` has it);
+    a rule across fields keeps its own message, which names the variables itself."""
+    err = exc.errors()[0]
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    if not err["loc"]:
+        return ConfigError(msg)
+    field = str(err["loc"][0])
+    var = env_name(field)
+    if err["type"] == "missing":
+        return ConfigError(f"{var} is required but not set")
+    if field not in values:
+        return ConfigError(f"{var}: {msg}")
+    return ConfigError(f"{var}={values[field]!r}: {msg}")
 
 
 class CurtailSettings(BaseModel):

@@ -81,3 +81,12 @@ def test_validation_loss_falls_on_tinyshakespeare_in_a_few_batched_steps(shared_
     assert before == pytest.approx(math.log(BYTE_VOCAB), abs=0.2)  # uniform at initialisation
     assert after < before - 1.0
     assert list(upd.steps) == [20, 20]
+
+
+def test_the_configs_size_names_are_the_models_size_table():
+    """The torch-free run definition lists the sizes by name; the model owns their shapes."""
+    from typing import get_args
+
+    from powertrip.experiment import ModelSize
+
+    assert list(get_args(ModelSize)) == list(GPT_SIZES)
