@@ -35,10 +35,15 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $@
 
+# The tests also cover the optional integrations (Flower strategy, TensorBoard export).
+$(VENV)/.installed-extras: $(VENV)/.installed
+	$(PY) -m pip install --quiet -e ".[dev,flower,tensorboard]"
+	touch $@
+
 experiment: $(VENV)/.installed
 	$(VENV)/bin/powertrip experiment --preset quick --output $(OUTPUT)
 
-test: $(VENV)/.installed
+test: $(VENV)/.installed-extras
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/pytest -q
 
