@@ -40,6 +40,10 @@ class AggregatorConfig(ServiceConfig, CurtailSettings, DeviceSettings):
     curtail_policy: Literal["curtailment", "combined"] = "curtailment"
     policy: str = "powertrip"
     clock: Literal["emulated", "wall"] = "emulated"
+    # Emulated clock only: run-clock seconds per wall second. After each round the run waits
+    # until wall time since training began reaches clock / pace, so a Prometheus scraping at a
+    # normal interval sees the run unfold; 0 = as fast as possible. Results are the same.
+    pace: float = Field(0.0, ge=0, allow_inf_nan=False)
     preset: str = "quick"
     num_sites: int | None = Field(None, ge=1)
     num_samples: int | None = Field(None, ge=100)
@@ -103,6 +107,17 @@ class AggregatorConfig(ServiceConfig, CurtailSettings, DeviceSettings):
     def _curtailment_runs_on_the_emulated_clock(self) -> AggregatorConfig:
         if self.mode == "curtailment" and self.clock != "emulated":
             raise ValueError("POWERTRIP_MODE=curtailment needs POWERTRIP_CLOCK=emulated")
+        return self
+
+    @model_validator(mode="after")
+    def _pace_is_for_the_emulated_clock(self) -> AggregatorConfig:
+        # Refused, not ignored: a wall-clock run already unfolds in real time, and a setting
+        # that silently does nothing would leave the operator wondering why nothing changed.
+        if self.pace > 0 and self.clock != "emulated":
+            raise ValueError(
+                "POWERTRIP_PACE paces the emulated clock; with POWERTRIP_CLOCK=wall the run "
+                "already unfolds in real time: unset POWERTRIP_PACE or set it to 0"
+            )
         return self
 
     def curtailment(self) -> CurtailmentConfig:

@@ -262,3 +262,4 @@ class CurtailmentRun(RunLifecycle):
             report.energy_kwh,
             report.emissions_kg,
         )
+        self._pace(r.end_s)

@@ -4,7 +4,8 @@ and the lifecycle both modes share (wait for the sites, train on a thread, locke
 PowerTrip mode (``run.AggregatorRun``) and curtailment mode (``curtail_run.CurtailmentRun``)
 differ only in what happens once the sites are in (``RunLifecycle._train``) and in what a
 registering worker is told; the servicer maps ``Registration`` and ``StatusSnapshot`` to the wire
-without knowing which mode it serves.
+without knowing which mode it serves. Pacing (``Pacer``, POWERTRIP_PACE) lives here too, so both
+modes stretch an emulated run over wall time the same way.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import IntEnum
 from typing import Protocol
@@ -129,6 +131,35 @@ def wait_for_sites(
     return None
 
 
+class Pacer:
+    """Holds an emulated run to ``pace`` run-clock seconds per wall second (0: no holding).
+
+    An unpaced emulated run squeezes hours of run clock into seconds, too fast for a Prometheus
+    at a normal scrape interval to see it unfold. The hold is a wait between rounds, after the
+    round's metrics are set and before the next round starts; on the emulated clock nothing
+    that decides a round reads wall time, so a paced run makes the same decisions and reports
+    the same results.
+    Rounds slower than the pace are not made up for: pacing only ever adds waiting.
+    """
+
+    def __init__(self, pace: float, wall: Callable[[], float] = time.monotonic) -> None:
+        self.pace = pace
+        self._wall = wall
+        self._origin = (wall(), 0.0)  # (wall, run clock) the pace counts from
+
+    def restart(self, clock_s: float = 0.0) -> None:
+        """Count from now at run clock ``clock_s``: when training starts, and after each round
+        a restarted run replays (a replay catches up at full speed)."""
+        self._origin = (self._wall(), clock_s)
+
+    def hold_s(self, clock_s: float) -> float:
+        """Wall seconds to wait until the run clock ``clock_s`` is due at this pace."""
+        if self.pace <= 0:
+            return 0.0
+        wall0, clock0 = self._origin
+        return max(0.0, wall0 + (clock_s - clock0) / self.pace - self._wall())
+
+
 class RunLifecycle:
     """The lifecycle both modes share: a thread waits for the sites, then ``_train`` runs; a
     crash or a refusal fails the run with its reason, and ``stop`` ends it at the next round.
@@ -143,6 +174,7 @@ class RunLifecycle:
         self.status = RunStatus()
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._pacer = Pacer(cfg.pace)
         # One meaning in both modes: NaN until the target is first reached, then the clock time.
         metrics.TIME_TO_ACCURACY.set(math.nan)
 
@@ -202,6 +234,18 @@ class RunLifecycle:
     def _begin_training(self) -> None:
         with self._lock:
             self.status.state = RunState.TRAINING
+        self._pacer.restart()
+
+    def _pace(self, clock_s: float, replayed: bool = False) -> None:
+        """Wait, once a round is fully recorded, until the run clock ``clock_s`` is due at
+        POWERTRIP_PACE (``stop`` cuts the wait short); a replayed round is not waited for, and
+        the pace counts on from it."""
+        if replayed:
+            self._pacer.restart(clock_s)
+            return
+        hold = self._pacer.hold_s(clock_s)
+        if hold > 0:
+            self._stop.wait(hold)
 
     def _record_round(
         self,

@@ -134,6 +134,7 @@ class AggregatorRun(RunLifecycle):
             rec.outcome,
             ", replayed" if replayed else "",
         )
+        self._pace(rec.time_s, replayed)
 
     # -- lifecycle -------------------------------------------------------------------------
     @property

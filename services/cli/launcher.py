@@ -33,6 +33,8 @@ class ClusterPlan:
     sites: int = 12
     policy: str = "powertrip"
     clock: str = "emulated"
+    # Emulated clock: run-clock seconds per wall second (POWERTRIP_PACE); 0 = as fast as possible
+    pace: float = 0.0
     preset: str = "quick"
     target: float | None = None
     max_rounds: int | None = None
@@ -144,6 +146,7 @@ class LocalCluster:
             profiler_addr=f"127.0.0.1:{prof_port}",  # same namespace as the aggregator
             policy=p.policy,
             clock=p.clock,
+            pace=p.pace or None,  # unset unless asked for
             preset=p.preset,
             target_accuracy=p.target,
             max_rounds=p.max_rounds,

@@ -46,7 +46,7 @@ def write_scrape_config(path: Path, services: Iterable[Service]) -> Path:
     lines = ["global:", "  scrape_interval: 1s", "scrape_configs:"]
     for kind, targets in jobs.items():
         lines += [
-            f"  - job_name: powertrip-{kind}",
+            f"  - job_name: {kind}",  # the k8s config's job names: what dashboards filter on
             "    static_configs:",
             "      - targets: [" + ", ".join(f"'{t}'" for t in targets) + "]",
         ]
@@ -65,6 +65,14 @@ def write_scrape_config(path: Path, services: Iterable[Service]) -> Path:
     show_default=True,
     help="emulated: the emulator's time model while the bytes really move; wall: real time, "
     "with each site's update released at compute time / power.",
+)
+@click.option(
+    "--pace",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_default=True,
+    help="Emulated clock: run-clock seconds per wall second, so a Prometheus (OUTPUT/"
+    "prometheus.yml) sees the run unfold; 0 = as fast as possible. Results are the same.",
 )
 @click.option(
     "--preset",
@@ -143,6 +151,7 @@ def up(
     sites: int,
     policy: str,
     clock: str,
+    pace: float,
     preset: str,
     mode: str,
     curtail_preset: str,
@@ -168,11 +177,14 @@ def up(
         validate_policy_name(policy)
         if workload not in (None, *GENERATED_WORKLOADS) and dataset_path is None:
             raise ValueError(f"--workload {workload} needs --dataset-path")
+        if pace > 0 and clock != "emulated":
+            raise ValueError("--pace paces the emulated clock; a --clock wall run is real time")
         plan = ClusterPlan(
             workers=workers,
             sites=sites,
             policy=policy,
             clock=clock,
+            pace=pace,
             preset=preset,
             mode=mode,
             curtail_preset=curtail_preset,
@@ -223,6 +235,7 @@ def up(
             err.print(f"Prometheus scrape config: {scrape}", highlight=False)
             err.print(
                 f"training: policy={policy} clock={clock} workers={workers} sites={sites}"
+                + (f" pace={pace:g}" if pace else "")
                 + (f" tls={plan.tls_dir}" if plan.tls_dir else "")
             )
             st = cluster.wait_done(timeout, show)

@@ -197,6 +197,7 @@ OPERATOR_VIEWS = {
         "powertrip_round_duration_seconds_bucket",
         "powertrip_rounds_total",
         "powertrip_round_sites_selected",
+        "powertrip_clock_seconds",
     },
     "powertrip-sites": {
         "powertrip_site_power_ratio",
@@ -206,6 +207,9 @@ OPERATOR_VIEWS = {
     },
     "powertrip-grpc": {"grpc_server_handled_total", "grpc_server_handling_seconds_bucket"},
     "powertrip-curtailment": {
+        "powertrip_time_to_accuracy_seconds",
+        "powertrip_model_accuracy_ratio",
+        "powertrip_clock_seconds",
         "powertrip_mode",
         "powertrip_active_sites",
         "powertrip_energy_kwh_total",
@@ -218,6 +222,50 @@ OPERATOR_VIEWS = {
 def test_dashboard_shows_what_operators_watch(uid, needed):
     parsed = [PromQL(e) for e in queries(dashboard(DASHBOARDS / f"{uid}.json"))]
     assert needed <= set().union(*(q.metrics for q in parsed))
+
+
+def field_metrics(panel: dict[str, Any]) -> dict[str, set[str]]:
+    """{field name: metrics of the query}: the name Grafana gives a query's series is its
+    legend (one series per query here), which is what a field matcher ``byName`` matches."""
+    return {t["legendFormat"]: PromQL(t["expr"]).metrics for t in panel.get("targets", [])}
+
+
+@pytest.mark.parametrize("uid", ["powertrip-rounds", "powertrip-curtailment"])
+def test_dashboard_plots_accuracy_against_the_run_clock(uid):
+    # Wall time is the x axis of every time series; an emulated run's progress is against its
+    # own clock, which only an XY chart of the two gauges shows.
+    (panel,) = [p for p in walk(dashboard(DASHBOARDS / f"{uid}.json")["panels"])
+                if p.get("type") == "xychart"]  # fmt: skip
+    # Without a plugin version Grafana migrates the options as the pre-10.4 schema and loses
+    # the field matchers below.
+    assert panel.get("pluginVersion")
+    fields = field_metrics(panel)
+    (series,) = panel["options"]["series"]
+    assert panel["options"]["mapping"] == "manual"
+    x, y = series["x"]["matcher"], series["y"]["matcher"]
+    assert x["id"] == y["id"] == "byName"
+    assert fields[x["options"]] == {"powertrip_clock_seconds"}
+    assert fields[y["options"]] == {"powertrip_model_accuracy_ratio"}
+    # One query per gauge: both are scraped together, so they join on their timestamps into
+    # the one frame (byIndex 0) the series reads.
+    assert series["frame"]["matcher"] == {"id": "byIndex", "options": 0}
+    joins = [t for t in panel.get("transformations", []) if t["id"] == "joinByField"]
+    assert [j["options"].get("byField") for j in joins] == ["Time"]
+
+
+@pytest.mark.parametrize("uid", ["powertrip-rounds", "powertrip-curtailment"])
+def test_dashboard_states_the_time_to_accuracy(uid):
+    panels = panels_querying(
+        dashboard(DASHBOARDS / f"{uid}.json"), "powertrip_time_to_accuracy_seconds"
+    )
+    assert any(p["type"] == "stat" and p["fieldConfig"]["defaults"]["unit"] == "s" for p in panels)
+
+
+def test_grpc_error_panels_show_zero_rather_than_no_data_while_all_calls_succeed():
+    # The non-OK series only exist once some call has failed; a healthy run must read 0.
+    for expr in queries(dashboard(DASHBOARDS / "powertrip-grpc.json")):
+        if 'grpc_code!="OK"' in expr:
+            assert re.search(r"\bor\b", expr), expr
 
 
 CURTAILMENT = DASHBOARDS / "powertrip-curtailment.json"
