@@ -28,6 +28,7 @@ from services.cli.common import (
     out,
     preset_option,
 )
+from services.cli.export import require_tensorboard, tensorboard_option, write_tensorboard
 
 FLAG_FOR_FIELD = {
     "carbon_trace_path": "--carbon-trace",
@@ -98,12 +99,14 @@ FLAG_FOR_FIELD = {
 @click.option("--seed", type=int, help="Training seed (init, data order).")
 @click.option("--site-seed", type=int, help="Seed of the site distances.")
 @click.option("--plots/--no-plots", default=True, show_default=True, help="Write PNG figures.")
+@tensorboard_option
 @click.option("--threads", type=click.IntRange(min=1), help="CPU threads for torch.")
 @device_option
 def curtail(
     preset: str,
     output: Path | None,
     plots: bool,
+    tensorboard: Path | None,
     threads: int | None,
     device: str,
     **options: object,
@@ -119,11 +122,14 @@ def curtail(
         fail(describe_validation(exc, "curtailment configuration", FLAG_FOR_FIELD))
     except ValueError as exc:
         fail(str(exc))
+    require_tensorboard(tensorboard)
     if threads is not None:
         import torch
 
         torch.set_num_threads(threads)
-    _run(cfg, output or Path("results") / cfg.name, plots, device)
+    out_dir = output or Path("results") / cfg.name
+    _run(cfg, out_dir, plots, device)
+    write_tensorboard(out_dir, tensorboard)
 
 
 def _run(cfg: CurtailmentConfig, out_dir: Path, plots: bool, device: str) -> None:

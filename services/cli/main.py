@@ -11,6 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from powertrip.experiment import PRESETS, ExperimentConfig, build_config
+from services.cli import export
 from services.cli.certs import certs
 from services.cli.common import (
     CommaList,
@@ -64,6 +65,7 @@ main.add_command(traces)
 main.add_command(up)
 main.add_command(curtail)
 main.add_command(certs)
+main.add_command(export.export_tensorboard_command)
 
 
 @main.command()
@@ -144,6 +146,7 @@ main.add_command(certs)
 @click.option("--gain-floor", type=float, help="Algorithm 1: floor of the projected gain (eps).")
 @click.option("--kappa", type=float, help="kappa-headroom gain: strength of the headroom term.")
 @click.option("--plots/--no-plots", default=True, show_default=True, help="Write PNG figures.")
+@export.tensorboard_option
 @click.option(
     "--threads",
     type=click.IntRange(min=1),
@@ -154,6 +157,7 @@ def experiment(
     preset: str,
     output: Path | None,
     plots: bool,
+    tensorboard: Path | None,
     threads: int | None,
     device: str,
     **options: object,
@@ -173,11 +177,13 @@ def experiment(
     except ValueError as exc:
         fail(str(exc))
     out_dir = output or Path("results") / cfg.name
+    export.require_tensorboard(tensorboard)
     if threads is not None:
         import torch
 
         torch.set_num_threads(threads)
     _run_experiment(cfg, out_dir, plots, device)
+    export.write_tensorboard(out_dir, tensorboard)
 
 
 def _run_experiment(cfg: ExperimentConfig, out_dir: Path, plots: bool, device: str) -> None:
