@@ -32,6 +32,12 @@ _EXPORTS: dict[str, str] = {
     "ExperimentConfig": "powertrip.experiment",
     "build_config": "powertrip.experiment",
     "PRESETS": "powertrip.experiment",
+    # bring your own model, data and partitioner
+    "CustomWorkload": "powertrip.learning.custom",
+    "Dataset": "powertrip.learning.datasets.record",
+    "dataset_from_arrays": "powertrip.learning.custom",
+    "dataset_from_torch": "powertrip.learning.custom",
+    "register_workload": "powertrip.workloads",
     # the system model: sites, power, links, round time (Eqs. 3-7)
     "SiteSet": "powertrip.sites",
     "SiteProfile": "powertrip.sites",
@@ -73,6 +79,8 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = [
     "CurtailmentConfig",
+    "CustomWorkload",
+    "Dataset",
     "EmulatedClock",
     "Emulator",
     "ExperimentConfig",
@@ -96,12 +104,15 @@ __all__ = [
     "build_curtail_config",
     "build_policy",
     "comm_time_s",
+    "dataset_from_arrays",
+    "dataset_from_torch",
     "generate_sites",
     "known_policy_names",
     "policy_table",
     "power_to_cost_scores",
     "profile_at",
     "rank_sites",
+    "register_workload",
     "round_time_s",
     "run_curtailment_study",
     "run_rounds",
@@ -130,6 +141,8 @@ if TYPE_CHECKING:  # static analysers and IDEs see the real names
     from powertrip.emulate import Emulator
     from powertrip.experiment import PRESETS, ExperimentConfig, build_config
     from powertrip.fedavg import StreamingFedAvg, UpdateRejected
+    from powertrip.learning.custom import CustomWorkload, dataset_from_arrays, dataset_from_torch
+    from powertrip.learning.datasets.record import Dataset
     from powertrip.rounds import (
         RoundExecutor,
         RoundOutcome,
@@ -147,3 +160,4 @@ if TYPE_CHECKING:  # static analysers and IDEs see the real names
     from powertrip.study.powertrip import run_study
     from powertrip.study.results import policy_table, write_outputs
     from powertrip.timing import comm_time_s, round_time_s
+    from powertrip.workloads import register_workload

@@ -13,6 +13,12 @@ from powertrip.selection.registry import validate_policy_name
 from powertrip.sites import DistanceMode
 from powertrip.timing import RoundTimeModel
 from powertrip.traces.power_model import PowerModel
+from powertrip.workloads import (
+    BUILTIN_WORKLOADS,
+    BuiltinWorkload,
+    custom_workload,
+    validate_workload,
+)
 
 
 def _target_in_unit_interval(v: float | None) -> float | None:
@@ -28,7 +34,8 @@ def _unset(v: object) -> bool:
 #: an accuracy to reach, in (0, 1]; None where a rule picks it after the fact
 TargetAccuracy = Annotated[float | None, AfterValidator(_target_in_unit_interval)]
 
-Workload = Literal["mnist1d", "mnist", "emnist", "shakespeare", "lm", "speech-commands", "fsdd"]
+#: the built-in workloads' names; a run's ``workload`` may also name a custom one (workloads.py)
+Workload = BuiltinWorkload
 Partition = Literal["iid", "dirichlet", "natural"]
 ModelSize = Literal["tiny", "small", "medium", "large", "xl"]
 #: workloads that run without --dataset-path (lm: an embedded synthetic corpus)
@@ -58,6 +65,13 @@ MODEL_FOR_WORKLOAD = {
 }
 
 
+def workload_default(workload: str, key: Literal["lr", "batch_size"]) -> float:
+    """A workload's default learning rate or batch size: the table above for a built-in one,
+    the ``CustomWorkload``'s own fields otherwise."""
+    custom = custom_workload(workload)
+    return WORKLOAD_DEFAULTS[workload][key] if custom is None else float(getattr(custom, key))
+
+
 class GreedyParams(BaseModel):
     """Overrides of Algorithm 1's free parameters (k0, window, patience, ...); unset keeps the
     variant's default."""
@@ -83,7 +97,7 @@ class RunConfig(BaseModel):
 
     name: str = "custom"
     description: str = ""
-    workload: Workload = "mnist1d"
+    workload: Annotated[str, AfterValidator(validate_workload)] = "mnist1d"
     dataset_path: Path | None = None
     # the LM's size (learning/gpt.py: GPT_SIZES, default tiny) and overrides of its fields;
     # left out of dumps while unset, so other workloads' summaries do not change
@@ -95,7 +109,8 @@ class RunConfig(BaseModel):
 
     @model_validator(mode="after")
     def _dataset_given(self) -> Self:
-        if self.workload not in GENERATED_WORKLOADS and self.dataset_path is None:
+        needs_path = self.workload in BUILTIN_WORKLOADS and self.workload not in GENERATED_WORKLOADS
+        if needs_path and self.dataset_path is None:
             raise ValueError(f"workload {self.workload!r} needs --dataset-path (no download here)")
         if self.dataset_path is not None and not self.dataset_path.exists():
             raise ValueError(f"dataset path {self.dataset_path} does not exist")
@@ -187,12 +202,11 @@ class ExperimentConfig(RunConfig):
 
     @property
     def learning_rate(self) -> float:
-        return self.lr if self.lr is not None else WORKLOAD_DEFAULTS[self.workload]["lr"]
+        return self.lr if self.lr is not None else workload_default(self.workload, "lr")
 
     @property
     def local_batch_size(self) -> int:
-        b = self.batch_size or WORKLOAD_DEFAULTS[self.workload]["batch_size"]
-        return int(b)
+        return int(self.batch_size or workload_default(self.workload, "batch_size"))
 
     @property
     def update_bytes(self) -> float:

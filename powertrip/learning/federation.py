@@ -19,7 +19,7 @@ from powertrip.curtailment.config import CurtailmentConfig
 from powertrip.curtailment.learner import StreamLearner
 from powertrip.curtailment.wall_clock import WallClockRounds
 from powertrip.emulate import Federation
-from powertrip.experiment import MODEL_FOR_WORKLOAD, WORKLOAD_DEFAULTS, ExperimentConfig
+from powertrip.experiment import MODEL_FOR_WORKLOAD, ExperimentConfig, workload_default
 from powertrip.learning.datasets import Dataset, load_dataset
 from powertrip.learning.device import array, resolve_device
 from powertrip.learning.gpt import GPTShape, gpt_shape
@@ -27,12 +27,17 @@ from powertrip.learning.models import build_model
 from powertrip.learning.partition import partition
 from powertrip.learning.trainer import LocalTrainingConfig, SiteTrainer, get_params
 from powertrip.outer_step import NesterovOuter
+from powertrip.workloads import custom_workload
 
 __all__ = ["StreamSetup", "build_federation", "lm_shape", "load_workload"]
 
 
 def load_workload(cfg: ExperimentConfig | CurtailmentConfig, seed: int = 0) -> Dataset:
-    """The run's dataset; ``num_samples`` caps the generated or windowed sample count."""
+    """The run's dataset; ``num_samples`` caps the generated or windowed sample count (a
+    custom workload's data is taken as given)."""
+    custom = custom_workload(cfg.workload)
+    if custom is not None:
+        return custom.load(cfg.dataset_path)
     kwargs: dict[str, object] = {"seed": seed}
     if cfg.workload == "mnist1d":
         kwargs["num_samples"] = cfg.num_samples
@@ -57,6 +62,9 @@ def lm_shape(cfg: ExperimentConfig | CurtailmentConfig) -> GPTShape:
 
 def _workload_model(workload: str, data: Dataset, shape: GPTShape | None = None) -> torch.nn.Module:
     """The workload's model sized for ``data``, initialised from torch's global seed."""
+    custom = custom_workload(workload)
+    if custom is not None:
+        return custom.build_model(data)
     return build_model(
         MODEL_FOR_WORKLOAD[workload],
         num_classes=data.num_classes,
@@ -77,14 +85,18 @@ def build_federation(
     the model and the data go to ``device`` once, here (an execution setting, not part of the
     run definition: results on the CPU do not depend on it)."""
     rng = np.random.default_rng([seed, 1])
-    parts = partition(
-        cfg.partition,
-        array(data.y_train),
-        cfg.num_sites,
-        rng,
-        groups=data.groups_train,
-        alpha=cfg.dirichlet_alpha,
-    )
+    custom = custom_workload(cfg.workload)
+    if custom is not None and custom.partitioner is not None:
+        parts = custom.split(array(data.y_train), cfg.num_sites, rng)
+    else:
+        parts = partition(
+            cfg.partition,
+            array(data.y_train),
+            cfg.num_sites,
+            rng,
+            groups=data.groups_train,
+            alpha=cfg.dirichlet_alpha,
+        )
     torch.manual_seed(seed)
     model = _workload_model(cfg.workload, data, _shape(cfg))
     trainer = SiteTrainer(
@@ -120,7 +132,7 @@ class StreamSetup:
     ) -> None:
         torch.manual_seed(cfg.seed)
         model = _workload_model(cfg.workload, data, _shape(cfg))
-        lr = cfg.lr if cfg.lr is not None else WORKLOAD_DEFAULTS[cfg.workload]["lr"]
+        lr = cfg.lr if cfg.lr is not None else workload_default(cfg.workload, "lr")
         self.trainer = SiteTrainer(
             model,
             LocalTrainingConfig(lr=lr, batch_size=cfg.batch_size, shuffle=False),

@@ -29,6 +29,7 @@ from powertrip.learning.device import (
     tensor,
     to_host,
 )
+from powertrip.learning.site_loop import batched_training_blocker, train_sites_in_turn
 
 logger = logging.getLogger(__name__)
 
@@ -68,8 +69,12 @@ def sample_losses(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def get_params(model: nn.Module) -> TorchParams:
-    """Detached copies of the model's parameters, on the model's device."""
-    return {name: p.detach().clone() for name, p in model.named_parameters()}
+    """A site's state, what it sends and FedAvg averages: detached copies of the parameters and
+    of the floating-point buffers (a normalisation layer's running statistics), on the model's
+    device. Integer buffers (BatchNorm's batch counter) are bookkeeping and stay in the module."""
+    state = {name: p.detach().clone() for name, p in model.named_parameters()}
+    state.update((n, b.detach().clone()) for n, b in model.named_buffers() if b.is_floating_point())
+    return state
 
 
 class SiteTrainer:
@@ -95,6 +100,13 @@ class SiteTrainer:
             return (per_sample * m).sum() / m.sum().clamp_min(1.0)
 
         self._grad_and_loss = vmap(grad_and_value(site_loss))
+        # A model vmap cannot batch (normalisation, dropout, recurrent layers, buffers) trains
+        # one site at a time with the same schedule and step (site_loop.py); said once, here.
+        self.unbatched_reason = batched_training_blocker(self.model)
+        if self.unbatched_reason is not None:
+            logger.info("training sites one at a time: %s", self.unbatched_reason)
+            compile_step = False
+        self.model.eval()  # evaluation mode unless a per-site loop is training
         # Compiled on CUDA by default (launch-bound there); eager on the CPU, where it is the
         # fast path and the emulator's bit-identical results come from (compiled_step.py).
         if compile_step is None:
@@ -167,6 +179,8 @@ class SiteTrainer:
         )
 
     def _train_chunk(self, global_params, x, y, site_indices, seeds) -> SiteUpdates:
+        if self.unbatched_reason is not None:
+            return self._train_in_turn(global_params, x, y, site_indices, seeds)
         if self._compiled is None:
             return self._train_rows(global_params, x, y, site_indices, seeds)
         try:
@@ -219,6 +233,14 @@ class SiteTrainer:
             num_samples=np.array([len(i) for i in site_indices], dtype=np.int64),
             steps=steps,
             loss=array(loss_sum[back]) / steps,
+        )
+
+    def _train_in_turn(self, global_params, x, y, site_indices, seeds) -> SiteUpdates:
+        pairs = zip(site_indices, seeds, strict=True)
+        schedules = [self._site_schedule(len(i), s) for i, s in pairs]
+        x, y = self.resident(x), self.resident(y)
+        return train_sites_in_turn(
+            self.model, global_params, x, y, site_indices, schedules, self.config.lr, self.device
         )
 
     def _eager_steps(

@@ -1,0 +1,170 @@
+"""Bring your own model, data and partitioner: a ``CustomWorkload`` trains like a built-in one.
+
+A workload is three things the rest of PowerTrip never looks inside: a model factory (any
+``nn.Module``; one the batched trainer cannot vmap, with normalisation, dropout or buffers,
+trains one site at a time, see ``site_loop``), a dataset (the ``Dataset`` record, built from
+arrays or a torch ``Dataset`` with the helpers here, or a function of the run's dataset path)
+and optionally a partitioner (labels, number of sites, rng -> one index array per site; else
+the run's ``partition`` setting). A study, the emulator and the services all use it by name:
+``powertrip.register_workload`` in-process, or a ``"package.module:attribute"`` reference that
+every service process imports (``POWERTRIP_WORKLOAD``). Classification with cross-entropy,
+one label per sample or per position of a sequence, is what the trainer optimises.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from powertrip.learning.datasets.record import Dataset, DatasetError, split_indices
+
+__all__ = ["CustomWorkload", "Partitioner", "dataset_from_arrays", "dataset_from_torch"]
+
+#: labels, number of sites, rng -> one index array per site (no index twice)
+Partitioner = Callable[[np.ndarray, int, np.random.Generator], Sequence[np.ndarray]]
+
+
+@dataclass(frozen=True)
+class CustomWorkload:
+    """A model factory, its data and (optionally) how the data is spread over sites.
+
+    ``model`` gets the loaded ``Dataset`` (for ``num_classes`` and ``in_shape``) and returns a
+    freshly initialised module: PowerTrip seeds torch before calling it, so every policy and
+    every service process starts from the same weights. ``data`` is a ``Dataset`` or a function
+    of the run's ``dataset_path`` (None when unset) returning one, read once per process.
+    """
+
+    name: str
+    model: Callable[[Dataset], nn.Module]
+    data: Dataset | Callable[[Path | None], Dataset]
+    partitioner: Partitioner | None = None
+    lr: float = 0.05
+    batch_size: int = 20
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.name or ":" in self.name:
+            raise ValueError(f"a workload name must be non-empty without ':', got {self.name!r}")
+        if self.lr <= 0 or self.batch_size < 1:
+            raise ValueError(f"workload {self.name!r}: lr and batch_size must be positive")
+
+    def load(self, dataset_path: Path | None = None) -> Dataset:
+        """The dataset, checked: consistent lengths, integer labels in range."""
+        data = self.data(dataset_path) if callable(self.data) else self.data
+        if not isinstance(data, Dataset):
+            raise DatasetError(
+                f"workload {self.name!r}: data must be a powertrip Dataset (see "
+                f"dataset_from_arrays), got {type(data).__name__}"
+            )
+        _check_split(self.name, "train", data.x_train, data.y_train, data.num_classes)
+        _check_split(self.name, "test", data.x_test, data.y_test, data.num_classes)
+        return data
+
+    def build_model(self, data: Dataset) -> nn.Module:
+        model = self.model(data)
+        if not isinstance(model, nn.Module):
+            raise TypeError(
+                f"workload {self.name!r}: the model factory returned {type(model).__name__}, "
+                "not a torch.nn.Module"
+            )
+        return model
+
+    def split(
+        self, labels: np.ndarray, num_sites: int, rng: np.random.Generator
+    ) -> list[np.ndarray]:
+        """The partitioner's split, checked: one non-empty array per site, in range, disjoint."""
+        assert self.partitioner is not None
+        parts = [np.asarray(p, dtype=np.int64) for p in self.partitioner(labels, num_sites, rng)]
+        where = f"workload {self.name!r}: the partitioner"
+        if len(parts) != num_sites:
+            raise ValueError(f"{where} returned {len(parts)} parts for {num_sites} sites")
+        for site, p in enumerate(parts):
+            if p.size == 0:
+                raise ValueError(f"{where} gave site {site} no samples")
+            if p.min() < 0 or p.max() >= len(labels):
+                raise ValueError(f"{where} gave site {site} an index outside 0..{len(labels) - 1}")
+        together = np.concatenate(parts)
+        if np.unique(together).size != together.size:
+            raise ValueError(f"{where} gave a sample to more than one site")
+        return [np.sort(p) for p in parts]
+
+
+def _check_split(name: str, side: str, x: torch.Tensor, y: torch.Tensor, classes: int) -> None:
+    where = f"workload {name!r}, {side} split"
+    if len(x) != len(y) or len(y) == 0:
+        raise DatasetError(f"{where}: {len(x)} inputs for {len(y)} labels (need equal, > 0)")
+    if y.dtype != torch.int64:
+        raise DatasetError(f"{where}: labels must be int64 class ids, got {y.dtype}")
+    if int(y.min()) < 0 or int(y.max()) >= classes:
+        raise DatasetError(
+            f"{where}: labels must lie in 0..{classes - 1}, found {int(y.min())}..{int(y.max())}"
+        )
+
+
+def dataset_from_arrays(
+    x_train: Any,
+    y_train: Any,
+    x_test: Any = None,
+    y_test: Any = None,
+    *,
+    num_classes: int | None = None,
+    groups: Any = None,
+    test_fraction: float = 0.2,
+    seed: int = 0,
+    name: str = "custom",
+) -> Dataset:
+    """A ``Dataset`` from numpy arrays or tensors: inputs as float32 (integer inputs, token
+    ids, stay int64), labels as int64 class ids. Without a test split, ``test_fraction`` of
+    the samples are held out (seeded). ``groups`` (one id per training sample) enables the
+    ``natural`` partition."""
+    x = _inputs(x_train)
+    y = torch.as_tensor(np.asarray(y_train)).long()
+    if len(x) != len(y):
+        raise DatasetError(f"dataset {name!r}: {len(x)} inputs for {len(y)} labels")
+    g = None if groups is None else np.asarray(groups, dtype=np.int64)
+    if (x_test is None) != (y_test is None):
+        raise DatasetError(f"dataset {name!r}: give both x_test and y_test, or neither")
+    if x_test is None:
+        train, test = split_indices(len(y), test_fraction, seed)
+        xt, yt = x[test], y[test]
+        x, y = x[train], y[train]
+        g = None if g is None else g[train]
+    else:
+        xt = _inputs(x_test)
+        yt = torch.as_tensor(np.asarray(y_test)).long()
+    if g is not None and len(g) != len(y):
+        raise DatasetError(f"dataset {name!r}: {len(g)} group ids for {len(y)} training samples")
+    classes = num_classes if num_classes is not None else int(max(y.max(), yt.max())) + 1
+    return Dataset(
+        name=name, task="custom", x_train=x, y_train=y,
+        x_test=xt, y_test=yt, num_classes=classes, groups_train=g,
+    )  # fmt: skip
+
+
+def _inputs(values: Any) -> torch.Tensor:
+    t = torch.as_tensor(np.asarray(values))
+    return t.float() if t.is_floating_point() else t.long()
+
+
+def dataset_from_torch(
+    train: torch.utils.data.Dataset,
+    test: torch.utils.data.Dataset | None = None,
+    **kwargs: Any,
+) -> Dataset:
+    """A ``Dataset`` from torch datasets yielding ``(input, label)`` pairs, read once into
+    memory (the emulator indexes every site's rows on the device; stream-sized data belongs in
+    the services, one worker per site). Keyword arguments as ``dataset_from_arrays``."""
+
+    def stack(ds: torch.utils.data.Dataset) -> tuple[torch.Tensor, torch.Tensor]:
+        xs, ys = zip(*(ds[i] for i in range(len(ds))), strict=True)  # type: ignore[arg-type]
+        return torch.stack([torch.as_tensor(v) for v in xs]), torch.as_tensor(ys)
+
+    x, y = stack(train)
+    xt, yt = stack(test) if test is not None else (None, None)
+    return dataset_from_arrays(x, y, xt, yt, **kwargs)

@@ -1,0 +1,99 @@
+"""Training sites one at a time, for models the batched (``vmap``) trainer cannot run.
+
+``vmap(grad(loss))`` over stacked site parameters needs a model whose state is exactly its
+parameters and whose forward pass is a pure function of them. Batch normalisation updates
+running statistics in place, dropout draws random masks, recurrent cuDNN layers have no batching
+rule: such a model is trained here instead, one site after another, with the same local
+schedule (the same batches in the same order), the same masked mean loss and the same plain SGD
+step as the batched path, so a model both paths can run gives the same update within float32
+rounding (tests/unit/test_site_loop.py).
+
+A site's state is what ``trainer.get_params`` returns: the parameters plus the floating-point
+buffers (running means and variances), which FedAvg averages like the parameters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from torch import nn
+from torch.func import functional_call
+
+from powertrip.learning.device import TorchParams, tensor, to_host
+
+if TYPE_CHECKING:
+    from powertrip.learning.trainer import SiteUpdates
+
+__all__ = ["batched_training_blocker", "train_sites_in_turn"]
+
+#: module types the batched trainer cannot run, and why (named in the fallback's log line)
+_UNBATCHABLE: tuple[tuple[type[nn.Module], str], ...] = (
+    (nn.modules.batchnorm._BatchNorm, "batch normalisation updates buffers in place"),
+    (nn.modules.dropout._DropoutNd, "dropout draws random masks"),
+    (nn.RNNBase, "torch's recurrent layers have no vmap rule"),
+)
+
+
+def batched_training_blocker(model: nn.Module) -> str | None:
+    """Why ``model`` cannot train with the batched trainer, or None when it can."""
+    for module in model.modules():
+        for kind, why in _UNBATCHABLE:
+            if isinstance(module, kind) and not (
+                isinstance(module, nn.modules.dropout._DropoutNd) and module.p == 0
+            ):
+                return f"{type(module).__name__}: {why}"
+    if any(True for _ in model.buffers()):
+        return "the model has buffers, state the batched trainer would not carry"
+    return None
+
+
+def train_sites_in_turn(
+    model: nn.Module,
+    global_state: TorchParams,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    site_indices: Sequence[np.ndarray],
+    schedules: Sequence[np.ndarray],
+    lr: float,
+    device: torch.device,
+) -> SiteUpdates:
+    """Each site's update (state after minus ``global_state``, stacked along axis 0 in the given
+    order, in host memory) and its mean training loss. ``schedules[i]`` holds site i's batches
+    as positions into its own rows, -1 for padding (the batched trainer's schedule)."""
+    from powertrip.learning.trainer import SiteUpdates, sample_losses  # shared with the batch path
+
+    names = {n for n, _ in model.named_parameters()}
+    params = {n: p.to(device) for n, p in global_state.items() if n in names}
+    buffers = {n: b.to(device) for n, b in global_state.items() if n not in params}
+    deltas: dict[str, list[torch.Tensor]] = {name: [] for name in global_state}
+    losses = np.zeros(len(site_indices))
+    model.train()
+    try:
+        for i, (idx, sched) in enumerate(zip(site_indices, schedules, strict=True)):
+            rows = tensor(np.asarray(idx, dtype=np.int64), device)
+            live = {n: p.clone().requires_grad_(True) for n, p in params.items()}
+            own = {n: b.clone() for n, b in buffers.items()}  # updated in place by the forward
+            total = torch.zeros((), device=device)
+            for step in sched:
+                pick = rows[tensor(step[step >= 0], device)]
+                out = functional_call(model, {**live, **own}, (x[pick],))
+                loss = sample_losses(out, y[pick]).mean()
+                grads = torch.autograd.grad(loss, list(live.values()))
+                with torch.no_grad():
+                    for p, g in zip(live.values(), grads, strict=True):
+                        p.sub_(g, alpha=lr)
+                total += loss.detach()
+            losses[i] = float(total) / max(len(sched), 1)
+            for n, v in {**live, **own}.items():
+                deltas[n].append(v.detach() - global_state[n].to(device))
+    finally:
+        model.eval()
+    return SiteUpdates(
+        deltas={n: to_host(torch.stack(d)) for n, d in deltas.items()},
+        num_samples=np.array([len(i) for i in site_indices], dtype=np.int64),
+        steps=np.array([s.shape[0] for s in schedules]),
+        loss=losses,
+    )
