@@ -65,6 +65,12 @@ MODEL_FOR_WORKLOAD = {
 }
 
 
+def needs_dataset_path(workload: str | None) -> bool:
+    """Whether ``workload`` reads a user-given dataset: built-ins other than the generated ones
+    (a custom workload brings its data, or reads the path itself when one is given)."""
+    return workload in BUILTIN_WORKLOADS and workload not in GENERATED_WORKLOADS
+
+
 def workload_default(workload: str, key: Literal["lr", "batch_size"]) -> float:
     """A workload's default learning rate or batch size: the table above for a built-in one,
     the ``CustomWorkload``'s own fields otherwise."""
@@ -109,8 +115,7 @@ class RunConfig(BaseModel):
 
     @model_validator(mode="after")
     def _dataset_given(self) -> Self:
-        needs_path = self.workload in BUILTIN_WORKLOADS and self.workload not in GENERATED_WORKLOADS
-        if needs_path and self.dataset_path is None:
+        if needs_dataset_path(self.workload) and self.dataset_path is None:
             raise ValueError(f"workload {self.workload!r} needs --dataset-path (no download here)")
         if self.dataset_path is not None and not self.dataset_path.exists():
             raise ValueError(f"dataset path {self.dataset_path} does not exist")

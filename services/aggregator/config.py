@@ -7,20 +7,20 @@ plus the overrides below, so the service and ``powertrip experiment`` share one 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, Field, ValidationError, field_validator, model_validator
 
 from powertrip.curtailment.config import CurtailmentConfig
 from powertrip.experiment import (
-    GENERATED_WORKLOADS,
     ExperimentConfig,
     ModelSize,
     Partition,
-    Workload,
     build_config,
+    needs_dataset_path,
 )
 from powertrip.selection.registry import validate_policy_name
+from powertrip.workloads import validate_workload
 from services.common.config import (
     ConfigError,
     CurtailSettings,
@@ -49,7 +49,7 @@ class AggregatorConfig(ServiceConfig, CurtailSettings, DeviceSettings):
     num_samples: int | None = Field(None, ge=100)
     # The workload and its data (default: the preset's, synthetic MNIST-1D). Workers rebuild the
     # same partition from this run's config, so they must see the dataset at the same path.
-    workload: Workload | None = None
+    workload: Annotated[str, AfterValidator(validate_workload)] | None = None  # or MODULE:ATTR
     dataset_path: Path | None = None
     partition: Partition | None = None
     model_size: ModelSize | None = None  # the lm workload's size
@@ -92,7 +92,7 @@ class AggregatorConfig(ServiceConfig, CurtailSettings, DeviceSettings):
     def _workload_has_its_data(self) -> AggregatorConfig:
         # Checked on names only; that the path exists, by experiment() at the service's start
         # (so a deployment's config still validates on a machine without the volume).
-        if self.workload not in (None, *GENERATED_WORKLOADS) and self.dataset_path is None:
+        if needs_dataset_path(self.workload) and self.dataset_path is None:
             raise ValueError(
                 f"POWERTRIP_WORKLOAD={self.workload} needs POWERTRIP_DATASET_PATH "
                 "(datasets are mounted, never downloaded)"

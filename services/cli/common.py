@@ -10,8 +10,10 @@ from typing import NoReturn, get_args
 import click
 from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
 
 from powertrip.experiment import ModelSize
+from powertrip.workloads import BUILTIN_WORKLOADS, validate_workload
 
 err = Console(stderr=True, soft_wrap=True)
 out = Console(width=None if sys.stdout.isatty() else 160)
@@ -19,7 +21,7 @@ out = Console(width=None if sys.stdout.isatty() else 160)
 
 def fail(message: str) -> NoReturn:
     """Bad input: one line on stderr, exit 2, no traceback."""
-    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
     sys.exit(2)
 
 
@@ -38,6 +40,22 @@ def describe_validation(
         msg = e["msg"].removeprefix("Value error, ")
         parts.append(f"{flag}: {msg}" if flag else msg)
     return f"invalid {what}: " + "; ".join(parts)
+
+
+class WorkloadName(click.ParamType):
+    """A built-in workload, or ``package.module:attribute`` naming a ``powertrip.CustomWorkload``
+    (imported here, so a typo is refused before anything starts)."""
+
+    name = "workload"
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        return "[" + "|".join(BUILTIN_WORKLOADS) + "|MODULE:ATTR]"
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None):
+        try:
+            return validate_workload(str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
 
 
 class CommaList(click.ParamType):

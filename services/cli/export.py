@@ -28,7 +28,7 @@ def require_tensorboard(logdir: Path | None) -> None:
     try:
         summary_writer()
     except TrackingError as exc:
-        fail(escape(str(exc)))  # rich would take "[tensorboard]" of the hint for markup
+        fail(str(exc))
 
 
 def write_tensorboard(results_dir: Path, logdir: Path | None) -> list[Path]:
@@ -41,9 +41,9 @@ def write_tensorboard(results_dir: Path, logdir: Path | None) -> list[Path]:
     try:
         runs = export_tensorboard(results_dir, logdir)
     except TrackingError as exc:
-        fail(escape(str(exc)))
+        fail(str(exc))
     except OSError as exc:  # an unwritable logdir
-        fail(escape(f"tensorboard: {exc}"))
+        fail(f"tensorboard: {exc}")
     out.print(
         escape(
             f"tensorboard: {len(runs)} run(s) in {logdir}  (view: tensorboard --logdir {logdir})"
@@ -69,6 +69,6 @@ def export_tensorboard_command(results_dir: Path, logdir: Path | None) -> None:
     first point). Re-exporting to the same logdir replaces the earlier event files.
     """
     if not results_dir.exists():
-        fail(escape(f"{results_dir}: no such file or folder"))
+        fail(f"{results_dir}: no such file or folder")
     base = results_dir if results_dir.is_dir() else results_dir.parent
     write_tensorboard(results_dir, logdir or base / "tensorboard")

@@ -15,6 +15,7 @@ from services.cli import export
 from services.cli.certs import certs
 from services.cli.common import (
     CommaList,
+    WorkloadName,
     describe_validation,
     device_option,
     err,
@@ -97,9 +98,8 @@ main.add_command(export.export_tensorboard_command)
 @click.option("--site-seed", type=int, help="Seed of the site profiles (fixed across repeats).")
 @click.option(
     "--workload",
-    type=click.Choice(
-        ["mnist1d", "mnist", "emnist", "shakespeare", "lm", "speech-commands", "fsdd"]
-    ),
+    type=WorkloadName(),
+    help="A built-in workload, or MODULE:ATTR naming your powertrip.CustomWorkload.",
 )
 @click.option(
     "--dataset-path",

@@ -14,10 +14,11 @@ from typing import get_args
 import click
 from rich.table import Table
 
-from powertrip.experiment import GENERATED_WORKLOADS, PRESETS, Partition, Workload
+from powertrip.experiment import PRESETS, Partition, needs_dataset_path
 from powertrip.selection.registry import validate_policy_name
 from powertrip.v1 import aggregator_pb2
-from services.cli.common import device_option, err, fail, out
+from services.cli.common import WorkloadName, device_option, err, fail, out
+from services.cli.export import require_tensorboard, tensorboard_option, write_tensorboard
 from services.cli.launcher import ClusterPlan, LaunchError, LocalCluster
 from services.cli.service_process import Service
 
@@ -101,9 +102,10 @@ def write_scrape_config(path: Path, services: Iterable[Service]) -> Path:
 @click.option("--samples", "num_samples", type=int, help="Dataset size (mnist1d).")
 @click.option(
     "--workload",
-    type=click.Choice(get_args(Workload)),
-    help="What to train (default: the preset's, mnist1d); all but mnist1d and lm need "
-    "--dataset-path.",
+    type=WorkloadName(),
+    help="What to train (default: the preset's, mnist1d); built-ins but mnist1d and lm need "
+    "--dataset-path; MODULE:ATTR names your powertrip.CustomWorkload (importable by every "
+    "service process).",
 )
 @click.option(
     "--dataset-path",
@@ -146,6 +148,7 @@ def write_scrape_config(path: Path, services: Iterable[Service]) -> Path:
     "a Prometheus to scrape (OUTPUT/prometheus.yml lists them); Ctrl-C stops early.",
 )
 @device_option
+@tensorboard_option
 def up(
     workers: int,
     sites: int,
@@ -168,6 +171,7 @@ def up(
     timeout: float,
     netns_profile: Path | None,
     output: Path,
+    tensorboard: Path | None,
     linger: float,
     device: str,
 ) -> None:
@@ -175,7 +179,8 @@ def up(
     print the summary and the metrics endpoints, then stop exactly those processes."""
     try:
         validate_policy_name(policy)
-        if workload not in (None, *GENERATED_WORKLOADS) and dataset_path is None:
+        require_tensorboard(tensorboard)
+        if needs_dataset_path(workload) and dataset_path is None:
             raise ValueError(f"--workload {workload} needs --dataset-path")
         if pace > 0 and clock != "emulated":
             raise ValueError("--pace paces the emulated clock; a --clock wall run is real time")
@@ -246,6 +251,7 @@ def up(
             err.print("interrupted; stopping the services")
             sys.exit(130)
         write_rounds_csv(output / "rounds.csv", policy, list(st.rounds))
+        write_tensorboard(output, tensorboard)  # no-op without --tensorboard
         table = Table(title=f"powertrip up: {st.message}")
         for col in ("policy", "clock", "rounds", "final accuracy", "target", "time to accuracy"):
             table.add_column(col)
