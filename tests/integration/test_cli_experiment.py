@@ -5,13 +5,13 @@ from __future__ import annotations
 import csv
 import gzip
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from tests.cli import run_powertrip
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = [
@@ -30,16 +30,7 @@ TINY = [
 ]
 
 
-def powertrip(*args: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "POWERTRIP_CACHE_DIR": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "services.cli.main", *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+powertrip = run_powertrip
 
 
 def run_to(out: Path, *args: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:

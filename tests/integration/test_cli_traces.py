@@ -4,27 +4,19 @@ one-line error with exit code 2 for a file that cannot be trusted."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.cli import run_powertrip
 
 REPO = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def powertrip(*args: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "POWERTRIP_CACHE_DIR": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "services.cli.main", *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return run_powertrip(*args, tmp_path=tmp_path, timeout=120)
 
 
 def ok(*args: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:

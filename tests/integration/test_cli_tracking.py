@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import csv
 import importlib.util
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.cli import run_powertrip
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("tensorboard") is None,
@@ -21,16 +20,7 @@ TINY = ["--sites", "4", "--num-samples", "400", "--partition", "iid", "--sweep",
 TINY += ["--max-rounds", "3", "--target", "0.15", "--policies", "powertrip", "--repeats", "1"]
 
 
-def powertrip(*args: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "POWERTRIP_CACHE_DIR": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "services.cli.main", *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+powertrip = run_powertrip
 
 
 def _accuracy(run_dir: Path) -> list:
