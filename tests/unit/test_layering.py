@@ -21,12 +21,18 @@ REPO = Path(__file__).resolve().parents[2]
 SERVICES = ("aggregator", "profiler", "worker")
 
 
+#: Optional framework adapters (``pip install 'powertrip[flower]'``): their third-party
+#: dependencies may use gRPC themselves (Flower does), so they are exempt from the no-gRPC rule,
+#: but never from the no-services rule (``test_integrations_never_import_the_services``).
+INTEGRATIONS = "powertrip.integrations."
+
+
 def _library_modules() -> list[str]:
     """Every module of the library except the generated stubs (``powertrip.v1``), which only
-    the services import."""
+    the services import, and the optional integrations (``INTEGRATIONS``)."""
     names = ["powertrip"]
     for info in pkgutil.walk_packages(powertrip.__path__, "powertrip."):
-        if not info.name.startswith("powertrip.v1"):
+        if not info.name.startswith(("powertrip.v1", INTEGRATIONS)):
             names.append(info.name)
     return names
 
@@ -60,6 +66,7 @@ def test_importing_the_whole_library_loads_neither_grpc_nor_the_services():
 def test_the_public_api_is_importable_without_grpc():
     loaded = _loaded_after_import("powertrip")
     assert "grpc" not in loaded and "matplotlib" not in loaded
+    assert "flwr" not in loaded, "import powertrip must not need the flower extra"
     for name in powertrip.__all__:
         assert getattr(powertrip, name) is not None, name
 
@@ -102,12 +109,36 @@ def test_the_library_source_never_mentions_grpc_or_the_services():
     """The static twin of the import checks: it also covers code paths no import runs."""
     bad = []
     for path in sorted((REPO / "powertrip").rglob("*.py")):
-        if "v1" in path.relative_to(REPO / "powertrip").parts:
+        parts = path.relative_to(REPO / "powertrip").parts
+        if "v1" in parts:
             continue
+        # the integrations may reach gRPC through their frameworks, never the services
+        banned = {"services"} if parts[0] == "integrations" else {"grpc", "services"}
         for line, name in _imports(path):
-            if name.split(".")[0] in {"grpc", "services"} or name.startswith("powertrip.v1"):
+            if name.split(".")[0] in banned or name.startswith("powertrip.v1"):
                 bad.append(f"{path.relative_to(REPO)}:{line} imports {name}")
     assert not bad, "\n".join(bad)
+
+
+def test_integrations_never_import_the_services():
+    """Exempt from the no-gRPC rule only: importing every integration (where its framework is
+    installed) loads neither the services nor the generated stubs."""
+    pytest.importorskip("flwr", reason="the flower extra is not installed")
+    modules = [
+        info.name
+        for info in pkgutil.walk_packages(powertrip.__path__, "powertrip.")
+        if info.name.startswith(INTEGRATIONS)
+    ]
+    assert "powertrip.integrations.flower.strategy" in modules
+    code = (
+        f"import json, sys; import {', '.join(modules)}; "
+        "print(json.dumps(sorted(m for m in sys.modules "
+        "if m == 'services' or m.startswith(('services.', 'powertrip.v1')))))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
 
 
 def test_no_hand_written_module_exceeds_300_lines():

@@ -1,0 +1,99 @@
+"""PowerTrip inside Flower: ``pip install 'powertrip[flower]'`` (Flower 1.41, Message API).
+
+- ``PowerTripStrategy``: a Flower ``FedAvg`` whose training nodes are chosen each round by a
+  PowerTrip policy (a site ranking + Algorithm 1's greedy count) from the nodes' power and link;
+- ``TimedFedAvg``: Flower's FedAvg unchanged (its own node sampling), on the same emulated clock,
+  so both report time-to-accuracy in emulated datacenter time;
+- ``ReportedProperties`` / ``TracedSites``: where the per-node power and link come from (the
+  nodes' reports, or a PowerTrip ``SiteSet`` with its traces);
+- ``register_property_query``: the ClientApp side of the nodes' reports.
+
+Importing this package checks that Flower is installed and says how to get it; the names load
+on first use, so listing the package (as the layering test does) imports no Flower.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from typing import TYPE_CHECKING, Any
+
+if importlib.util.find_spec("flwr") is None:
+    raise ImportError(
+        "powertrip.integrations.flower needs Flower, which is not installed: "
+        "pip install 'powertrip[flower]'"
+    )
+
+_EXPORTS = {
+    "PowerTripStrategy": "strategy",
+    "DEFAULT_POLICY": "strategy",
+    "TimedFedAvg": "timed",
+    "NodeProfiles": "profiles",
+    "ReportedProperties": "profiles",
+    "TracedSites": "profiles",
+    "query_properties": "profiles",
+    "register_property_query": "client",
+    "properties_reply": "client",
+    "NodeIndex": "site_info",
+    "MissingNodeProperty": "site_info",
+    "profile_from_properties": "site_info",
+    "site_properties": "site_info",
+    "POWER_FRACTION": "site_info",
+    "RTT_MS": "site_info",
+    "BANDWIDTH_MBPS": "site_info",
+    "DISTANCE_MI": "site_info",
+}
+__all__ = [
+    "BANDWIDTH_MBPS",
+    "DEFAULT_POLICY",
+    "DISTANCE_MI",
+    "MissingNodeProperty",
+    "NodeIndex",
+    "NodeProfiles",
+    "POWER_FRACTION",
+    "PowerTripStrategy",
+    "RTT_MS",
+    "ReportedProperties",
+    "TimedFedAvg",
+    "TracedSites",
+    "profile_from_properties",
+    "properties_reply",
+    "query_properties",
+    "register_property_query",
+    "site_properties",
+]
+assert sorted(__all__) == sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])
+
+
+if TYPE_CHECKING:
+    from powertrip.integrations.flower.client import properties_reply, register_property_query
+    from powertrip.integrations.flower.profiles import (
+        NodeProfiles,
+        ReportedProperties,
+        TracedSites,
+        query_properties,
+    )
+    from powertrip.integrations.flower.site_info import (
+        BANDWIDTH_MBPS,
+        DISTANCE_MI,
+        POWER_FRACTION,
+        RTT_MS,
+        MissingNodeProperty,
+        NodeIndex,
+        profile_from_properties,
+        site_properties,
+    )
+    from powertrip.integrations.flower.strategy import DEFAULT_POLICY, PowerTripStrategy
+    from powertrip.integrations.flower.timed import TimedFedAvg

@@ -1,0 +1,269 @@
+"""Flower's FedAvg on PowerTrip's emulated clock: the common base of both strategies.
+
+Flower measures nothing about geography or power, so a Flower simulation cannot say how long
+a round would take between datacenters. ``TimedFedAvg`` keeps Flower's FedAvg exactly (its
+sampling, its aggregation) and adds PowerTrip's round time model: each training round advances
+an emulated clock by the time of its slowest selected node (``powertrip.timing.round_time_s``
+over the nodes' profile, Eqs. 3-4), and records the clock, the nodes and the accuracy, so
+time-to-accuracy is reported in emulated time (``result``, a ``powertrip.rounds.RunResult``).
+
+Accuracy comes from Flower's centralized evaluation (``evaluate_fn`` given to ``start``) or,
+without it, from the federated evaluation's aggregated metrics, under ``accuracy_key``.
+Evaluation takes no emulated time (the paper's clock counts training rounds only).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from logging import WARNING
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.common import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg, Result
+from flwr.serverapp.strategy.strategy_utils import sample_nodes
+from numpy.typing import NDArray
+
+from powertrip.clock import EmulatedClock
+from powertrip.integrations.flower.profiles import NodeProfiles
+from powertrip.integrations.flower.site_info import NodeIndex
+from powertrip.rounds import RoundRecord, RunResult
+from powertrip.sites import SiteProfile
+from powertrip.timing import RoundTimeModel, round_time_s
+
+EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
+
+
+@dataclass
+class PendingRound:
+    """A round between ``configure_train`` and its accuracy."""
+
+    round: int
+    nodes: tuple[int, ...]  # Flower node ids, in the order they were sent
+    rows: NDArray[np.int64]  # the same nodes as profile rows (what a policy returns)
+    started_s: float
+    duration_s: float
+    trained: bool = False
+    contributions: int = 0
+
+
+class TimedFedAvg(FedAvg):
+    """Flower's ``flwr.serverapp.strategy.FedAvg`` (the Message API), timed on PowerTrip's
+    emulated clock. Subclasses change which nodes train by overriding ``choose_train``.
+
+    ``profiles`` gives each round's per-node power and link (``ReportedProperties`` or
+    ``TracedSites``); ``ideal_compute_s`` is tau, one local-training pass at full power;
+    ``update_bytes`` the size of an update on the wire (None: the global model's size).
+    ``stop_at_accuracy`` ends training once reached: Flower's ``start`` runs a fixed number of
+    rounds, and the rounds after the target then send no messages and cost nothing.
+    Other keyword arguments go to Flower's FedAvg (``fraction_train``, ``min_train_nodes``...).
+    """
+
+    def __init__(
+        self,
+        *,
+        profiles: NodeProfiles,
+        ideal_compute_s: float,
+        update_bytes: float | None = None,
+        time_model: RoundTimeModel = RoundTimeModel.PER_SITE_MAX,
+        accuracy_key: str = "accuracy",
+        loss_key: str = "loss",
+        stop_at_accuracy: float | None = None,
+        initial_accuracy: float = 0.0,
+        name: str = "fedavg",
+        seed: int = 0,
+        **fedavg_kwargs: Any,
+    ) -> None:
+        super().__init__(**fedavg_kwargs)
+        if ideal_compute_s <= 0:
+            raise ValueError(f"ideal_compute_s must be > 0, got {ideal_compute_s}")
+        if update_bytes is not None and update_bytes < 0:
+            raise ValueError(f"update_bytes must be >= 0, got {update_bytes}")
+        self.profiles = profiles
+        self.ideal_compute_s = float(ideal_compute_s)
+        self.update_bytes = update_bytes
+        self.time_model = RoundTimeModel(time_model)
+        self.accuracy_key = accuracy_key
+        self.loss_key = loss_key
+        self.stop_at_accuracy = stop_at_accuracy
+        self.clock = EmulatedClock()
+        self.result = RunResult(name, seed, stop_at_accuracy, initial_accuracy=initial_accuracy)
+        self.accuracy, self.loss = initial_accuracy, math.nan
+        self.stopped = False
+        self._pending: PendingRound | None = None
+        self._profile: tuple[int, NodeIndex, SiteProfile] | None = None
+        self._centralized = False
+
+    # -- the round's nodes and their profile ----------------------------------------------------
+    def round_profile(self, server_round: int, grid: Grid) -> tuple[NodeIndex, SiteProfile]:
+        """Every connected node and its profile at the clock's time, once per round (after
+        waiting, as Flower's sampling does, for ``min_available_nodes``)."""
+        if self._profile is None or self._profile[0] != server_round:
+            _, connected = sample_nodes(grid, self.min_available_nodes, 0)
+            index = NodeIndex(connected)
+            profile = self.profiles.profile(
+                grid, index, self.clock.now(), float(self.update_bytes or 0.0)
+            )
+            self._profile = (server_round, index, profile)
+        return self._profile[1], self._profile[2]
+
+    def choose_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """The round's training messages: here Flower's FedAvg sampling, unchanged."""
+        return super().configure_train(server_round, arrays, config, grid)
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Flower's hook: choose the nodes (``choose_train``) and time the round over them."""
+        self._close_unscored_round()
+        if self.stopped:
+            return []
+        if self.update_bytes is None:
+            self.update_bytes = float(arrays.count_bytes())
+        messages = list(self.choose_train(server_round, arrays, config, grid))
+        if not messages:
+            return []
+        index, profile = self.round_profile(server_round, grid)
+        nodes = tuple(int(m.metadata.dst_node_id) for m in messages)
+        rows = index.rows(nodes)
+        duration = round_time_s(
+            self.time_model,
+            self.ideal_compute_s,
+            profile.power[rows],
+            profile.comm_s[rows],
+            total_sites=profile.size,
+        )
+        self._pending = PendingRound(server_round, nodes, rows, self.clock.now(), duration)
+        return messages
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Flower's FedAvg aggregation; the round's emulated time passes when it ends."""
+        replies = list(replies)
+        arrays, metrics = super().aggregate_train(server_round, replies)
+        p = self._pending
+        if p is not None and p.round == server_round and not p.trained:
+            self.clock.advance(p.duration_s)
+            p.trained = True
+            p.contributions = 0 if arrays is None else sum(not r.has_error() for r in replies)
+        return arrays, metrics
+
+    # -- accuracy ----------------------------------------------------------------------------
+    def record_accuracy(
+        self, server_round: int, accuracy: float, loss: float | None = None
+    ) -> None:
+        """Score the round that just trained (round 0: the initial model). ``start`` calls it
+        from the evaluation; call it yourself when driving the strategy without ``start``."""
+        loss = math.nan if loss is None else float(loss)
+        p = self._pending
+        if server_round == 0 or p is None:
+            if not self.result.rounds:
+                self.result.initial_accuracy = self.accuracy = float(accuracy)
+                self.loss = loss
+            return
+        if p.round != server_round or not p.trained:
+            return
+        outcome = "completed" if p.contributions else "failed"
+        record = RoundRecord(
+            server_round,
+            self.clock.now(),
+            p.duration_s,
+            len(p.nodes),
+            float(accuracy),
+            loss,
+            p.nodes,
+            p.contributions,
+            outcome,
+        )
+        self.result.rounds.append(record)
+        self._pending = None
+        previous = (self.accuracy, self.loss)
+        self.accuracy, self.loss = float(accuracy), loss
+        self.on_round_scored(p, previous[0], previous[1])
+        if self.stop_at_accuracy is not None and self.accuracy >= self.stop_at_accuracy:
+            self.stopped = True
+
+    def on_round_scored(  # noqa: B027 - optional hook
+        self, pending: PendingRound, previous_accuracy: float, previous_loss: float
+    ) -> None:
+        """Hook after a round is scored (``self.accuracy`` is its accuracy); PowerTrip's
+        policy learns here."""
+
+    def _close_unscored_round(self) -> None:
+        """A trained round whose evaluation reported no accuracy keeps the last one."""
+        p = self._pending
+        if p is not None and p.trained:
+            key, acc = self.accuracy_key, self.accuracy
+            log(WARNING, "round %d reported no %r: keeping %.4f", p.round, key, acc)
+            self.record_accuracy(p.round, self.accuracy, self.loss)
+        self._pending = None
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Flower's federated evaluation, skipped once training has stopped."""
+        if self.stopped:
+            return []
+        return super().configure_evaluate(server_round, arrays, config, grid)
+
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
+        """Flower's aggregation; its accuracy scores the round unless ``start`` got an
+        ``evaluate_fn`` (centralized evaluation wins)."""
+        metrics = super().aggregate_evaluate(server_round, replies)
+        if not self._centralized:
+            self._score(server_round, metrics)
+        return metrics
+
+    def _score(self, server_round: int, metrics: MetricRecord | None) -> None:
+        if metrics is None or not isinstance(metrics.get(self.accuracy_key), int | float):
+            return
+        loss = metrics.get(self.loss_key)
+        loss = float(loss) if isinstance(loss, int | float) else None
+        self.record_accuracy(server_round, float(metrics[self.accuracy_key]), loss)
+
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int = 3,
+        timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: EvaluateFn | None = None,
+    ) -> Result:
+        """Flower's round loop, with the evaluation wired to the emulated-time record."""
+        if evaluate_fn is None and self.fraction_evaluate == 0:
+            raise ValueError(
+                f"{type(self).__name__} needs an accuracy every round: pass evaluate_fn "
+                "(centralized) or keep fraction_evaluate > 0 (federated evaluation)"
+            )
+        self._centralized = evaluate_fn is not None
+        wrapped: EvaluateFn | None = None
+        if evaluate_fn is not None:
+            fn = evaluate_fn
+
+            def wrapped(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+                if self.stopped and server_round > 0:
+                    return None
+                metrics = fn(server_round, arrays)
+                self._score(server_round, metrics)
+                return metrics
+
+        out = super().start(
+            grid, initial_arrays, num_rounds, timeout, train_config, evaluate_config, wrapped
+        )
+        self._close_unscored_round()
+        return out
+
+    def time_to(self, accuracy: float) -> float | None:
+        """Emulated seconds until the first round at ``accuracy`` or above; None if never."""
+        return self.result.time_to(accuracy)
