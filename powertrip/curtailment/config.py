@@ -26,7 +26,7 @@ class CurtailmentConfig(RunConfig):
     num_samples: int = Field(
         40_000, ge=100, description="mnist1d samples (80% train), or lm training windows"
     )
-    lr: float | None = Field(None, gt=0)
+    lr: float | None = Field(None, gt=0, allow_inf_nan=False)
     batch_size: int = Field(32, ge=1)
     num_shards: int = Field(240, ge=1, description="data shards of the global cursor (paper: 240)")
     # sites and their grids
@@ -34,18 +34,27 @@ class CurtailmentConfig(RunConfig):
     regions: tuple[str, ...] | None = None  # None: every region of the trace
     sites_per_region: int = Field(1, ge=1)
     site_power: tuple[float, ...] | None = None  # per site, fraction of full throughput
-    update_gb: float = Field(1.1, ge=0, description="update size (561M params in bf16 ~ 1.1 GB)")
-    hours: float = Field(18.0, gt=0, description="observation period from the trace start")
+    update_gb: float = Field(
+        1.1, ge=0, allow_inf_nan=False, description="update size (561M params in bf16 ~ 1.1 GB)"
+    )
+    hours: float = Field(
+        18.0, gt=0, allow_inf_nan=False, description="observation period from the trace start"
+    )
     # availability: a site is usable while its grid's intensity is below the threshold, after
     # a provisioning delay, and leaves after ``hold_s`` above it
-    threshold: float = Field(THRESHOLD, gt=0)
-    hold_s: float = Field(HOLD_S, ge=0)
-    provisioning_s: float = Field(PROVISIONING_S, ge=0)
-    # wall-clock rounds: at least round_min_s of training after overhead_s of model loading
-    round_min_s: float = Field(600.0, ge=0)
-    overhead_s: float = Field(45.0, ge=0)
+    threshold: float = Field(THRESHOLD, gt=0, allow_inf_nan=False)
+    hold_s: float = Field(HOLD_S, ge=0, allow_inf_nan=False)
+    provisioning_s: float = Field(PROVISIONING_S, ge=0, allow_inf_nan=False)
+    # wall-clock rounds: at least round_min_s of training after overhead_s of model loading; a
+    # zero minimum lets the monitor stop a round before its first step: no data is used, and an
+    # always-on run (no horizon) loops forever. Infinite times likewise never end (or overflow).
+    round_min_s: float = Field(600.0, gt=0, allow_inf_nan=False)
+    overhead_s: float = Field(45.0, ge=0, allow_inf_nan=False)
     single_site_hours: float = Field(
-        17.8, gt=0, description="sets the step time: one full-power site needs this long"
+        17.8,
+        gt=0,
+        allow_inf_nan=False,
+        description="sets the step time: one full-power site needs this long",
     )
     eval_every_s: float = Field(600.0, gt=0, description="evaluation interval of solo training")
     eval_samples: int | None = Field(

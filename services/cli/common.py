@@ -3,8 +3,12 @@ and turning a configuration's validation error into the flags the user typed."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
+import tempfile
 from collections.abc import Collection, Mapping
+from pathlib import Path
 from typing import NoReturn, get_args
 
 import click
@@ -12,7 +16,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 
-from powertrip.experiment import ModelSize
+from powertrip.experiment import ExperimentConfig, ModelSize
 from powertrip.workloads import BUILTIN_WORKLOADS, validate_workload
 
 err = Console(stderr=True, soft_wrap=True)
@@ -23,6 +27,94 @@ def fail(message: str) -> NoReturn:
     """Bad input: one line on stderr, exit 2, no traceback."""
     err.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
     sys.exit(2)
+
+
+class OneLineErrors(click.Group):
+    """A group whose subcommands' usage errors (a bad value, an unknown option) end like every
+    other bad input: one line naming the flag, exit 2, instead of click's usage block."""
+
+    def invoke(self, ctx: click.Context):  # noqa: ANN201 - click's signature
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as exc:
+            if type(exc).__name__ == "NoArgsIsHelpError":  # help, not an error (click >= 8.2)
+                raise
+            where = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
+            fail(exc.format_message() + where)
+
+
+def output_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be an output folder (it is a file, cannot be created, is not
+    writable), or None. Creates what is missing and writes a file to find out, then removes
+    both: a command refused later leaves nothing behind."""
+    if os.path.lexists(path) and not os.path.isdir(path):  # os.path: False on any OSError
+        return "exists and is not a folder"
+    missing = []
+    for p in (path, *path.parents):
+        if os.path.lexists(p):
+            break
+        missing.append(p)
+    made: list[Path] = []
+    try:
+        for p in reversed(missing):
+            try:
+                p.mkdir()
+            except OSError as exc:
+                where = "" if p == path else f" ({p})"
+                return f"cannot create the folder{where}: {exc.strerror or exc}"
+            made.append(p)
+        try:
+            with tempfile.NamedTemporaryFile(dir=path, prefix=".powertrip-write-test-"):
+                pass
+        except OSError as exc:
+            return f"cannot write in it: {exc.strerror or exc}"
+    finally:
+        for p in reversed(made):
+            with contextlib.suppress(OSError):
+                p.rmdir()
+    return None
+
+
+def require_output(path: Path, flag: str = "--output") -> Path:
+    """``output_problem`` as the command's one-line error (for a default chosen after parsing)."""
+    problem = output_problem(path)
+    if problem is not None:
+        fail(f"{flag} {path}: {problem}")
+    return path
+
+
+class OutputDir(click.ParamType):
+    """A folder the command writes (--output, --tensorboard, --logdir): refused at parsing, with
+    one line naming the flag and the path, when it cannot be one (``output_problem``)."""
+
+    name = "directory"
+
+    def convert(self, value, param, ctx):  # noqa: ANN001 - click's signature
+        path = value if isinstance(value, Path) else Path(value)
+        flags = param.opts if param is not None else ["--output"]
+        return require_output(path, next((f for f in flags if f.startswith("--")), flags[0]))
+
+
+def check_sweep(cfg: ExperimentConfig) -> None:
+    """Static-k values above ``--sites`` cannot run: a warning naming the dropped ones, or the
+    command's error when none is left and the study needs the sweep (static-optimal, random or
+    the automatic target)."""
+    needs = sorted({"static-optimal", "random"} & set(cfg.policies))
+    needs += ["the automatic target"] if cfg.target_accuracy is None else []
+    dropped = [k for k in cfg.static_sweep if k > cfg.num_sites]
+    if not needs or not dropped:
+        return
+    if not cfg.effective_sweep:
+        fail(
+            f"--sweep {','.join(map(str, cfg.static_sweep))}: every k exceeds --sites "
+            f"{cfg.num_sites}; {' and '.join(needs)} need a static-k run with k <= "
+            f"{cfg.num_sites}"
+        )
+    err.print(
+        f"[bold yellow]warning:[/] --sweep: dropping {','.join(map(str, dropped))} "
+        f"(more than --sites {cfg.num_sites})",
+        highlight=False,
+    )
 
 
 def describe_validation(

@@ -20,6 +20,7 @@ from powertrip.curtailment.config import (
 )
 from services.cli.common import (
     CommaList,
+    OutputDir,
     describe_validation,
     device_option,
     err,
@@ -27,6 +28,7 @@ from services.cli.common import (
     lm_options,
     out,
     preset_option,
+    require_output,
 )
 from services.cli.export import require_tensorboard, tensorboard_option, write_tensorboard
 
@@ -55,7 +57,7 @@ FLAG_FOR_FIELD = {
     help="lm: a text file or a .npy of token ids (default: embedded synthetic corpus).",
 )
 @lm_options
-@click.option("--output", "-o", type=click.Path(path_type=Path), help="Default: results/<preset>.")
+@click.option("--output", "-o", type=OutputDir(), help="Default: results/<preset>.")
 @click.option(
     "--carbon-trace",
     "carbon_trace_path",
@@ -127,7 +129,7 @@ def curtail(
         import torch
 
         torch.set_num_threads(threads)
-    out_dir = output or Path("results") / cfg.name
+    out_dir = output or require_output(Path("results") / cfg.name)
     _run(cfg, out_dir, plots, device)
     write_tensorboard(out_dir, tensorboard)
 

@@ -9,11 +9,11 @@ from pathlib import Path
 import click
 from rich.markup import escape
 
-from services.cli.common import fail, out
+from services.cli.common import OutputDir, fail, out
 
 tensorboard_option = click.option(
     "--tensorboard",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=OutputDir(),
     help="Also write the per-round record as TensorBoard runs here (needs the tensorboard "
     "extra); the time axes are the emulated run clock.",
 )
@@ -58,7 +58,7 @@ def write_tensorboard(results_dir: Path, logdir: Path | None) -> list[Path]:
 @click.argument("results_dir", type=click.Path(path_type=Path))
 @click.option(
     "--logdir",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=OutputDir(),
     help="Where the TensorBoard runs go (default: RESULTS_DIR/tensorboard).",
 )
 def export_tensorboard_command(results_dir: Path, logdir: Path | None) -> None:

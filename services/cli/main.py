@@ -15,7 +15,10 @@ from services.cli import export
 from services.cli.certs import certs
 from services.cli.common import (
     CommaList,
+    OneLineErrors,
+    OutputDir,
     WorkloadName,
+    check_sweep,
     describe_validation,
     device_option,
     err,
@@ -23,6 +26,7 @@ from services.cli.common import (
     lm_options,
     out,
     preset_option,
+    require_output,
 )
 from services.cli.curtail import curtail
 from services.cli.traces import traces
@@ -56,7 +60,7 @@ class TargetAccuracy(click.ParamType):
             self.fail(f"{value!r} is neither a number nor 'auto'", param, ctx)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="powertrip")
 def main() -> None:
     """PowerTrip: power- and network-aware federated training across datacenters."""
@@ -75,7 +79,7 @@ main.add_command(export.export_tensorboard_command)
 @click.option(
     "--output",
     "-o",
-    type=click.Path(path_type=Path),
+    type=OutputDir(),
     default=None,
     help="Output folder (default: results/<preset>).",
 )
@@ -176,7 +180,8 @@ def experiment(
         fail(describe_validation(exc, "experiment configuration", FLAG_FOR_FIELD, {"greedy"}))
     except ValueError as exc:
         fail(str(exc))
-    out_dir = output or Path("results") / cfg.name
+    check_sweep(cfg)
+    out_dir = output or require_output(Path("results") / cfg.name)
     export.require_tensorboard(tensorboard)
     if threads is not None:
         import torch

@@ -14,13 +14,18 @@ from typing import get_args
 import click
 from rich.table import Table
 
+from powertrip.curtailment.config import CURTAIL_PRESETS
 from powertrip.experiment import PRESETS, Partition, needs_dataset_path
 from powertrip.selection.registry import validate_policy_name
 from powertrip.v1 import aggregator_pb2
-from services.cli.common import WorkloadName, device_option, err, fail, out
+from services.cli.common import OutputDir, WorkloadName, device_option, err, fail, out
 from services.cli.export import require_tensorboard, tensorboard_option, write_tensorboard
 from services.cli.launcher import ClusterPlan, LaunchError, LocalCluster
 from services.cli.service_process import Service
+
+AT_LEAST_1 = click.IntRange(min=1)
+POSITIVE = click.FloatRange(0, min_open=True)
+ACCURACY = click.FloatRange(0, 1, min_open=True)  # (0, 1]
 
 
 def write_rounds_csv(path: Path, policy: str, rounds: list[aggregator_pb2.RoundSummary]) -> None:
@@ -56,8 +61,10 @@ def write_scrape_config(path: Path, services: Iterable[Service]) -> Path:
 
 
 @click.command()
-@click.option("--workers", default=3, show_default=True, help="Worker processes.")
-@click.option("--sites", default=12, show_default=True, help="Sites, split evenly over workers.")
+@click.option("--workers", type=AT_LEAST_1, default=3, show_default=True, help="Worker processes.")
+@click.option(
+    "--sites", type=AT_LEAST_1, default=12, show_default=True, help="Sites, split over workers."
+)
 @click.option("--policy", default="powertrip", show_default=True, help="Selection policy.")
 @click.option(
     "--clock",
@@ -92,14 +99,15 @@ def write_scrape_config(path: Path, services: Iterable[Service]) -> Path:
 )
 @click.option(
     "--curtail-preset",
+    type=click.Choice(list(CURTAIL_PRESETS)),
     default="curtailment",
     show_default=True,
     help="Curtailment preset (curtailment, curtailment-quick).",
 )
-@click.option("--target", type=float, help="Target accuracy (default: the preset's).")
-@click.option("--max-rounds", type=int, help="Round budget (default: the preset's).")
+@click.option("--target", type=ACCURACY, help="Target accuracy (default: the preset's).")
+@click.option("--max-rounds", type=AT_LEAST_1, help="Round budget (default: the preset's).")
 @click.option("--seed", type=int, help="Training seed.")
-@click.option("--samples", "num_samples", type=int, help="Dataset size (mnist1d).")
+@click.option("--samples", "num_samples", type=click.IntRange(100), help="Dataset size (mnist1d).")
 @click.option(
     "--workload",
     type=WorkloadName(),
@@ -117,14 +125,18 @@ def write_scrape_config(path: Path, services: Iterable[Service]) -> Path:
     type=click.Choice(get_args(Partition)),
     help="How sites split the data (default: the preset's); natural: by speaker or writer.",
 )
-@click.option("--k-star", type=int, help="k for static-optimal / random policies.")
-@click.option("--deadline", default=60.0, show_default=True, help="Round deadline, wall seconds.")
+@click.option("--k-star", type=AT_LEAST_1, help="k for static-optimal / random policies.")
+@click.option(
+    "--deadline", type=POSITIVE, default=60.0, show_default=True, help="Round deadline, wall s."
+)
 @click.option(
     "--tls",
     is_flag=True,
     help="Mutual TLS: mint a throw-away CA and certificates into OUTPUT/tls and use them.",
 )
-@click.option("--timeout", default=1800.0, show_default=True, help="Give up after this long.")
+@click.option(
+    "--timeout", type=POSITIVE, default=1800.0, show_default=True, help="Give up after (s)."
+)
 @click.option(
     "--netns-profile",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -134,7 +146,7 @@ def write_scrape_config(path: Path, services: Iterable[Service]) -> Path:
 )
 @click.option(
     "--output",
-    type=click.Path(path_type=Path),
+    type=OutputDir(),
     default=Path("results/up"),
     show_default=True,
     help="Logs, checkpoints and rounds.csv go here.",
