@@ -59,7 +59,7 @@ def make_server_app(task: TaskConfig, run: RunConfig, results: dict[str, Any]) -
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        initial = load_task(task).initial
+        initial = load_task(task).initial_params
         random.seed(task.seed)  # Flower's FedAvg samples nodes with the random module
         strategies = {
             "fedavg": TimedFedAvg(fraction_train=run.fraction_train, **emulation()),

@@ -14,12 +14,9 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from powertrip.emulate import site_seed
-from powertrip.learning.datasets import load_mnist1d
-from powertrip.learning.device import array
-from powertrip.learning.models import build_model
-from powertrip.learning.partition import partition
-from powertrip.learning.trainer import LocalTrainingConfig, SiteTrainer, get_params
+from powertrip.emulate import Federation, site_seed
+from powertrip.experiment import build_config
+from powertrip.learning.federation import build_federation, load_workload
 from powertrip.sites import SiteSet, generate_sites
 
 
@@ -40,17 +37,6 @@ class TaskConfig:
         return asdict(self)
 
 
-@dataclass(frozen=True)
-class Task:
-    trainer: SiteTrainer
-    x_train: torch.Tensor
-    y_train: torch.Tensor
-    x_test: torch.Tensor
-    y_test: torch.Tensor
-    partitions: list[np.ndarray]
-    initial: dict[str, torch.Tensor]
-
-
 def sites(cfg: TaskConfig) -> SiteSet:
     """The emulated datacenters, one per node: the paper's distances, links and U(0.1, 1) power,
     drawn from the run seed (the server and every node draw the same ones)."""
@@ -58,24 +44,17 @@ def sites(cfg: TaskConfig) -> SiteSet:
 
 
 @functools.cache
-def load_task(cfg: TaskConfig) -> Task:
-    """Data, partitions and the initial model, built once per process from ``cfg``."""
+def load_task(cfg: TaskConfig) -> Federation:
+    """Data, partitions and the initial model, built once per process from ``cfg`` by the
+    emulator's own ``build_federation`` (same generator, partitioner, seeds and model)."""
     torch.set_num_threads(1)  # the nodes share two cores; one thread each trains fastest
-    data = load_mnist1d(num_samples=cfg.num_samples, seed=cfg.seed)
-    parts = partition(
-        cfg.partition,
-        array(data.y_train),
-        cfg.nodes,
-        np.random.default_rng([cfg.seed, 1]),
-        alpha=cfg.dirichlet_alpha,
-    )
-    torch.manual_seed(cfg.seed)
-    model = build_model("cnn1d", data.num_classes, tuple(data.x_train.shape[1:]))
-    config = LocalTrainingConfig(cfg.lr, cfg.batch_size, cfg.local_epochs)
-    trainer = SiteTrainer(model, config, device="cpu")
-    return Task(
-        trainer, data.x_train, data.y_train, data.x_test, data.y_test, parts, get_params(model)
-    )
+    run = build_config(
+        workload="mnist1d", num_samples=cfg.num_samples, partition=cfg.partition,
+        dirichlet_alpha=cfg.dirichlet_alpha, lr=cfg.lr, batch_size=cfg.batch_size,
+        local_epochs=cfg.local_epochs, num_sites=cfg.nodes, seed=cfg.seed,
+        policies=("select-all",), static_sweep=(), target_accuracy=0.8,
+    )  # fmt: skip
+    return build_federation(run, load_workload(run, seed=cfg.seed), cfg.seed, device="cpu")
 
 
 def train_node(
