@@ -7,6 +7,7 @@ import sys
 from collections.abc import Callable
 
 from powertrip.v1 import aggregator_pb2_grpc, profiler_pb2, profiler_pb2_grpc
+from services.aggregator.checkpoint import NoUsableCheckpoint
 from services.aggregator.config import AggregatorConfig
 from services.aggregator.curtail_run import CurtailmentRun
 from services.aggregator.lifecycle import Run, RunState
@@ -44,7 +45,11 @@ def main() -> int:
 
     torch.set_num_threads(1)
     metrics_port = start_metrics_server(cfg.metrics_port, cfg.bind_host)
-    run = RUNS[cfg.mode](cfg)
+    try:
+        run = RUNS[cfg.mode](cfg)
+    except NoUsableCheckpoint as exc:  # a crash loop would not fix it: say so once, exit
+        logger.error("%s", exc)
+        return 3
     profiler = profiler_pb2_grpc.ProfilerServiceStub(make_channel(cfg.profiler_addr, cfg))
 
     @retry_idempotent(max_seconds=60)

@@ -1,8 +1,20 @@
 """Checkpoints after every round: the global model (npz, never pickle) plus a JSON manifest.
 
-Writes are atomic (temporary file, fsync, ``os.replace``), and the manifest carries the model's
-SHA-256, so a crash mid-write or a corrupted file is detected at load and the previous good
-checkpoint is used instead.
+Every byte of a checkpoint is covered by a checksum: the manifest holds the model's SHA-256
+(``model_sha256``) and the SHA-256 of a canonical serialisation of its own content (``sha256``:
+format, round, model name and hash, and the run state with its journal). Writes are atomic
+(temporary file, fsync, ``os.replace``), so a crash mid-write leaves the previous checkpoint.
+
+At load a checkpoint is *rejected* — one warning naming the file and the reason, one increment of
+``powertrip_checkpoint_rejected_total{reason}`` — when its manifest is unreadable, not JSON, not
+an object of the expected shape (keys and types), written by an older version (no self-checksum:
+``old-format``; those are not trusted, start fresh with ``POWERTRIP_START_FRESH=1``), when either
+checksum does not match, when the npz does not load with ``allow_pickle=False``, or when the
+caller's ``validate`` refuses it (model arrays or journal that do not fit the run). The next older
+one is then tried. A directory with checkpoints none of which loads raises ``NoUsableCheckpoint``
+(the aggregator refuses to start) unless ``start_fresh``; an empty one is a first start. Once
+another starting point is chosen, rejected checkpoints are renamed ``*.rejected``: kept for the
+operator, but never tried again nor pruned in place of good ones.
 """
 
 from __future__ import annotations
@@ -11,7 +23,8 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,15 +32,43 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from services.aggregator import metrics
+
 logger = logging.getLogger(__name__)
 KEEP = 2  # the newest and one fallback
+FORMAT = 2  # 1: the first version (model hash only, state at the top level)
+#: the values of the ``reason`` label (bounded: one series each)
+REASONS = (
+    "unreadable",  # a file cannot be read (missing model, permissions)
+    "malformed",  # not JSON, or not the expected keys and types
+    "old-format",  # written before manifests checksummed themselves
+    "manifest-checksum",  # the manifest's content does not match its own SHA-256
+    "model-checksum",  # the npz does not match the SHA-256 in the manifest
+    "model-format",  # the npz does not load without pickle
+    "incompatible",  # verified, but refused by the run (arrays or journal do not fit)
+)
+_NAME = re.compile(r"round-(\d{6,})\.json")
+for _reason in REASONS:  # every series exported from the start, at 0
+    metrics.CHECKPOINT_REJECTED.labels(_reason)
+
+
+class NoUsableCheckpoint(RuntimeError):
+    """Checkpoints exist but none of them verifies: resuming is impossible, starting over is
+    the operator's decision (``POWERTRIP_START_FRESH=1``)."""
+
+
+class Rejected(Exception):
+    def __init__(self, reason: str, path: Path, detail: str) -> None:
+        assert reason in REASONS, reason
+        super().__init__(f"{path.name}: {detail}")
+        self.reason, self.path, self.detail = reason, path, " ".join(detail.split())
 
 
 @dataclass(frozen=True)
 class Checkpoint:
     round: int
     params: dict[str, NDArray]
-    state: dict[str, Any]  # clock, accuracy, records...
+    state: dict[str, Any]  # clock, accuracy, journal...
 
 
 def _sha256(path: Path) -> str:
@@ -36,6 +77,12 @@ def _sha256(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def _canonical_sha256(body: Mapping[str, Any]) -> str:
+    """SHA-256 of one text per JSON value: sorted keys, no whitespace (floats as ``repr``)."""
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _write_atomic(path: Path, write: Any) -> None:
@@ -54,7 +101,15 @@ def save(directory: Path, round_index: int, params: Mapping[str, NDArray], state
     directory.mkdir(parents=True, exist_ok=True)
     model = directory / f"round-{round_index:06d}.npz"
     _write_atomic(model, lambda f: np.savez(f, **params))
-    manifest = {"round": round_index, "model": model.name, "sha256": _sha256(model), **state}
+    body = {
+        "format": FORMAT,
+        "round": round_index,
+        "model": model.name,
+        "model_sha256": _sha256(model),
+        # through JSON once, so the hash covers exactly what a load will read back
+        "state": json.loads(json.dumps(state)),
+    }
+    manifest = {**body, "sha256": _canonical_sha256(body)}
     _write_atomic(
         directory / f"round-{round_index:06d}.json",
         lambda f: f.write(json.dumps(manifest, indent=1).encode()),
@@ -65,31 +120,116 @@ def save(directory: Path, round_index: int, params: Mapping[str, NDArray], state
     return model
 
 
-def _load(manifest_path: Path) -> Checkpoint | None:
+def _manifest(path: Path) -> dict[str, Any]:
+    """The verified manifest of ``path``, or ``Rejected``."""
     try:
-        manifest = json.loads(manifest_path.read_text())
-        model = manifest_path.parent / manifest["model"]
-        if _sha256(model) != manifest["sha256"]:
-            raise ValueError("SHA-256 mismatch")
-        with np.load(model, allow_pickle=False) as z:
-            params = {k: z[k] for k in z.files}
-    except (OSError, ValueError, KeyError) as exc:
-        logger.warning("skipping checkpoint %s: %s", manifest_path.name, exc)
+        text = path.read_bytes().decode()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise Rejected("unreadable", path, str(exc)) from None
+    try:
+        manifest = json.loads(text)
+    except ValueError as exc:
+        raise Rejected("malformed", path, f"not JSON: {exc}") from None
+    if not isinstance(manifest, dict):
+        raise Rejected("malformed", path, f"a JSON {type(manifest).__name__}, not an object")
+    if "format" not in manifest and "model_sha256" not in manifest and "sha256" in manifest:
+        raise Rejected("old-format", path, "written by an older version (no self-checksum)")
+    types = {"format": int, "round": int, "model": str, "model_sha256": str, "state": dict}
+    for key, kind in {**types, "sha256": str}.items():
+        if key not in manifest:
+            raise Rejected("malformed", path, f"no {key!r}")
+        if not isinstance(manifest[key], kind) or isinstance(manifest[key], bool):
+            raise Rejected("malformed", path, f"{key!r} is not a {kind.__name__}")
+    if set(manifest) != {*types, "sha256"}:
+        raise Rejected("malformed", path, f"unexpected keys {sorted(set(manifest) - {*types})}")
+    if manifest["format"] != FORMAT:
+        raise Rejected("malformed", path, f"unknown format {manifest['format']}")
+    body = {k: manifest[k] for k in types}
+    if _canonical_sha256(body) != manifest["sha256"]:
+        raise Rejected("manifest-checksum", path, "content does not match its SHA-256 (edited?)")
+    match = _NAME.fullmatch(path.name)
+    r = manifest["round"]
+    if match is None or int(match[1]) != r or manifest["model"] != f"round-{r:06d}.npz":
+        raise Rejected("malformed", path, f"round {r} / model {manifest['model']!r} mismatch")
+    return manifest
+
+
+def _params(path: Path, sha256: str) -> dict[str, NDArray]:
+    try:
+        actual = _sha256(path)
+    except OSError as exc:
+        raise Rejected("unreadable", path, str(exc)) from None
+    if actual != sha256:
+        raise Rejected("model-checksum", path, "SHA-256 does not match the manifest's")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except Exception as exc:  # zipfile, format and pickle errors alike: all mean "not a model"
+        raise Rejected("model-format", path, f"not a pickle-free npz: {exc}") from None
+
+
+def _load(manifest_path: Path, validate: Callable[[Checkpoint], None] | None) -> Checkpoint:
+    """The checkpoint of ``manifest_path``, or ``Rejected`` naming the file at fault."""
+    manifest = _manifest(manifest_path)
+    params = _params(manifest_path.parent / manifest["model"], manifest["model_sha256"])
+    ckpt = Checkpoint(manifest["round"], params, manifest["state"])
+    if validate is not None:
+        try:
+            validate(ckpt)
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+            raise Rejected("incompatible", manifest_path, str(exc) or repr(exc)) from None
+    return ckpt
+
+
+def _try(manifest_path: Path, validate: Callable[[Checkpoint], None] | None) -> Checkpoint | None:
+    """``_load`` with a rejection logged (one line) and counted."""
+    try:
+        return _load(manifest_path, validate)
+    except Rejected as r:
+        metrics.CHECKPOINT_REJECTED.labels(r.reason).inc()
+        logger.warning("checkpoint rejected: %s: %s (%s)", r.path, r.reason, r.detail)
         return None
-    state = {k: v for k, v in manifest.items() if k not in ("round", "model", "sha256")}
-    return Checkpoint(int(manifest["round"]), params, state)
 
 
-def load_latest(directory: Path) -> Checkpoint | None:
-    """The newest checkpoint that verifies; None when there is none."""
+def _set_aside(manifest_path: Path) -> None:
+    for path in (manifest_path, manifest_path.with_suffix(".npz")):
+        if path.exists():
+            os.replace(path, path.with_name(path.name + ".rejected"))
+
+
+def load_latest(
+    directory: Path,
+    validate: Callable[[Checkpoint], None] | None = None,
+    start_fresh: bool = False,
+) -> Checkpoint | None:
+    """The newest checkpoint that verifies (and that ``validate`` accepts: it raises
+    ValueError, KeyError or TypeError for one that does not fit the run); None when there is
+    none at all (a first start) or, with ``start_fresh``, when none verifies. Checkpoints exist
+    but none verifies, without ``start_fresh``: ``NoUsableCheckpoint``, the files untouched."""
+    rejected = []
+    found = None
     for manifest_path in sorted(directory.glob("round-*.json"), reverse=True):
-        ckpt = _load(manifest_path)
-        if ckpt is not None:
-            return ckpt
-    return None
+        found = _try(manifest_path, validate)
+        if found is not None:
+            break
+        rejected.append(manifest_path)
+    if rejected and found is None and not start_fresh:
+        raise NoUsableCheckpoint(
+            f"refusing to start: none of the {len(rejected)} checkpoints in {directory} "
+            "verifies (each rejection is logged above); restore a good one, or set "
+            "POWERTRIP_START_FRESH=1 to start the run over from round 0"
+        )
+    for path in rejected:
+        _set_aside(path)
+    if rejected and found is None:
+        logger.warning("no checkpoint verifies: starting from round 0 (POWERTRIP_START_FRESH=1)")
+    metrics.CHECKPOINT_LOADED_ROUND.set(0 if found is None else found.round)
+    return found
 
 
-def load_round(directory: Path, round_index: int) -> Checkpoint | None:
+def load_round(
+    directory: Path, round_index: int, validate: Callable[[Checkpoint], None] | None = None
+) -> Checkpoint | None:
     """One round's checkpoint if it is still kept and verifies (the fallback of the newest)."""
     path = directory / f"round-{round_index:06d}.json"
-    return _load(path) if path.exists() else None
+    return _try(path, validate) if path.exists() else None

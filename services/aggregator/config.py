@@ -66,6 +66,10 @@ class AggregatorConfig(ServiceConfig, CurtailSettings, DeviceSettings):
     min_sites: int | None = Field(None, ge=1)  # sites to wait for; default: every site
     max_failed_rounds: int = Field(3, ge=1)  # this many rounds in a row with no update: FAILED
     checkpoint_dir: str = "checkpoints"  # "" disables checkpoints
+    # When checkpoints exist but none verifies (checksum, format), start over from round 0
+    # (the bad ones are renamed *.rejected) instead of refusing to start (exit code 3). No
+    # effect when one verifies or there are none.
+    start_fresh: bool = False
     exit_when_done: bool = False
     # Comma-separated worker ids admitted to the run; unset admits any worker (with TLS: any
     # holder of a certificate from the CA, under its own name).

@@ -36,6 +36,14 @@ UPDATES = Counter(
 )
 REGISTERED_SITES = Gauge("powertrip_registered_sites", "Sites hosted by registered workers.")
 CHECKPOINT_ROUND = Gauge("powertrip_checkpoint_round", "Round of the last checkpoint written.")
+CHECKPOINT_LOADED_ROUND = Gauge(
+    "powertrip_checkpoint_loaded_round", "Round of the checkpoint resumed at start (0: none)."
+)
+CHECKPOINT_REJECTED = Counter(
+    "powertrip_checkpoint_rejected_total",
+    "Checkpoints rejected at load (checksum, format, or not fitting the run), by reason.",
+    ["reason"],
+)
 
 # Curtailment mode: priced by powertrip.curtailment.emissions, as `powertrip curtail` does.
 ENERGY = Counter("powertrip_energy_kwh_total", "Energy drawn by each site (kWh).", ["site"])

@@ -9,6 +9,7 @@ with curtailment mode (``lifecycle.RunLifecycle``).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 from powertrip.clock import Clock, EmulatedClock, WallClock
@@ -26,6 +27,46 @@ from services.aggregator.lifecycle import Registration, RunLifecycle, StatusRoun
 from services.aggregator.profile_feed import ProfileFeed
 
 logger = logging.getLogger(__name__)
+
+
+def _resume_state(
+    ckpt: checkpoint.Checkpoint,
+) -> tuple[list[JournalEntry], tuple[float, float] | None]:
+    """The journal (one entry per round up to the checkpoint's) and the initial evaluation;
+    ValueError, KeyError or TypeError when the state does not have that shape."""
+    entries = ckpt.state.get("journal", [])
+    if not isinstance(entries, list):
+        raise TypeError("journal is not a list")
+    journal = [JournalEntry.from_json(e) for e in entries]
+    if [e.round for e in journal] != list(range(1, ckpt.round + 1)):
+        raise ValueError(f"journal does not hold rounds 1..{ckpt.round}")
+    if any(type(s) is not int for e in journal for s in e.selected):
+        raise TypeError("journal selects a site by a non-integer")
+    initial = ckpt.state.get("initial")
+    if initial is None:
+        return journal, None
+    if not isinstance(initial, list) or len(initial) != 2:
+        raise ValueError("initial is not [accuracy, loss]")
+    return journal, (float(initial[0]), float(initial[1]))
+
+
+def _fits_run(template: NumpyParams) -> Callable[[checkpoint.Checkpoint], None]:
+    """A checkpoint's check: the model arrays of this run (names, shapes, dtypes) and a
+    well-formed journal; ValueError or TypeError naming what does not fit."""
+    want = {k: (v.shape, v.dtype) for k, v in template.items()}
+
+    def check(ckpt: checkpoint.Checkpoint) -> None:
+        got = {k: (v.shape, v.dtype) for k, v in ckpt.params.items()}
+        if got.keys() != want.keys():
+            raise ValueError(f"model arrays {sorted(got)} are not this run's {sorted(want)}")
+        for k, (shape, dtype) in want.items():
+            if got[k] != (shape, dtype):
+                raise ValueError(
+                    f"array {k!r} is {got[k][1]}{list(got[k][0])}, not {dtype}{list(shape)}"
+                )
+        _resume_state(ckpt)
+
+    return check
 
 
 class AggregatorRun(RunLifecycle):
@@ -49,13 +90,14 @@ class AggregatorRun(RunLifecycle):
         journal: list[JournalEntry] = []
         initial: tuple[float, float] | None = None
         self._resumed_round: int | None = None
+        self._fits = _fits_run(params)
         if self._checkpoints is not None:
-            ckpt = checkpoint.load_latest(self._checkpoints)
+            # NoUsableCheckpoint (all bad, no POWERTRIP_START_FRESH) stops the service
+            ckpt = checkpoint.load_latest(self._checkpoints, self._fits, cfg.start_fresh)
             if ckpt is not None:
                 params = ckpt.params
                 self._resumed_round = ckpt.round
-                journal = [JournalEntry.from_json(e) for e in ckpt.state.get("journal", [])]
-                initial = tuple(ckpt.state["initial"]) if "initial" in ckpt.state else None
+                journal, initial = _resume_state(ckpt)
                 logger.info(
                     "resuming after round %d: replaying %d rounds", ckpt.round, len(journal)
                 )
@@ -159,7 +201,7 @@ class AggregatorRun(RunLifecycle):
         self.executor.track_direction = policy.wants_direction
         if self.executor.track_direction and self._resumed_round is not None:
             assert self._checkpoints is not None
-            before = checkpoint.load_round(self._checkpoints, self._resumed_round - 1)
+            before = checkpoint.load_round(self._checkpoints, self._resumed_round - 1, self._fits)
             if before is not None:
                 self.executor.resume_direction(before.params)
             else:
