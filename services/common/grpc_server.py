@@ -10,6 +10,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from services.common.config import ServiceConfig
+from services.common.errors import RequestGuard
 from services.common.grpc_options import server_options
 from services.common.metrics import GrpcMetricsInterceptor
 from services.common.tls import server_credentials
@@ -29,11 +30,12 @@ def build_server(
 
     Returns (server, bound port, health servicer). Health starts NOT_SERVING for every name:
     the service flips it to SERVING once it can do its job (e.g. a checkpoint is loaded).
-    With TLS settings in ``cfg`` the port is mutual TLS, otherwise plaintext.
+    With TLS settings in ``cfg`` the port is mutual TLS, otherwise plaintext. Metrics see every
+    RPC's final code (outermost); ``RequestGuard`` keeps garbage requests to one log line.
     """
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers),
-        interceptors=[GrpcMetricsInterceptor()],
+        interceptors=[GrpcMetricsInterceptor(), RequestGuard()],
         options=server_options(cfg),
     )
     for register in registrations:
