@@ -22,6 +22,7 @@ from typing import Any, NoReturn, TypeVar
 import grpc
 
 from powertrip.fedavg import UpdateRejected
+from services.common.handlers import wrap_handler
 from services.common.log_limit import LogLimiter, one_line
 
 logger = logging.getLogger(__name__)
@@ -208,12 +209,4 @@ class RequestGuard(grpc.ServerInterceptor):
 
         if handler.request_deserializer is not None:
             handler = handler._replace(request_deserializer=_lenient(handler.request_deserializer))
-        if handler.unary_unary:
-            return handler._replace(unary_unary=unary_response(handler.unary_unary))
-        if handler.stream_unary:
-            return handler._replace(stream_unary=unary_response(handler.stream_unary))
-        if handler.unary_stream:
-            return handler._replace(unary_stream=stream_response(handler.unary_stream))
-        if handler.stream_stream:
-            return handler._replace(stream_stream=stream_response(handler.stream_stream))
-        return handler
+        return wrap_handler(handler, unary_response, stream_response)

@@ -13,6 +13,8 @@ from typing import Any
 import grpc
 from prometheus_client import Counter, Histogram, start_http_server
 
+from services.common.handlers import wrap_handler
+
 # Both the worker (bytes it sends) and the aggregator (bytes it accepts) count updates; one
 # definition lets them share a process (tests, a single-process deployment).
 UPDATE_BYTES = Counter(
@@ -89,12 +91,4 @@ class GrpcMetricsInterceptor(grpc.ServerInterceptor):
 
             return wrapped
 
-        if handler.unary_unary:
-            return handler._replace(unary_unary=wrap_unary_response(handler.unary_unary))
-        if handler.stream_unary:
-            return handler._replace(stream_unary=wrap_unary_response(handler.stream_unary))
-        if handler.unary_stream:
-            return handler._replace(unary_stream=wrap_stream_response(handler.unary_stream))
-        if handler.stream_stream:
-            return handler._replace(stream_stream=wrap_stream_response(handler.stream_stream))
-        return handler
+        return wrap_handler(handler, wrap_unary_response, wrap_stream_response)

@@ -1,0 +1,27 @@
+"""Wrapping a gRPC method handler's behaviour, whatever its streaming kind: the one dispatch the
+server interceptors (metrics, request guard) share."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+Wrap = Callable[[Callable[..., Any]], Callable[..., Any]]
+
+
+def wrap_handler(
+    handler: grpc.RpcMethodHandler, unary_response: Wrap, stream_response: Wrap
+) -> grpc.RpcMethodHandler:
+    """``handler`` with its behaviour wrapped: ``unary_response`` for methods that answer with
+    one message, ``stream_response`` for those that answer with a stream."""
+    if handler.unary_unary:
+        return handler._replace(unary_unary=unary_response(handler.unary_unary))
+    if handler.stream_unary:
+        return handler._replace(stream_unary=unary_response(handler.stream_unary))
+    if handler.unary_stream:
+        return handler._replace(unary_stream=stream_response(handler.unary_stream))
+    if handler.stream_stream:
+        return handler._replace(stream_stream=stream_response(handler.stream_stream))
+    return handler
