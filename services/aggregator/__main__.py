@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
+import time
 from collections.abc import Callable
 
 from powertrip.v1 import aggregator_pb2_grpc, profiler_pb2, profiler_pb2_grpc
@@ -23,6 +25,8 @@ from services.common.metrics import start_metrics_server
 
 logger = logging.getLogger("services.aggregator")
 SERVICE = "powertrip.v1.AggregatorService"
+#: the exit code of a FAILED run (every worker lost, sites never came, a crash): restart-worthy
+EXIT_RUN_FAILED = 4
 #: the run of each POWERTRIP_MODE
 RUNS: dict[str, Callable[[AggregatorConfig], Run]] = {
     "powertrip": AggregatorRun,
@@ -74,14 +78,40 @@ def main() -> int:
     )
     server.start()
     thread = run.start()
+    wake = threading.Event()
+
+    def watch() -> None:  # a failed run ends the process; a finished one with EXIT_WHEN_DONE
+        thread.join()
+        if cfg.exit_when_done or run.status_snapshot().status.state is RunState.FAILED:
+            wake.set()
+
+    threading.Thread(target=watch, name="run-watch", daemon=True).start()
+
+    def stop(deadline: float) -> None:
+        """No new round; the open one gets half the time left, then is abandoned with what
+        arrived (aggregated and checkpointed like a round cut at its deadline)."""
+        run.stop()
+        thread.join(max(0.0, (deadline - time.monotonic()) / 2))
+        gate = run.executor.collector
+        if thread.is_alive() and gate is not None:
+            logger.warning("stopping: round %d abandoned with the updates that arrived", gate.round)
+            gate.close()
+        thread.join(max(0.0, deadline - time.monotonic()))
+        if thread.is_alive():
+            logger.warning("stopping: the run's thread did not end within the grace period")
+
     grpc_addr = f"{cfg.bind_host}:{port}"
-    block = not cfg.exit_when_done
-    serve("aggregator", server, health, [SERVICE], grpc_addr, metrics_port, run.stop, block=block)
-    if block:
+    signalled = serve(
+        "aggregator", server, health, [SERVICE], grpc_addr, metrics_port,
+        on_stop=stop, grace_s=cfg.shutdown_grace_s, wake=wake,
+    )  # fmt: skip
+    status = run.status_snapshot().status
+    if signalled:
         return 0
-    thread.join()
-    server.stop(grace=2)
-    return 0 if run.status_snapshot().status.state is RunState.DONE else 1
+    if status.state is RunState.FAILED:
+        logger.error("exit %d: the run failed: %s", EXIT_RUN_FAILED, status.message)
+        return EXIT_RUN_FAILED
+    return 0 if status.state is RunState.DONE else 1
 
 
 if __name__ == "__main__":

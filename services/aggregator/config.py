@@ -71,6 +71,9 @@ class AggregatorConfig(ServiceConfig, CurtailSettings, DeviceSettings):
     # effect when one verifies or there are none.
     start_fresh: bool = False
     exit_when_done: bool = False
+    # SIGTERM to exit 0: no new round, the open one finished or abandoned, the port closed;
+    # keep it below the orchestrator's kill timeout (Kubernetes: 30 s by default)
+    shutdown_grace_s: float = Field(10.0, gt=0)
     # Comma-separated worker ids admitted to the run; unset admits any worker (with TLS: any
     # holder of a certificate from the CA, under its own name).
     allowed_workers: str | None = None

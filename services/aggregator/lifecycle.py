@@ -162,7 +162,8 @@ class Pacer:
 
 class RunLifecycle:
     """The lifecycle both modes share: a thread waits for the sites, then ``_train`` runs; a
-    crash or a refusal fails the run with its reason, and ``stop`` ends it at the next round.
+    crash or a refusal fails the run with its reason, and ``stop`` ends it at the next round
+    (the executor is closed when the run's thread ends).
     A mode sets ``executor`` and ``target`` and provides the methods below that raise."""
 
     thread_name = "aggregator-run"
@@ -174,6 +175,7 @@ class RunLifecycle:
         self.status = RunStatus()
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._stopping = False  # stop() was called (``_stop`` is also set by a lost quorum)
         self._pacer = Pacer(cfg.pace)
         # One meaning in both modes: NaN until the target is first reached, then the clock time.
         metrics.TIME_TO_ACCURACY.set(math.nan)
@@ -205,8 +207,13 @@ class RunLifecycle:
                 return
             self._train()
         except Exception as exc:
+            if self._stopping:  # a mode may end its loop by raising once stopped: no failure
+                logger.info("run stopped: %s", exc)
+                return
             logger.exception("run crashed")
             self._fail(f"{type(exc).__name__}: {exc}")
+        finally:
+            self.executor.close()
 
     def start(self) -> threading.Thread:
         thread = threading.Thread(target=self.run, name=self.thread_name, daemon=True)
@@ -214,8 +221,9 @@ class RunLifecycle:
         return thread
 
     def stop(self) -> None:
+        """Start no new round; the open one runs on (the entry point may abandon it)."""
+        self._stopping = True
         self._stop.set()
-        self.executor.close()
 
     def status_snapshot(self) -> StatusSnapshot:
         with self._lock:

@@ -225,5 +225,7 @@ class AggregatorRun(RunLifecycle):
         self._finish(
             f"target {self.target} reached at {reached:.1f} s"
             if reached is not None
+            else f"stopped after round {self.status.round}"
+            if self._stopping
             else "round budget exhausted before the target"
         )

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import signal
+import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent import futures
 
@@ -14,6 +17,14 @@ from services.common.errors import RequestGuard
 from services.common.grpc_options import server_options
 from services.common.metrics import GrpcMetricsInterceptor
 from services.common.tls import server_credentials
+
+logger = logging.getLogger(__name__)
+
+#: seconds from SIGTERM to exit unless a service says otherwise; below Kubernetes' default
+#: terminationGracePeriodSeconds (30 s), so the orchestrator never needs its SIGKILL
+DEFAULT_GRACE_S = 10.0
+#: how long NOT_SERVING is observable, at least, before the port closes (capped by the grace)
+DRAIN_S = 1.0
 
 #: registers one servicer on a server, e.g. ``lambda s: add_XServicer_to_server(impl, s)``
 Registration = Callable[[grpc.Server], None]
@@ -69,21 +80,39 @@ def serve(
     names: Sequence[str],
     grpc_addr: str,
     metrics_port: int,
-    on_stop: Callable[[], None] = lambda: None,
-    grace_s: float = 5.0,
-    block: bool = True,
-) -> None:
-    """Report SERVING, print the READY line launchers parse, and on SIGTERM/SIGINT go
-    NOT_SERVING at once, stop the service's own work, then drain the server."""
+    on_stop: Callable[[float], None] = lambda _deadline: None,
+    grace_s: float = DEFAULT_GRACE_S,
+    wake: threading.Event | None = None,
+) -> bool:
+    """Report SERVING, print the READY line launchers parse, then block until SIGTERM/SIGINT
+    (or until the service sets ``wake`` itself, e.g. its run ended).
+
+    Then, all within ``grace_s``: NOT_SERVING at once and for good, ``on_stop(deadline)`` (the
+    service winds its work down by that ``time.monotonic()`` deadline, the port still open so
+    in-flight work can finish), NOT_SERVING observable for at least ``min(1 s, grace_s)``, then
+    the server drains and stops. True when a signal ended it, False when ``wake`` did.
+    """
     set_serving(health_servicer, names, True)
     print(f"READY service={service} grpc={grpc_addr} metrics={metrics_port}", flush=True)
+    wake = wake or threading.Event()
+    signalled: list[int] = []
 
-    def shutdown(_signum: int, _frame: object) -> None:
-        set_serving(health_servicer, names, False)
-        on_stop()
-        server.stop(grace=grace_s)
+    def on_signal(signum: int, _frame: object) -> None:
+        signalled.append(signum)  # only flags: the main thread does the stopping below
+        wake.set()
 
-    signal.signal(signal.SIGTERM, shutdown)
-    signal.signal(signal.SIGINT, shutdown)
-    if block:
-        server.wait_for_termination()
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    while not wake.wait(0.5):
+        pass
+    t0 = time.monotonic()
+    health_servicer.enter_graceful_shutdown()  # NOT_SERVING for every name; later sets ignored
+    why = signal.Signals(signalled[0]).name if signalled else "its work ended"
+    logger.info("%s stopping (%s): NOT_SERVING, exit within %.1f s", service, why, grace_s)
+    reserve = min(1.0, grace_s / 4)  # for the server's own drain and the exit
+    on_stop(t0 + grace_s - reserve)
+    left = t0 + min(DRAIN_S, grace_s) - time.monotonic()
+    if left > 0:  # let probes see NOT_SERVING before the port closes
+        time.sleep(left)
+    server.stop(grace=max(0.1, min(reserve, t0 + grace_s - time.monotonic()))).wait()
+    return bool(signalled)

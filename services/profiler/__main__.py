@@ -69,7 +69,7 @@ def main() -> int:
     server.start()
     threading.Thread(target=prober.run_periodically, name="prober", daemon=True).start()
     serve("profiler", server, health, [SERVICE], f"{cfg.bind_host}:{port}", metrics_port,
-          on_stop=prober.stop, grace_s=2)  # fmt: skip
+          on_stop=lambda _deadline: prober.stop())  # fmt: skip
     return 0
 
 

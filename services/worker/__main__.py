@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 import threading
+import time
 
 from powertrip.curtailment.config import CurtailmentConfig
 from powertrip.experiment import ExperimentConfig
@@ -90,9 +91,11 @@ def main() -> int:
 
     threading.Thread(target=heartbeat, name="heartbeat", daemon=True).start()
 
-    def stop() -> None:
+    def stop(deadline: float) -> None:  # never abort training: let the thread end, then exit
         stopping.set()
         runner.stop()
+        if not runner.join(deadline - time.monotonic()):
+            logger.warning("stopping: training still running at the grace period's end")
 
     serve("worker", server, health, [SERVICE], address, metrics_port, on_stop=stop)
     return 0

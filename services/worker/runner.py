@@ -62,9 +62,16 @@ class RoundRunner:
         self._thread.start()
 
     def stop(self) -> None:
+        """Take no new round; the one in hand stops before its next site's upload or wait."""
         with self._cv:
             self._stopped = True
             self._cv.notify_all()
+
+    def join(self, timeout_s: float) -> bool:
+        """Wait for the training thread to end; True when it has (or never started)."""
+        if self._thread.is_alive():
+            self._thread.join(max(0.0, timeout_s))
+        return not self._thread.is_alive()
 
     @property
     def ready(self) -> bool:
@@ -118,9 +125,11 @@ class RoundRunner:
             metrics.TRAIN_DURATION.labels(name).observe(update.train_seconds)
             metrics.SAMPLES.labels(name).inc(update.num_samples)
             metrics.POWER.labels(name).set(job.power.get(update.site, 1.0))
-            wait = started + delay - time.monotonic()
-            if wait > 0:
-                time.sleep(wait)
+            with self._cv:  # the power-paced hold; stop() cuts it short
+                self._cv.wait_for(lambda: self._stopped, started + delay - time.monotonic())
+            if self._stopped:
+                logger.info("round %d: stopping, %s and later sites not sent", job.round, name)
+                return
             remaining = job.received_at + job.deadline_s - time.monotonic()
             if remaining <= 0:
                 logger.warning("round %d: %s missed the deadline, not sent", job.round, name)
