@@ -22,7 +22,7 @@ from typing import Any, NoReturn, TypeVar
 import grpc
 
 from powertrip.fedavg import UpdateRejected
-from services.common.handlers import wrap_handler
+from services.common.handlers import split_method, wrap_handler
 from services.common.log_limit import LogLimiter, one_line
 
 logger = logging.getLogger(__name__)
@@ -173,7 +173,7 @@ class RequestGuard(grpc.ServerInterceptor):
         handler = continuation(handler_call_details)
         if handler is None:
             return None
-        service, _, name = handler_call_details.method.rpartition("/")
+        service, name = split_method(handler_call_details.method)
         method = f"{service.rpartition('.')[2]}.{name}"  # as translate_errors names it
 
         def guard(request: Any, context: grpc.ServicerContext) -> Any:

@@ -11,6 +11,13 @@ import grpc
 Wrap = Callable[[Callable[..., Any]], Callable[..., Any]]
 
 
+def split_method(full_method: str) -> tuple[str, str]:
+    """``"/pkg.Service/Method"`` as (``"pkg.Service"``, ``"Method"``); "unknown" for a part
+    that is missing."""
+    service, _, name = full_method.lstrip("/").rpartition("/")
+    return service or "unknown", name or "unknown"
+
+
 def wrap_handler(
     handler: grpc.RpcMethodHandler, unary_response: Wrap, stream_response: Wrap
 ) -> grpc.RpcMethodHandler:

@@ -13,7 +13,7 @@ from typing import Any
 import grpc
 from prometheus_client import Counter, Histogram, start_http_server
 
-from services.common.handlers import wrap_handler
+from services.common.handlers import split_method, wrap_handler
 
 # Both the worker (bytes it sends) and the aggregator (bytes it accepts) count updates; one
 # definition lets them share a process (tests, a single-process deployment).
@@ -39,11 +39,6 @@ def start_metrics_server(port: int, addr: str = "0.0.0.0") -> int:
     return int(server.server_port)
 
 
-def _split(method: str) -> tuple[str, str]:
-    service, _, name = method.lstrip("/").rpartition("/")
-    return service or "unknown", name or "unknown"
-
-
 def _code(context: grpc.ServicerContext, failed: bool) -> str:
     code = context.code()
     if code is None:
@@ -60,7 +55,7 @@ class GrpcMetricsInterceptor(grpc.ServerInterceptor):
         handler = continuation(handler_call_details)
         if handler is None:
             return None
-        service, method = _split(handler_call_details.method)
+        service, method = split_method(handler_call_details.method)
 
         def observe(context: grpc.ServicerContext, start: float, failed: bool) -> None:
             GRPC_HANDLED.labels(service, method, _code(context, failed)).inc()
