@@ -24,7 +24,7 @@ TORCH_INDEX := $(if $(NVIDIA_DRIVER),$(shell [ $(NVIDIA_DRIVER) -lt 580 ] \
 endif
 OUTPUT ?= results/quick
 
-.PHONY: experiment test lint clean
+.PHONY: experiment test lint clean certs
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -49,3 +49,14 @@ test: $(VENV)/.installed-extras
 
 clean:
 	rm -rf $(VENV) results
+
+# Certificates for compose.yaml's mutual TLS (deploy/README.md "Security"): a fresh throw-away CA
+# and one pair per service in ./certs (git-ignored), named after the services' identities; the
+# names the services dial are on every certificate. Re-run to rotate, then restart the stack.
+# Compose bind-mounts the files as they are, so the keys are made readable by the containers'
+# UID 10001 (0644) and the folder private to you (0700).
+COMPOSE_WORKERS ?= worker-eu-west,worker-us-east,worker-ap-south
+certs: $(VENV)/.installed
+	$(VENV)/bin/powertrip certs --out certs --workers $(COMPOSE_WORKERS) \
+	  --host powertrip-aggregator --host powertrip-profiler
+	chmod 700 certs && chmod 644 certs/*.key

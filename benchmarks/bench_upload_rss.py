@@ -134,7 +134,7 @@ def serve(mode: str, model_mib: int, tensors: int, uploads: int, timeout_s: floa
     from services.common.memory import pin_mmap_threshold
 
     pin_mmap_threshold()  # as services/aggregator/__main__.py does
-    cfg = ServiceConfig()
+    cfg = ServiceConfig(insecure=True)  # the wire path alone: loopback, no TLS
     registry = WorkerRegistry(num_sites=uploads)
     for s in range(uploads):
         registry.register(f"worker-{s}", f"127.0.0.1:{20000 + s}", [s])
@@ -253,7 +253,7 @@ def client(port: int, sites: list[int], model_mib: int, tensors: int, timeout_s:
     from services.worker.sites_host import SiteUpdate
     from services.worker.uploader import GrpcUploader
 
-    cfg = ServiceConfig()
+    cfg = ServiceConfig(insecure=True)  # the wire path alone: loopback, no TLS
     shapes = shapes_for(model_mib, tensors)
     channels = [make_channel(f"127.0.0.1:{port}", cfg) for _ in sites]
     for ch in channels:

@@ -16,10 +16,11 @@ import numpy as np
 import torch
 
 from powertrip.clock import EmulatedClock
-from powertrip.fedavg import NumpyParams, StreamingFedAvg, delta_sketch, sketch_stride
+from powertrip.fedavg import NumpyParams, delta_sketch, sketch_stride
 from powertrip.learning.device import TorchParams, row_to_numpy, to_numpy, to_torch
 from powertrip.learning.trainer import SiteTrainer
 from powertrip.outcome import round_outcome
+from powertrip.robust import Aggregation
 from powertrip.rounds import (
     RoundOutcome,
     RoundRecord,
@@ -103,6 +104,7 @@ class Emulator:
         time_model: TimeModel,
         seed: int,
         cache: TrajectoryCache | None = None,
+        aggregation: Aggregation | None = None,
     ) -> None:
         self.fed = federation
         self.sites = sites
@@ -111,6 +113,7 @@ class Emulator:
         self.time = time_model
         self.seed = seed
         self.cache = cache if cache is not None else TrajectoryCache()
+        self.aggregation = aggregation or Aggregation()  # FedAvg unless the run asks otherwise
         self._initial: tuple[float, float] | None = None
 
     def _train_round(
@@ -129,8 +132,8 @@ class Emulator:
             [site_seed(self.seed, round_index, int(i)) for i in selected],
         )
         template = to_numpy(params)
-        agg = StreamingFedAvg(template, direction=direction)
-        half = StreamingFedAvg(template)  # every other site: the split-half averaging probe
+        agg = self.aggregation.make(template, direction=direction)
+        half = self.aggregation.make(template)  # every other site: the split-half probe
         for j in range(len(selected)):
             delta = row_to_numpy(updates.deltas, j)
             agg.add(delta, float(updates.num_samples[j]))

@@ -9,6 +9,7 @@ from typing import Annotated, Literal, Self
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from powertrip.robust import check_settings, check_trim_beta
 from powertrip.selection.registry import validate_policy_name
 from powertrip.sites import DistanceMode
 from powertrip.timing import RoundTimeModel
@@ -38,6 +39,8 @@ TargetAccuracy = Annotated[float | None, AfterValidator(_target_in_unit_interval
 Workload = BuiltinWorkload
 Partition = Literal["iid", "dirichlet", "natural"]
 ModelSize = Literal["tiny", "small", "medium", "large", "xl"]
+AggregationRule = Literal["fedavg", "trimmed-mean", "median"]  # powertrip.robust.RULES
+TrimBeta = Annotated[float | None, AfterValidator(check_trim_beta)]
 #: workloads that run without --dataset-path (lm: an embedded synthetic corpus)
 GENERATED_WORKLOADS = ("mnist1d", "lm")
 
@@ -169,6 +172,11 @@ class ExperimentConfig(RunConfig):
     )
     max_rounds: int = Field(120, ge=1)
     greedy: GreedyParams = GreedyParams()
+    # aggregation (powertrip/robust.py, docs/robust-aggregation.md); left out of dumps while
+    # FedAvg / unset, so existing summaries do not change
+    aggregation: AggregationRule = Field("fedavg", exclude_if=lambda v: v == "fedavg")
+    clip_norm: float | None = Field(None, gt=0, allow_inf_nan=False, exclude_if=_unset)
+    trim_beta: TrimBeta = Field(None, allow_inf_nan=False, exclude_if=_unset)
 
     @field_validator("policies")
     @classmethod
@@ -199,6 +207,7 @@ class ExperimentConfig(RunConfig):
         needs_sweep = {"static-optimal", "random"} & set(self.policies)
         if needs_sweep and not self.static_sweep:
             raise ValueError(f"{sorted(needs_sweep)} need a static sweep (static_sweep is empty)")
+        check_settings(self.aggregation, self.clip_norm, self.trim_beta)
         return self
 
     @property

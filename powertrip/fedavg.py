@@ -45,6 +45,45 @@ class UpdateRejected(ValueError):
         self.reason = reason
 
 
+def validate_update(
+    spec: dict[str, tuple[tuple[int, ...], np.dtype]], delta: NumpyParams, weight: float
+) -> None:
+    """Raise UpdateRejected naming the first problem with an update against the model's
+    (shape, dtype) ``spec``: shared by every aggregation rule, so all refuse alike."""
+    if not np.isfinite(weight) or weight <= 0:
+        raise UpdateRejected("bad_weight", f"update weight must be finite and > 0, got {weight}")
+    missing = spec.keys() - delta.keys()
+    extra = delta.keys() - spec.keys()
+    if missing or extra:
+        raise UpdateRejected(
+            "tensor_set",
+            f"update tensors differ from the model: missing {sorted(missing)}, "
+            f"unexpected {sorted(extra)}",
+        )
+    for name, (shape, dtype) in spec.items():
+        a = delta[name]
+        if a.shape != shape:
+            raise UpdateRejected("shape", f"tensor {name!r} has shape {a.shape}, expected {shape}")
+        if a.dtype != dtype:
+            raise UpdateRejected("dtype", f"tensor {name!r} has dtype {a.dtype}, expected {dtype}")
+        if not np.isfinite(a).all():
+            raise UpdateRejected("non_finite", f"tensor {name!r} contains NaN or Inf")
+
+
+def unit_direction(
+    spec: dict[str, tuple[tuple[int, ...], np.dtype]], direction: NumpyParams, stride: int
+) -> tuple[dict[str, NDArray] | None, float]:
+    """Check a ``delta_sketch`` against the model's ``spec``; (flat sketch, its norm), or
+    (None, 0.0) for a zero or broken direction (no projection then)."""
+    sizes = {n: -(-int(np.prod(shape, dtype=np.int64)) // stride) for n, (shape, _) in spec.items()}
+    if direction.keys() != spec.keys() or any(np.size(direction[n]) != sizes[n] for n in sizes):
+        raise ValueError("direction tensors must match the update template")
+    norm_sq = sum(float(np.vdot(v, v)) for v in direction.values())
+    if not (np.isfinite(norm_sq) and norm_sq > 0):
+        return None, 0.0
+    return {n: np.asarray(v).reshape(-1) for n, v in direction.items()}, float(np.sqrt(norm_sq))
+
+
 class StreamingFedAvg:
     """Sample-weighted mean of deltas, w_{t+1} = w_t + sum_i (n_i / sum_j n_j) * delta_i.
 
@@ -76,44 +115,14 @@ class StreamingFedAvg:
         self._weighted_proj = 0.0
         self._weighted_sq_proj = 0.0
         self.stride = sketch_stride(template)
-        if direction is not None:  # a delta_sketch(...) with this template's stride
-            sizes = {n: -(-int(np.prod(shape, dtype=np.int64)) // self.stride)
-                     for n, (shape, _) in self._spec.items()}  # fmt: skip
-            if direction.keys() != self._spec.keys() or any(
-                np.size(direction[n]) != sizes[n] for n in sizes
-            ):
-                raise ValueError("direction tensors must match the update template")
-            norm_sq = sum(float(np.vdot(v, v)) for v in direction.values())
-            if np.isfinite(norm_sq) and norm_sq > 0:  # a zero or broken direction: no projection
-                self._direction = {n: np.asarray(v).reshape(-1) for n, v in direction.items()}
-                self._direction_norm = float(np.sqrt(norm_sq))
+        if direction is not None:
+            self._direction, self._direction_norm = unit_direction(
+                self._spec, direction, self.stride
+            )
 
     def validate(self, delta: NumpyParams, weight: float) -> None:
         """Raise UpdateRejected naming the first problem; never touches the accumulator."""
-        if not np.isfinite(weight) or weight <= 0:
-            raise UpdateRejected(
-                "bad_weight", f"update weight must be finite and > 0, got {weight}"
-            )
-        missing = self._spec.keys() - delta.keys()
-        extra = delta.keys() - self._spec.keys()
-        if missing or extra:
-            raise UpdateRejected(
-                "tensor_set",
-                f"update tensors differ from the model: missing {sorted(missing)}, "
-                f"unexpected {sorted(extra)}",
-            )
-        for name, (shape, dtype) in self._spec.items():
-            a = delta[name]
-            if a.shape != shape:
-                raise UpdateRejected(
-                    "shape", f"tensor {name!r} has shape {a.shape}, expected {shape}"
-                )
-            if a.dtype != dtype:
-                raise UpdateRejected(
-                    "dtype", f"tensor {name!r} has dtype {a.dtype}, expected {dtype}"
-                )
-            if not np.isfinite(a).all():
-                raise UpdateRejected("non_finite", f"tensor {name!r} contains NaN or Inf")
+        validate_update(self._spec, delta, weight)
 
     def add(self, delta: NumpyParams, weight: float) -> None:
         self.validate(delta, weight)

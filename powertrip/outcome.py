@@ -1,7 +1,8 @@
 """A round's outcome from its folded updates: the one builder of ``RoundOutcome``.
 
 The emulator (``powertrip.emulate``) and the aggregator service (its ``GrpcRoundExecutor``) fold
-their sites' updates into a ``StreamingFedAvg`` in selection order; from there on a round is the
+their sites' updates in selection order into the aggregator ``powertrip.robust.make_aggregator``
+builds (``StreamingFedAvg``, or a robust rule); from there on a round is the
 same arithmetic in both, kept here so the service reproduces the emulator bit for bit: the
 updates' dispersion (the noise-scale gain model's input), the split-half probe, the projection
 on the previous global delta, the FedAvg step of Eq. 2 and the evaluation of the new model.
@@ -11,7 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from powertrip.fedavg import NumpyParams, StreamingFedAvg
+from powertrip.fedavg import NumpyParams
+from powertrip.robust import Aggregator
 from powertrip.rounds import RoundOutcome
 
 #: (accuracy, loss) of a model on the held-out set
@@ -19,12 +21,12 @@ Evaluate = Callable[[NumpyParams], tuple[float, float]]
 
 
 def round_outcome(
-    agg: StreamingFedAvg,
+    agg: Aggregator,
     params: NumpyParams,
     evaluate: Evaluate,
     *,
     selected: int,
-    half: StreamingFedAvg | None = None,
+    half: Aggregator | None = None,
 ) -> RoundOutcome:
     """Commit ``agg`` onto the global model ``params`` and report the round.
 

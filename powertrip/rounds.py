@@ -95,7 +95,8 @@ class RoundExecutor(Protocol):
     ) -> RoundOutcome | None:
         """Train ``selected`` from the current global model and commit the FedAvg result.
 
-        None means the round failed (no update arrived): the global model is unchanged.
+        None means the round failed (no update arrived, or too few; or ``selected`` is empty
+        because no selected site was available): the global model is unchanged.
         """
         ...
 
@@ -181,6 +182,11 @@ def run_rounds(
 
     With an ``EmulatedClock`` a round lasts its modelled time; with any other clock it lasts
     what the clock measured while the executor worked.
+
+    A profile's ``available`` mask (the aggregator's worker leases) is honoured twice: the policy
+    ranks unavailable sites last (``SiteProfile.for_ranking``), and any it still picks are dropped
+    from the round. With no site left the executor gets an empty selection and must fail the round
+    without training (the emulated clock does not move). Without a mask nothing changes.
     """
     rng = policy_rng(seed, policy)
     accuracy, loss = executor.evaluate_initial()
@@ -191,14 +197,17 @@ def run_rounds(
             break
         started = clock.now()
         profile = profile_at(started)
+        ranked = profile.for_ranking()
         ctx = RoundContext(
-            r, started, profile, time_model.ideal_compute_s, time_model.update_bytes, rng
+            r, started, ranked, time_model.ideal_compute_s, time_model.update_bytes, rng
         )
         selected = np.asarray(policy.select(ctx), dtype=np.int64)
         if selected.size == 0:
             raise RuntimeError(f"policy {policy.name} selected no site in round {r}")
+        # Unavailable sites never train; none left: the executor fails the round untrained.
+        selected = profile.keep_available(selected)
         outcome = executor.execute(r, selected, profile, split_half)
-        if isinstance(clock, EmulatedClock):
+        if isinstance(clock, EmulatedClock) and selected.size:
             clock.advance(round_duration_s(time_model, policy, profile, selected))
         duration = clock.now() - started
         ids = tuple(int(i) for i in selected)

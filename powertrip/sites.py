@@ -7,7 +7,7 @@ emulator, the profiler and (later) trace readers or live probes implement.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Protocol
 
@@ -18,6 +18,8 @@ from powertrip.timing import bandwidth_bps, comm_time_s, propagation_delay_s
 
 PAPER_NEAR_SITES = 22  # sites within 1000 mi in the paper's fixed-radius baseline
 PAPER_NUM_SITES = 100
+#: the power an unavailable site shows a policy: ranks it last without dividing by zero
+UNAVAILABLE_POWER = 1e-9
 
 
 class DistanceMode(StrEnum):
@@ -150,15 +152,43 @@ class ModelledLinks:
 
 @dataclass(frozen=True)
 class SiteProfile:
-    """What the aggregator knows about every site when it picks a round's participants."""
+    """What the aggregator knows about every site when it picks a round's participants.
+
+    ``available`` is the aggregator's liveness mask (a site whose worker missed its heartbeats
+    is False): the round loop never asks an unavailable site to train. None means every site,
+    which is all the emulator, the Flower adapter and the studies ever pass, so their results do
+    not change. Keyword-only, so profiles that extend this one keep their positional fields.
+    """
 
     power: NDArray[np.float64]
     comm_s: NDArray[np.float64]
     distance_mi: NDArray[np.float64]
+    available: NDArray[np.bool_] | None = field(default=None, kw_only=True)
 
     @property
     def size(self) -> int:
         return int(self.power.size)
+
+    @property
+    def all_available(self) -> bool:
+        return self.available is None or bool(np.all(self.available))
+
+    def for_ranking(self) -> SiteProfile:
+        """The profile a policy ranks: an unavailable site's power shrunk to ``UNAVAILABLE_POWER``
+        so power-aware rankings put it last and pick an available replacement (a tiny positive
+        power, not 0: rankings divide by power). Unchanged, the same object, when every site is
+        available."""
+        if self.all_available:
+            return self
+        assert self.available is not None
+        power = np.where(self.available, self.power, UNAVAILABLE_POWER)
+        return replace(self, power=power)
+
+    def keep_available(self, selected: NDArray[np.int64]) -> NDArray[np.int64]:
+        """``selected`` without the unavailable sites, in the same order."""
+        if self.available is None:
+            return selected
+        return selected[self.available[selected]]
 
 
 def profile_at(

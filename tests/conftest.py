@@ -25,3 +25,14 @@ def shared_data() -> Path:
 def _isolated_cache(tmp_path_factory, monkeypatch):
     cache = tmp_path_factory.getbasetemp() / "powertrip-cache"
     monkeypatch.setenv("POWERTRIP_CACHE_DIR", str(cache))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _plaintext_services_by_default():
+    """Services refuse plaintext unless POWERTRIP_INSECURE=1 (docs/security.md). Most tests
+    start services in-process or as children that read this environment and talk plaintext to
+    them; the TLS and identity tests give certificates (and remove this) explicitly. Session
+    scope, so module-scoped fixtures that start services see it too."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("POWERTRIP_INSECURE", "1")
+        yield

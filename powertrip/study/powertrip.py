@@ -20,6 +20,7 @@ import torch
 from powertrip.emulate import Emulator, RoundRecord, RunResult, TimeModel, TrajectoryCache
 from powertrip.experiment import ExperimentConfig
 from powertrip.learning.federation import build_federation, load_workload
+from powertrip.robust import Aggregation
 from powertrip.selection.base import StaticTopK
 from powertrip.selection.registry import build_policy
 from powertrip.sites import ModelledLinks, PowerSource, SiteSet, generate_sites
@@ -138,6 +139,7 @@ def run_study(
                 time_model,
                 seed,
                 TrajectoryCache(),
+                Aggregation.of(cfg),
             )
         )
 

@@ -15,7 +15,7 @@ last good value.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -184,25 +184,47 @@ def read_power_file(path: Path | str, column: str | None = None) -> tuple[list[P
 
 
 def read_power_trace(
-    paths: Path | str | Iterable[Path | str], column: str | None = None
+    paths: Path | str | Iterable[Path | str],
+    column: str | None = None,
+    on_bad_file: Callable[[TraceError], None] | None = None,
 ) -> PowerTrace:
     """Every series in the given files and directories (``*.csv``, ``*.csv.gz``), one column.
 
     ``column``: ``"production"`` (as the paper uses), ``"measured"``, or ``None`` for production
     when the first file has it and measured otherwise; every file must then have that column.
+    ``on_bad_file``: None (a study) stops at the first bad file; a long-running service passes
+    a callback that is told each bad file's error and keeps the good files, so one corrupt PDU
+    export costs its own series, not the service. With no good file left the first error is raised.
     """
     files = _trace_files([paths] if isinstance(paths, str | Path) else paths)
     series: list[PowerSeries] = []
     seen: dict[str, Path] = {}
     col = column
+    kept: list[Path] = []
+    first_error: TraceError | None = None
     for path in files:
-        got, col = read_power_file(path, col)
+        try:
+            got, file_col = read_power_file(path, col)
+            for s in got:
+                if s.name in seen:
+                    raise TraceError(
+                        path, f"series {s.name!r} was already read from {seen[s.name]}"
+                    )
+        except TraceError as exc:
+            if on_bad_file is None:
+                raise
+            first_error = first_error or exc
+            on_bad_file(exc)
+            continue
+        col = file_col
         for s in got:
-            if s.name in seen:
-                raise TraceError(path, f"series {s.name!r} was already read from {seen[s.name]}")
             seen[s.name] = path
         series.extend(got)
-    return PowerTrace(tuple(series), col, GOOGLE_LABEL, ", ".join(map(str, files)))
+        kept.append(path)
+    if not series:
+        assert first_error is not None  # _trace_files never returns an empty list
+        raise first_error
+    return PowerTrace(tuple(series), col, GOOGLE_LABEL, ", ".join(map(str, kept)))
 
 
 class TracePower:

@@ -17,6 +17,7 @@ from services.aggregator.run import AggregatorRun
 from services.aggregator.servicer import AggregatorServicer
 from services.common.command_line import parse_service_args
 from services.common.config import ConfigError, load_config
+from services.common.fault_points import armed_faults
 from services.common.grpc_client import make_channel, retry_idempotent
 from services.common.grpc_server import build_server, serve
 from services.common.logging import configure
@@ -40,6 +41,7 @@ def main() -> int:
         cfg = load_config(AggregatorConfig)
         cfg.curtailment() if cfg.mode == "curtailment" else cfg.experiment()
         cfg.usable_device()  # it evaluates there: no GPU, no start
+        armed_faults()  # a test hook's typo fails here, not silently
     except (ConfigError, ValueError) as exc:
         print(f"powertrip-aggregator: {exc}", file=sys.stderr)
         return 2

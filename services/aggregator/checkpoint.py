@@ -3,7 +3,11 @@
 Every byte of a checkpoint is covered by a checksum: the manifest holds the model's SHA-256
 (``model_sha256``) and the SHA-256 of a canonical serialisation of its own content (``sha256``:
 format, round, model name and hash, and the run state with its journal). Writes are atomic
-(temporary file, fsync, ``os.replace``), so a crash mid-write leaves the previous checkpoint.
+(temporary file, fsync, ``os.replace``, then the directory fsynced), the manifest last: its rename
+commits the round, so a crash (SIGKILL) anywhere in ``save`` leaves the previous checkpoint
+loadable (``tests/integration/test_crash_recovery.py`` kills the aggregator there); what it
+leaves half-done (a model without a manifest, a ``*.tmp``) is pruned by the next save or deleted
+at the next start. A disk refusing a write (``save_or_report``) costs a warning, not the run.
 
 At load a checkpoint is *rejected* — one warning naming the file and the reason, one increment of
 ``powertrip_checkpoint_rejected_total{reason}`` — when its manifest is unreadable, not JSON, not
@@ -33,6 +37,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from services.aggregator import metrics
+from services.common.fault_points import fault_point
 
 logger = logging.getLogger(__name__)
 KEEP = 2  # the newest and one fallback
@@ -48,6 +53,8 @@ REASONS = (
     "incompatible",  # verified, but refused by the run (arrays or journal do not fit)
 )
 _NAME = re.compile(r"round-(\d{6,})\.json")
+_MODEL = re.compile(r"round-(\d{6,})\.npz")
+TMP = ".tmp"  # suffix of a file being written
 for _reason in REASONS:  # every series exported from the start, at 0
     metrics.CHECKPOINT_REJECTED.labels(_reason)
 
@@ -85,22 +92,60 @@ def _canonical_sha256(body: Mapping[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _write_atomic(path: Path, write: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
+def _write_temp(path: Path, write: Callable[[Any], object]) -> Path:
+    """``path``'s content, written and fsynced under a temporary name (removed on failure)."""
+    tmp = path.with_name(path.name + TMP)
     try:
         with tmp.open("wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return tmp
+
+
+def _rename(tmp: Path, path: Path) -> None:
+    try:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
 
 
+def _fsync_dir(directory: Path) -> None:
+    """Make the renames in ``directory`` durable (a rename lives in the directory's inode)."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _prune(directory: Path, newest: int) -> None:
+    """Keep the ``KEEP`` newest rounds; delete the older ones, and any model file of a round
+    up to ``newest`` that has no manifest (a crash between a model and its manifest, or in the
+    middle of a previous prune), so crashes leave no garbage that accumulates."""
+    manifests = sorted(directory.glob("round-*.json"))
+    for old in manifests[:-KEEP]:
+        old.unlink(missing_ok=True)
+        old.with_suffix(".npz").unlink(missing_ok=True)
+    kept = {m.with_suffix(".npz").name for m in manifests[-KEEP:]}
+    for model in directory.glob("round-*.npz"):
+        match = _MODEL.fullmatch(model.name)
+        if model.name not in kept and match and int(match[1]) <= newest:
+            model.unlink(missing_ok=True)
+
+
 def save(directory: Path, round_index: int, params: Mapping[str, NDArray], state: dict) -> Path:
+    """Commit round ``round_index``: the model, then its manifest, each written to a temporary
+    file, fsynced and renamed into place; the manifest's rename is the commit. A crash at any
+    point leaves the previous round loadable and at worst files the next save overwrites or
+    prunes (a model without a manifest) or the next start deletes (``*.tmp``). OSError (disk
+    full, fsync failing) leaves the same, the temporary files removed."""
     directory.mkdir(parents=True, exist_ok=True)
     model = directory / f"round-{round_index:06d}.npz"
-    _write_atomic(model, lambda f: np.savez(f, **params))
+    _rename(_write_temp(model, lambda f: np.savez(f, **params)), model)
     body = {
         "format": FORMAT,
         "round": round_index,
@@ -110,14 +155,46 @@ def save(directory: Path, round_index: int, params: Mapping[str, NDArray], state
         "state": json.loads(json.dumps(state)),
     }
     manifest = {**body, "sha256": _canonical_sha256(body)}
-    _write_atomic(
-        directory / f"round-{round_index:06d}.json",
-        lambda f: f.write(json.dumps(manifest, indent=1).encode()),
-    )
-    for old in sorted(directory.glob("round-*.json"))[:-KEEP]:
-        old.unlink(missing_ok=True)
-        old.with_suffix(".npz").unlink(missing_ok=True)
+    path = directory / f"round-{round_index:06d}.json"
+    tmp = _write_temp(path, lambda f: f.write(json.dumps(manifest, indent=1).encode()))
+    # the worst moment to die: the new model in place, its manifest written but not committed
+    fault_point("checkpoint-write", round_index)
+    _rename(tmp, path)
+    fault_point("checkpoint-commit", round_index)  # committed, not yet durable nor pruned
+    _fsync_dir(directory)
+    _prune(directory, round_index)
     return model
+
+
+def save_or_report(
+    directory: Path, round_index: int, params: Mapping[str, NDArray], state: dict
+) -> bool:
+    """``save``; when the disk refuses it (OSError: full, read-only, fsync failing), one
+    warning and one count of ``powertrip_checkpoint_write_failures_total``, and False: the run
+    goes on (a checkpoint is a restart point, not a result: refusing to train would turn a full
+    disk into a crash loop), and a restart resumes from the last round that was written."""
+    try:
+        save(directory, round_index, params, state)
+    except OSError as exc:
+        metrics.CHECKPOINT_WRITE_FAILURES.inc()
+        logger.warning(
+            "checkpoint of round %d not written, the run goes on: %s: %s",
+            round_index,
+            type(exc).__name__,
+            " ".join(str(exc).split()),
+        )
+        return False
+    return True
+
+
+def remove_leftovers(directory: Path) -> list[Path]:
+    """Delete the temporary files a crash during ``save`` left behind (at start: one writer
+    per directory, so none is in use); the paths removed."""
+    gone = sorted(directory.glob(f"round-*{TMP}"))
+    for path in gone:
+        path.unlink(missing_ok=True)
+        logger.info("removed %s, left by a crash during a checkpoint write", path.name)
+    return gone
 
 
 def _manifest(path: Path) -> dict[str, Any]:
@@ -208,6 +285,8 @@ def load_latest(
     but none verifies, without ``start_fresh``: ``NoUsableCheckpoint``, the files untouched."""
     rejected = []
     found = None
+    if directory.is_dir():
+        remove_leftovers(directory)
     for manifest_path in sorted(directory.glob("round-*.json"), reverse=True):
         found = _try(manifest_path, validate)
         if found is not None:

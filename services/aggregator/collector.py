@@ -9,7 +9,9 @@ once the checksum matches: a stream that dies mid-way or carries a bad value nev
 sums. Folds happen in the order the policy selected the sites (a verified update that arrives
 early waits in its spool, on disk when large), so the float32 sums, and hence the run, do not
 depend on network timing and equal the emulator's bit for bit. Memory stays one accumulator (two
-with the split-half probe) plus a few chunks, whatever the number of concurrent uploads.
+with the split-half probe) plus a few chunks, whatever the number of concurrent uploads. A robust
+rule (``powertrip.robust``, POWERTRIP_AGGREGATION) must hold every accepted update instead: n
+models (1.5 n with the split-half probe), still folded in selection order.
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from powertrip.fedavg import StreamingFedAvg
+from powertrip.robust import Aggregation
 from powertrip.sites import site_id
 from services.common.errors import Duplicate, StaleRound
+from services.common.fault_points import fault_point
 from services.common.tensor_stream import TensorStreamReceiver
 
 
@@ -119,7 +122,7 @@ class RoundGate:
 
 
 class RoundCollector(RoundGate):
-    """FedAvg sums of a round, folded in selection order."""
+    """A round's aggregate (the run's rule, FedAvg by default), folded in selection order."""
 
     def __init__(
         self,
@@ -128,10 +131,12 @@ class RoundCollector(RoundGate):
         template: Mapping[str, NDArray],
         split_half: bool = False,
         direction: Mapping[str, NDArray] | None = None,  # last global delta, for projections
+        aggregation: Aggregation | None = None,  # the run's rule; FedAvg when None
     ) -> None:
         super().__init__(round, selected)
-        self.agg = StreamingFedAvg(template, direction=direction)
-        self.half = StreamingFedAvg(template) if split_half else None
+        rule = aggregation or Aggregation()
+        self.agg = rule.make(template, direction=direction)  # type: ignore[arg-type]
+        self.half = rule.make(template) if split_half else None  # type: ignore[arg-type]
         self.accepted: list[int] = []  # folded, in fold order
         self._half_sites = {s for j, s in enumerate(self.selected) if j % 2 == 0}
         self._ready: dict[int, tuple[TensorStreamReceiver, float]] = {}
@@ -160,6 +165,7 @@ class RoundCollector(RoundGate):
                 finally:
                     rx.close()
                 self.accepted.append(s)
+                fault_point("aggregation", self.round)  # test hook: dies after 1st fold
             elif not (self.closed and s in self.failed):
                 return
             self._next += 1

@@ -59,12 +59,30 @@ class AggregatorConfig(ServiceConfig, CurtailSettings, DeviceSettings):
     update_gb: float | None = Field(None, ge=0)
     ideal_compute_s: float | None = Field(None, gt=0)
     k_star: int | None = Field(None, ge=1)  # for static-optimal / random
+    # Aggregation rule (powertrip/robust.py, docs/robust-aggregation.md): fedavg (default,
+    # streamed) or trimmed-mean / median (hold every update); checked by experiment()
+    aggregation: Literal["fedavg", "trimmed-mean", "median"] | None = None
+    clip_norm: float | None = None
+    trim_beta: float | None = None
     # Wall clock: expected local training time at full power, for ranking before measurement.
     wall_tau_s: float = Field(1.0, gt=0)
     round_deadline_s: float = Field(120.0, gt=0)  # wall seconds a round waits for updates
     registration_timeout_s: float = Field(300.0, gt=0)
     min_sites: int | None = Field(None, ge=1)  # sites to wait for; default: every site
-    max_failed_rounds: int = Field(3, ge=1)  # this many rounds in a row with no update: FAILED
+    max_failed_rounds: int = Field(3, ge=1)  # this many failed rounds in a row: FAILED
+    # Liveness (docs/liveness.md). A worker is alive while its last heartbeat is at most
+    # heartbeat_patience x heartbeat_s + 1 s old; POWERTRIP_HEARTBEAT_S is the variable the
+    # workers beat at, so one environment file sets both sides.
+    heartbeat_s: float = Field(2.0, gt=0)
+    heartbeat_patience: float = Field(2.0, ge=1)
+    # Quorum: a round closing with fewer accepted updates fails (model unchanged). Keep it at
+    # or below the sites a round selects, or every round fails.
+    min_contributions: int = Field(1, ge=1)
+    # The profiler's circuit breaker: after a failed call, rounds use the cached profile at once
+    # and the profiler is asked again only after profiler_retry_s; a cached profile older than
+    # profiler_stale_s holds new rounds until the profiler answers.
+    profiler_retry_s: float = Field(15.0, gt=0)
+    profiler_stale_s: float = Field(600.0, gt=0)
     checkpoint_dir: str = "checkpoints"  # "" disables checkpoints
     # When checkpoints exist but none verifies (checksum, format), start over from round 0
     # (the bad ones are renamed *.rejected) instead of refusing to start (exit code 3). No
@@ -77,6 +95,12 @@ class AggregatorConfig(ServiceConfig, CurtailSettings, DeviceSettings):
     # Comma-separated worker ids admitted to the run; unset admits any worker (with TLS: any
     # holder of a certificate from the CA, under its own name).
     allowed_workers: str | None = None
+    allowed_workers_file: str | None = None  # one id per line; re-read on change
+
+    @property
+    def lease_s(self) -> float:
+        """How old a worker's last heartbeat may be while it still counts as alive."""
+        return self.heartbeat_patience * self.heartbeat_s + 1.0
 
     @property
     def allowed_worker_ids(self) -> frozenset[str] | None:
@@ -90,9 +114,20 @@ class AggregatorConfig(ServiceConfig, CurtailSettings, DeviceSettings):
         validate_policy_name(v)
         return v
 
-    @field_validator("workload", "dataset_path", "partition", "model_size", mode="before")
+    @field_validator(
+        "workload",
+        "dataset_path",
+        "partition",
+        "model_size",
+        "aggregation",
+        "clip_norm",
+        "trim_beta",
+        mode="before",
+    )
     @classmethod
-    def _empty_is_unset(cls, v: object) -> object:
+    def _empty_run_setting_is_unset(cls, v: object) -> object:
+        # Not named _empty_is_unset: that would replace ServiceConfig's validator of the same
+        # name, and POWERTRIP_TLS_*="" would no longer mean unset in the aggregator.
         return v or None
 
     @model_validator(mode="after")
@@ -161,4 +196,7 @@ class AggregatorConfig(ServiceConfig, CurtailSettings, DeviceSettings):
             ideal_compute_s=self.ideal_compute_s,
             policies=(self.policy,),
             static_sweep=(self.k_star,) if self.k_star else None,
+            aggregation=self.aggregation,
+            clip_norm=self.clip_norm,
+            trim_beta=self.trim_beta,
         )

@@ -1,6 +1,10 @@
 """The service's RoundExecutor: broadcast the model to the workers of the selected sites, collect
 their streamed updates, then commit and report the round with ``powertrip.outcome``. The round
-loop and the round's arithmetic are the emulator's, so a service run reproduces it."""
+loop and the round's arithmetic are the emulator's, so a service run reproduces it.
+
+A round commits only with a quorum (POWERTRIP_MIN_CONTRIBUTIONS accepted updates); below it, or
+with no selected site alive, it fails with the model unchanged and ``failure`` says why
+(docs/liveness.md)."""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ import logging
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import grpc
 import numpy as np
@@ -15,6 +20,7 @@ from numpy.typing import NDArray
 
 from powertrip.fedavg import NumpyParams, delta_sketch, sketch_stride
 from powertrip.outcome import Evaluate, round_outcome
+from powertrip.robust import Aggregation
 from powertrip.rounds import RoundOutcome
 from powertrip.sites import SiteProfile, site_id
 from powertrip.v1 import common_pb2, worker_pb2, worker_pb2_grpc
@@ -25,11 +31,28 @@ from services.common.config import ServiceConfig
 from services.common.grpc_client import make_channel
 from services.common.tensor_stream import (
     DEFAULT_CHUNK_BYTES,
+    TensorStreamReceiver,
     encode,
     wrap_tensor_stream,
 )
 
 logger = logging.getLogger(__name__)
+
+
+class CountedReceiver(TensorStreamReceiver):
+    """A receiver counted in ``powertrip_update_streams_open`` from creation to its first close,
+    so a stream a dead worker left behind shows as a leak instead of going unnoticed."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._counted = True
+        metrics.UPDATE_STREAMS_OPEN.inc()
+
+    def close(self) -> None:
+        super().close()
+        if self._counted:
+            self._counted = False
+            metrics.UPDATE_STREAMS_OPEN.dec()
 
 
 class GrpcRoundExecutor:
@@ -43,8 +66,13 @@ class GrpcRoundExecutor:
         pace_by_power: bool,
         channel_cfg: ServiceConfig,
         initial: tuple[float, float] | None = None,
+        aggregation: Aggregation | None = None,
+        min_contributions: int = 1,
     ) -> None:
         self.registry = registry
+        self.min_contributions = min_contributions  # quorum: fewer accepted updates fail a round
+        self.failure: tuple[int, str] | None = None  # (round, reason) of the last failed round
+        self.aggregation = aggregation  # the run's rule (powertrip.robust); None: FedAvg
         self.params = params
         self.evaluate = evaluate
         self.run_seed = run_seed
@@ -125,6 +153,8 @@ class GrpcRoundExecutor:
             )
             for s in sites:
                 collector.fail(s, f"start_{exc.code().name.lower()}")
+            if exc.code() is grpc.StatusCode.UNAVAILABLE:  # dead, not slow: out until it beats
+                self.registry.unreachable(worker_id)
 
     @metrics.ROUND_WALL.time()
     def execute(
@@ -134,9 +164,18 @@ class GrpcRoundExecutor:
         profile: SiteProfile,
         split_half: bool,
     ) -> RoundOutcome | None:
+        if selected.size == 0:  # the round loop dropped every selected site: none is alive
+            logger.warning("round %d: no selected site is alive; model unchanged", round_index)
+            self.failure = (round_index, "no_site_alive")
+            return None
         direction = self._direction if self.track_direction else None
         collector = RoundCollector(
-            round_index, [int(s) for s in selected], self.params, split_half, direction
+            round_index,
+            [int(s) for s in selected],
+            self.params,
+            split_half,
+            direction,
+            self.aggregation,
         )
         self.collector = collector
         groups, orphans = self.registry.group(collector.selected)
@@ -148,8 +187,16 @@ class GrpcRoundExecutor:
         collector.close()
         for reason in collector.failed.values():
             metrics.UPDATES.labels(reason).inc()
-        if not collector.accepted:
-            logger.warning("round %d: no update arrived; model unchanged", round_index)
+        got = len(collector.accepted)
+        if got < self.min_contributions:  # the sums are dropped: nothing of this round is kept
+            logger.warning(
+                "round %d: %d of %d updates arrived, quorum %d; model unchanged",
+                round_index,
+                got,
+                len(selected),
+                self.min_contributions,
+            )
+            self.failure = (round_index, "quorum" if got else "no_update")
             return None
         previous = self.params
         outcome = round_outcome(

@@ -170,7 +170,7 @@ class RunLifecycle:
 
     def __init__(self, cfg: AggregatorConfig, num_sites: int, expected_sites: int) -> None:
         self.cfg = cfg
-        self.registry = WorkerRegistry(num_sites)
+        self.registry = WorkerRegistry(num_sites, cfg.lease_s)
         self.expected_sites = expected_sites
         self.status = RunStatus()
         self._lock = threading.Lock()
@@ -218,7 +218,18 @@ class RunLifecycle:
     def start(self) -> threading.Thread:
         thread = threading.Thread(target=self.run, name=self.thread_name, daemon=True)
         thread.start()
+        threading.Thread(
+            target=self._sweep_leases, args=(thread,), name="lease-sweep", daemon=True
+        ).start()
         return thread
+
+    def _sweep_leases(self, run_thread: threading.Thread) -> None:
+        """Notice expired leases (log, metric) a few times per lease while the run lives, so
+        a dead worker is reported within about one lease even while a round blocks."""
+        period = min(0.25, self.cfg.lease_s / 4)
+        while run_thread.is_alive():
+            self.registry.sweep()
+            run_thread.join(period)
 
     def stop(self) -> None:
         """Start no new round; the open one runs on (the entry point may abandon it)."""

@@ -39,6 +39,10 @@ CHECKPOINT_ROUND = Gauge("powertrip_checkpoint_round", "Round of the last checkp
 CHECKPOINT_LOADED_ROUND = Gauge(
     "powertrip_checkpoint_loaded_round", "Round of the checkpoint resumed at start (0: none)."
 )
+CHECKPOINT_WRITE_FAILURES = Counter(
+    "powertrip_checkpoint_write_failures_total",
+    "Checkpoints not written (disk full, fsync failing): the run went on without them.",
+)
 CHECKPOINT_REJECTED = Counter(
     "powertrip_checkpoint_rejected_total",
     "Checkpoints rejected at load (checksum, format, or not fitting the run), by reason.",
@@ -52,3 +56,29 @@ EMISSIONS = Counter(
 )
 MODE = Gauge("powertrip_mode", "Training mode now: 0 pause, 1 single site, 2 federated.")
 ACTIVE_SITES = Gauge("powertrip_active_sites", "Sites training in the current round.")
+
+# Liveness (docs/liveness.md): worker leases, quorum, the profiler's circuit breaker.
+WORKERS_ALIVE = Gauge(
+    "powertrip_workers_alive", "Registered workers whose heartbeat lease has not run out."
+)
+WORKER_OFFLINE = Counter(
+    "powertrip_worker_offline_total",
+    "Times a worker's lease ran out (it missed POWERTRIP_HEARTBEAT_PATIENCE heartbeats).",
+    ["worker"],
+)
+ROUND_FAILURES = Counter(
+    "powertrip_round_failures_total",
+    "Failed rounds (model unchanged), by reason: no_site_alive, no_update, quorum.",
+    ["reason"],
+)
+UPDATE_STREAMS_OPEN = Gauge(
+    "powertrip_update_streams_open",
+    "Update streams being received or waiting to be folded (each holds a receive spool).",
+)
+PROFILER_DEGRADED = Gauge(
+    "powertrip_profiler_degraded",
+    "1 while rounds use a cached profile because the profiler did not answer, else 0.",
+)
+PROFILE_AGE = Gauge(
+    "powertrip_profile_age_seconds", "Wall seconds since the profiler last answered."
+)

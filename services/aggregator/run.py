@@ -17,6 +17,7 @@ from powertrip.fedavg import NumpyParams
 from powertrip.journal import JournaledExecutor, JournalEntry
 from powertrip.learning.device import to_numpy, to_torch
 from powertrip.learning.federation import build_federation, load_workload
+from powertrip.robust import Aggregation
 from powertrip.rounds import RoundRecord, TimeModel, run_rounds
 from powertrip.selection.registry import build_policy
 from powertrip.sites import SiteProfile, site_id
@@ -25,6 +26,7 @@ from services.aggregator.config import AggregatorConfig
 from services.aggregator.executor import GrpcRoundExecutor
 from services.aggregator.lifecycle import Registration, RunLifecycle, StatusRound
 from services.aggregator.profile_feed import ProfileFeed
+from services.aggregator.registry import LivenessLog
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +82,7 @@ class AggregatorRun(RunLifecycle):
         self.run_seed = exp.seed
         self.target = exp.target_accuracy
         self._failed_in_a_row = 0
+        self._last_failure = ""
         self._quorum_lost = False
         data = load_workload(exp, seed=exp.seed)
         fed = build_federation(exp, data, self.run_seed, cfg.device)  # evaluates there
@@ -89,6 +92,7 @@ class AggregatorRun(RunLifecycle):
         self._checkpoints = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
         journal: list[JournalEntry] = []
         initial: tuple[float, float] | None = None
+        down: dict[int, list[int]] = {}  # per round: the sites that were not available
         self._resumed_round: int | None = None
         self._fits = _fits_run(params)
         if self._checkpoints is not None:
@@ -98,6 +102,7 @@ class AggregatorRun(RunLifecycle):
                 params = ckpt.params
                 self._resumed_round = ckpt.round
                 journal, initial = _resume_state(ckpt)
+                down = LivenessLog.from_state(ckpt.state)
                 logger.info(
                     "resuming after round %d: replaying %d rounds", ckpt.round, len(journal)
                 )
@@ -110,10 +115,13 @@ class AggregatorRun(RunLifecycle):
             cfg.round_deadline_s,
             pace_by_power=cfg.clock == "wall",
             channel_cfg=cfg,
+            aggregation=Aggregation.of(exp),
+            min_contributions=cfg.min_contributions,
         )
         # Restarts replay the journal through the round loop, so the policy resumes exactly.
         self.journaled = JournaledExecutor(self.executor, journal, initial)
-        self.feed = ProfileFeed(cfg, exp.num_sites)
+        self.feed = ProfileFeed(cfg, exp.num_sites, stop=self._stop)
+        self.liveness = LivenessLog(self.registry, self._stop, cfg.round_deadline_s, down)
         if self.target is not None:
             metrics.TARGET.set(self.target)
 
@@ -131,8 +139,15 @@ class AggregatorRun(RunLifecycle):
         return TimeModel(self.cfg.wall_tau_s, float(self.model_bytes), exp.ground_truth, True)
 
     def profile_at(self, t_s: float) -> SiteProfile:
-        """Site profiles from the profiler; the last good answer when it does not reply."""
-        return self.feed.site_profiles(t_s, self.time_model)
+        """Site profiles from the profiler (or its cache, ``ProfileFeed``), masked by the
+        workers' leases: sites of a dead or frozen worker are not selected. A replayed round
+        gets the mask it had, so a restarted run selects as before."""
+        r = self.status.round + 1  # the round this profile is for (written by this thread)
+        replaying = self.journaled.replaying(r)
+        if not replaying:
+            self.liveness.wait_for_a_site()
+        profile = self.feed.site_profiles(t_s, self.time_model)
+        return self.liveness.mask(r, profile, replaying)
 
     def _on_round(self, rec: RoundRecord) -> None:
         strategy = self.cfg.policy
@@ -146,6 +161,12 @@ class AggregatorRun(RunLifecycle):
         metrics.LOSS.set(rec.loss)
         metrics.CLOCK.set(rec.time_s)
         self._failed_in_a_row = self._failed_in_a_row + 1 if rec.outcome == "failed" else 0
+        if rec.outcome == "failed":
+            failure = self.executor.failure
+            reason = failure[1] if failure and failure[0] == rec.round else "no_update"
+            self._last_failure = reason
+            if not self.journaled.replaying(rec.round):
+                metrics.ROUND_FAILURES.labels(reason).inc()
         if self._failed_in_a_row >= self.cfg.max_failed_rounds:
             self._quorum_lost = True
             self._stop.set()
@@ -153,7 +174,7 @@ class AggregatorRun(RunLifecycle):
         self._record_round(StatusRound(rec), rec.time_s if reached else None)
         replayed = self.journaled.replaying(rec.round)
         if self._checkpoints is not None and rec.outcome == "completed" and not replayed:
-            checkpoint.save(
+            saved = checkpoint.save_or_report(
                 self._checkpoints,
                 rec.round,
                 self.executor.params,
@@ -163,9 +184,11 @@ class AggregatorRun(RunLifecycle):
                     "policy": strategy,
                     "initial": list(self.journaled.evaluate_initial()),
                     "journal": [e.to_json() for e in self.journaled.journal],
+                    **self.liveness.to_state(),
                 },
             )
-            metrics.CHECKPOINT_ROUND.set(rec.round)
+            if saved:  # a disk that refuses it: logged and counted, the run goes on
+                metrics.CHECKPOINT_ROUND.set(rec.round)
         logger.info(
             "round %d: %d sites, %d updates, accuracy %.4f, clock %.1f s (%s%s)",
             rec.round,
@@ -219,7 +242,13 @@ class AggregatorRun(RunLifecycle):
             should_stop=self._stop.is_set,
         )
         if self._quorum_lost:
-            self._fail(f"{self.cfg.max_failed_rounds} rounds in a row without any update")
+            n, why = self.cfg.max_failed_rounds, self._last_failure
+            if why == "quorum":
+                self._fail(
+                    f"{n} rounds in a row without a quorum of {self.cfg.min_contributions} updates"
+                )
+            else:
+                self._fail(f"{n} rounds in a row without any update ({why})")
             return
         reached = self.status.time_to_accuracy_s  # written by this thread only
         self._finish(

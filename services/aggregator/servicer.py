@@ -12,29 +12,58 @@ import grpc
 from powertrip.sites import site_id, site_index
 from powertrip.v1 import aggregator_pb2, aggregator_pb2_grpc
 from services.aggregator import metrics
+from services.aggregator.executor import CountedReceiver
 from services.aggregator.lifecycle import Run
+from services.common.allow_list import AllowList
 from services.common.errors import BadRequest, NotFound, StaleRound, translate_errors
-from services.common.identity import check_worker
-from services.common.tensor_stream import StreamError, TensorStreamReceiver, specs_of
+from services.common.identity import (
+    AGGREGATOR,
+    OPERATOR,
+    PROFILER,
+    check_worker,
+    require_id,
+    require_role,
+)
+from services.common.tensor_stream import StreamError, specs_of
 
 logger = logging.getLogger(__name__)
+SERVICE = "AggregatorService"  # as metrics and refusal logs name it
 
 #: tells the profiler about a worker (worker id, address, site ids); retried by the caller
 TrackWorker = Callable[[str, str, list[str]], None]
 
 
 class AggregatorServicer(aggregator_pb2_grpc.AggregatorServiceServicer):
-    """Talks to the run only through ``Run``, so it serves either mode unchanged."""
+    """Talks to the run only through ``Run``, so it serves either mode unchanged.
+
+    Who may call (over TLS; docs/security.md): RegisterWorker and SubmitUpdate a worker whose
+    certificate CN is the worker_id it claims, on the allow-list; GetStatus the operator, the
+    aggregator, the profiler or a registered worker (also re-checked against the allow-list).
+    """
 
     def __init__(self, run: Run, track_worker: TrackWorker | None = None) -> None:
         self.run = run
         self.track_worker = track_worker
+        cfg = run.cfg
+        self.allow = AllowList(cfg.allowed_worker_ids, getattr(cfg, "allowed_workers_file", None))
+
+    def _check(self, context: grpc.ServicerContext, worker_id: str, method: str) -> None:
+        check_worker(context, worker_id, self.allow, SERVICE, method)
+
+    def _registered(self, worker_id: str) -> bool:
+        try:
+            self.run.registry.worker(worker_id)
+        except NotFound:
+            return False
+        return True
 
     @translate_errors
     def RegisterWorker(  # noqa: N802 - gRPC method name
         self, request: aggregator_pb2.RegisterWorkerRequest, context: grpc.ServicerContext
     ) -> aggregator_pb2.RegisterWorkerResponse:
-        check_worker(context, request.worker_id, self.run.cfg.allowed_worker_ids)
+        self._check(context, request.worker_id, "RegisterWorker")
+        for s in request.site_ids:
+            require_id(SERVICE, "RegisterWorker", s, "site id")
         try:
             sites = [site_index(s) for s in request.site_ids]
         except ValueError as exc:
@@ -78,7 +107,8 @@ class AggregatorServicer(aggregator_pb2_grpc.AggregatorServiceServicer):
         if first is None or first.WhichOneof("part") != "update":
             raise BadRequest("an update stream must open with its update header")
         head = first.update
-        check_worker(context, head.worker_id, self.run.cfg.allowed_worker_ids)
+        self._check(context, head.worker_id, "SubmitUpdate")
+        require_id(SERVICE, "SubmitUpdate", head.site_id, "site id")
         try:
             site = site_index(head.site_id)
         except ValueError as exc:
@@ -95,7 +125,7 @@ class AggregatorServicer(aggregator_pb2_grpc.AggregatorServiceServicer):
             raise StaleRound(f"no round is open (update for round {head.round})")
         collector.admit(site, head.round)
         expected = specs_of(self.run.executor.params)
-        rx = TensorStreamReceiver(expected)
+        rx = CountedReceiver(expected)  # powertrip_update_streams_open while it lives
         try:
             rx.consume(request_iterator)
             if not (math.isfinite(head.num_samples) and head.num_samples > 0):
@@ -116,9 +146,14 @@ class AggregatorServicer(aggregator_pb2_grpc.AggregatorServiceServicer):
         metrics.UPDATES.labels("accepted").inc()
         return aggregator_pb2.SubmitUpdateResponse(accepted=True)
 
+    @translate_errors
     def GetStatus(  # noqa: N802
         self, request: aggregator_pb2.GetStatusRequest, context: grpc.ServicerContext
     ) -> aggregator_pb2.GetStatusResponse:
+        services = (OPERATOR, AGGREGATOR, PROFILER)
+        cn = require_role(context, SERVICE, "GetStatus", services, self._registered)
+        if cn is not None and cn not in services:  # a worker: still on the allow-list?
+            self._check(context, cn, "GetStatus")
         snap = self.run.status_snapshot()
         st, energy = snap.status, snap.status.energy
         return aggregator_pb2.GetStatusResponse(

@@ -21,8 +21,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-#: services every cluster has, besides its workers
-SERVICES = ("aggregator", "profiler", "operator")
+from services.common.identity import SERVICES, validate_id
+
+__all__ = ["SERVICES", "Authority", "issue", "mint_cluster", "new_ca", "tls_env", "write_pair"]
 LOCAL_HOSTS = ("127.0.0.1", "localhost")
 
 
@@ -123,6 +124,8 @@ def mint_cluster(
     out: Path, workers: Sequence[str], hosts: Sequence[str] = (), days: int = 30
 ) -> None:
     """``ca.pem`` plus a certificate and key for every service and worker, into ``out``."""
+    for w in workers:
+        validate_id(w)  # the CN is the worker id the aggregator binds: the same rules
     clash = set(workers) & set(SERVICES)
     if clash:
         raise ValueError(f"worker ids {sorted(clash)} collide with service names")

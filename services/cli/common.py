@@ -199,6 +199,27 @@ def lm_options(command):  # noqa: ANN001, ANN201 - a click decorator
     return command
 
 
+def aggregation_options(command):  # noqa: ANN001, ANN201 - a click decorator
+    """The aggregation rule and its settings (powertrip/robust.py, docs/robust-aggregation.md)."""
+    options = [
+        click.option(
+            "--aggregation",
+            type=click.Choice(["fedavg", "trimmed-mean", "median"]),
+            help="Aggregation rule (default fedavg); trimmed-mean and median resist hostile "
+            "sites at the cost of holding every update (docs/robust-aggregation.md).",
+        ),
+        click.option("--clip-norm", type=float, help="Robust rules: clip each update's L2 norm."),
+        click.option(
+            "--trim-beta",
+            type=float,
+            help="trimmed-mean: fraction cut at each end per coordinate, in [0, 0.5); 0.2.",
+        ),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
 def _check_device(ctx: click.Context, param: click.Parameter, value: str) -> str:
     from powertrip.learning.device import resolve_device  # torch: only once parsing is done
 

@@ -54,11 +54,20 @@ class ClusterPlan:
     # Root only: one network namespace per worker behind a tc-shaped veth to a hub namespace
     # holding the aggregator and profiler (tc-scripts/topology.sh; profile rows: name rate delay)
     netns_profile: Path | None = None
-    # Mutual TLS: mint a throw-away CA and one certificate per service into this directory and
-    # start every service with it; None = plaintext.
+    # Mutual TLS (the default): mint a throw-away CA and one certificate per service into this
+    # directory (None: log_dir's sibling "tls") and start every service with it.
     tls_dir: Path | None = None
+    # Plaintext instead, only when asked: every service gets POWERTRIP_INSECURE=1.
+    insecure: bool = False
     # Where the workers train and the aggregator evaluates (POWERTRIP_DEVICE): auto|cpu|cuda[:N]
     device: str = "auto"
+
+    @property
+    def tls_path(self) -> Path | None:
+        """Where the certificates go; None for a plaintext (insecure) cluster."""
+        if self.insecure:
+            return None
+        return self.tls_dir or self.log_dir.parent / "tls"
 
     @property
     def worker_ids(self) -> list[str]:
@@ -97,8 +106,11 @@ class LocalCluster:
         for key, value in {**base, **values}.items():
             if value is not None:
                 env[f"POWERTRIP_{key.upper()}"] = str(value)
-        if self.plan.tls_dir is not None and tls_name is not None:
-            env.update(tls_env(self.plan.tls_dir, tls_name))
+        tls = self.plan.tls_path
+        if tls is None:
+            env["POWERTRIP_INSECURE"] = "1"
+        elif tls_name is not None:
+            env.update(tls_env(tls, tls_name))
         env.update(self.plan.extra_env)
         return env
 
@@ -131,10 +143,12 @@ class LocalCluster:
                 self.topology.sites,
             )
         bind = {"bind_host": "0.0.0.0"} if hub_ns else {}
-        if p.tls_dir is not None:
+        if p.tls_path is not None:
             if hub_ns is not None:  # the minted certificates name 127.0.0.1, not the veths
-                raise LaunchError("TLS together with a netns topology is not supported yet")
-            mint_cluster(p.tls_dir, p.worker_ids)
+                raise LaunchError(
+                    "TLS together with a netns topology is not supported yet: add --insecure"
+                )
+            mint_cluster(p.tls_path, p.worker_ids)
         prof = self._spawn(
             "profiler", "profiler", self._env("profiler", **bind), 60, hub_ns, hub_host
         )
@@ -213,10 +227,10 @@ class LocalCluster:
         return stub.GetStatus(aggregator_pb2.GetStatusRequest(), timeout=timeout_s)
 
     def _operator_channel(self, address: str) -> grpc.Channel:
-        """Plaintext, or mTLS as ``operator`` when the cluster runs with TLS."""
-        if self.plan.tls_dir is None:
+        """mTLS as ``operator``, or plaintext when the cluster runs insecure."""
+        if self.plan.tls_path is None:
             return grpc.insecure_channel(address)
-        cfg = load_config(ServiceConfig, tls_env(self.plan.tls_dir, "operator"))
+        cfg = load_config(ServiceConfig, tls_env(self.plan.tls_path, "operator"))
         return make_channel(address, cfg)
 
     def wait_done(

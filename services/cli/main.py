@@ -18,6 +18,7 @@ from services.cli.common import (
     OneLineErrors,
     OutputDir,
     WorkloadName,
+    aggregation_options,
     check_sweep,
     describe_validation,
     device_option,
@@ -41,7 +42,6 @@ FLAG_FOR_FIELD = {
     "dataset_path": "--dataset-path",
     "static_sweep": "--sweep",
     "dirichlet_alpha": "--dirichlet-alpha",
-    "max_rounds": "--max-rounds",
     "power_trace_path": "--power-trace",
 }
 
@@ -149,6 +149,7 @@ main.add_command(export.export_tensorboard_command)
 @click.option("--trend-rounds", type=int, help="Algorithm 1: rounds in the accuracy trend (m).")
 @click.option("--gain-floor", type=float, help="Algorithm 1: floor of the projected gain (eps).")
 @click.option("--kappa", type=float, help="kappa-headroom gain: strength of the headroom term.")
+@aggregation_options
 @click.option("--plots/--no-plots", default=True, show_default=True, help="Write PNG figures.")
 @export.tensorboard_option
 @click.option(

@@ -130,10 +130,12 @@ def write_scrape_config(path: Path, services: Iterable[Service]) -> Path:
     "--deadline", type=POSITIVE, default=60.0, show_default=True, help="Round deadline, wall s."
 )
 @click.option(
-    "--tls",
+    "--insecure",
     is_flag=True,
-    help="Mutual TLS: mint a throw-away CA and certificates into OUTPUT/tls and use them.",
+    help="Plaintext gRPC (no identities checked). Default: mutual TLS with a throw-away CA "
+    "and certificates minted into OUTPUT/tls.",
 )
+@click.option("--tls", is_flag=True, hidden=True, help="The default; kept as a no-op alias.")
 @click.option(
     "--timeout", type=POSITIVE, default=1800.0, show_default=True, help="Give up after (s)."
 )
@@ -179,6 +181,7 @@ def up(
     partition: str | None,
     k_star: int | None,
     deadline: float,
+    insecure: bool,
     tls: bool,
     timeout: float,
     netns_profile: Path | None,
@@ -217,10 +220,13 @@ def up(
             checkpoint_dir=output / "checkpoints",
             extra_env={"POWERTRIP_K_STAR": str(k_star)} if k_star else {},
             netns_profile=netns_profile,
-            tls_dir=output / "tls" if tls else None,
+            tls_dir=None if insecure else output / "tls",
+            insecure=insecure,
             device=device,
         )
         plan.site_ranges()
+        if insecure and tls:
+            raise ValueError("--insecure and --tls contradict each other")
     except ValueError as exc:
         fail(str(exc))
     output.mkdir(parents=True, exist_ok=True)
@@ -253,7 +259,7 @@ def up(
             err.print(
                 f"training: policy={policy} clock={clock} workers={workers} sites={sites}"
                 + (f" pace={pace:g}" if pace else "")
-                + (f" tls={plan.tls_dir}" if plan.tls_dir else "")
+                + (f" tls={plan.tls_path}" if plan.tls_path else " PLAINTEXT (--insecure)")
             )
             st = cluster.wait_done(timeout, show)
         except LaunchError as exc:

@@ -30,6 +30,12 @@ class ConfigError(ValueError):
     """A missing or invalid environment variable."""
 
 
+NO_TLS = (
+    "TLS is not configured: set POWERTRIP_TLS_CERT_PATH, POWERTRIP_TLS_KEY_PATH and "
+    "POWERTRIP_TLS_CA_PATH (`powertrip certs` mints them), or POWERTRIP_INSECURE=1 for plaintext"
+)
+
+
 class ServiceConfig(BaseModel):
     """Fields shared by every service; subclasses add their own."""
 
@@ -48,16 +54,34 @@ class ServiceConfig(BaseModel):
     # 300 Mbit/s.
     stream_window_mib: int = 4
     # Mutual TLS: PEM files of this service's certificate, its key and the CA that signed every
-    # peer. All three unset (or empty) = plaintext, as before; a partial set is an error, so a
-    # typo cannot silently downgrade a deployment to plaintext.
+    # peer. All three or none: a partial set is an error, so a typo cannot silently downgrade a
+    # deployment to plaintext; none is an error too unless POWERTRIP_INSECURE=1.
     tls_cert_path: str | None = None
     tls_key_path: str | None = None
     tls_ca_path: str | None = None
+    # Plaintext gRPC only when asked for: with no TLS paths and this unset a service refuses to
+    # start, so a forgotten setting cannot silently expose the run (docs/security.md).
+    insecure: bool = False
+    # A second, plaintext port serving only grpc.health.v1.Health, for probes that cannot
+    # present a client certificate (Kubernetes' gRPC probe, compose healthchecks); 0 = none.
+    health_port: int = Field(0, ge=0, le=65535)
 
     @field_validator("tls_cert_path", "tls_key_path", "tls_ca_path")
     @classmethod
     def _empty_is_unset(cls, v: str | None) -> str | None:
         return v or None
+
+    @field_validator("allowed_workers_file", check_fields=False)
+    @classmethod
+    def _allow_list_file_reads(cls, v: str | None) -> str | None:
+        """The aggregator's POWERTRIP_ALLOWED_WORKERS_FILE (declared there), checked here so a
+        bad file is a ConfigError at start; later edits are re-read by ``AllowList``."""
+        if not v:
+            return None
+        from services.common.allow_list import read_ids  # lazily: it imports grpc
+
+        read_ids(v)
+        return v
 
     @model_validator(mode="after")
     def _tls_all_or_nothing(self) -> ServiceConfig:
@@ -66,9 +90,16 @@ class ServiceConfig(BaseModel):
         if 0 < len(missing) < len(names):
             raise ValueError(f"TLS is half configured: {', '.join(missing)} not set")
         if not missing:
+            if self.insecure:
+                raise ValueError(
+                    "POWERTRIP_INSECURE=1 contradicts the POWERTRIP_TLS_* paths that are set: "
+                    "unset one of them"
+                )
             for n in names:
                 if not Path(getattr(self, n)).is_file():
                     raise ValueError(f"{env_name(n)}={getattr(self, n)!r}: no such file")
+        elif not self.insecure:
+            raise ValueError(NO_TLS)
         return self
 
     @property

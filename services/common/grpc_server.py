@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent import futures
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -41,8 +42,10 @@ def build_server(
 
     Returns (server, bound port, health servicer). Health starts NOT_SERVING for every name:
     the service flips it to SERVING once it can do its job (e.g. a checkpoint is loaded).
-    With TLS settings in ``cfg`` the port is mutual TLS, otherwise plaintext. Metrics see every
-    RPC's final code (outermost); ``RequestGuard`` keeps garbage requests to one log line.
+    With TLS settings in ``cfg`` the port is mutual TLS, otherwise (POWERTRIP_INSECURE=1)
+    plaintext, with a loud warning. ``cfg.health_port`` adds a plaintext port serving only the
+    same health servicer (``HealthPort``). Metrics see every RPC's final code (outermost);
+    ``RequestGuard`` keeps garbage requests to one log line.
     """
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers),
@@ -62,7 +65,60 @@ def build_server(
         port = server.add_secure_port(address, creds)
     if port == 0:
         raise OSError(f"cannot bind gRPC server to {address}")
+    if cfg.health_port:
+        host = address.rsplit(":", 1)[0]
+        server = HealthPort(server, health_servicer, f"{host}:{cfg.health_port}")
+    if creds is None:
+        logger.warning(
+            "PLAINTEXT gRPC on :%d (POWERTRIP_INSECURE=1) — any caller that can reach it can "
+            "register as any worker, submit updates, start rounds and read the run: no "
+            "identity is checked. Use mutual TLS (`powertrip certs`, POWERTRIP_TLS_*) outside "
+            "a trusted test network.",
+            port,
+        )
     return server, port, health_servicer
+
+
+class HealthPort(grpc.Server):
+    """The main server plus a plaintext one serving ONLY grpc.health.v1.Health.
+
+    Kubernetes' gRPC probe and compose healthchecks cannot present a client certificate; this
+    port answers them without opening any data method to plaintext callers. Both servers share
+    one HealthServicer, so NOT_SERVING (startup, drain) shows on both at once. Starting and
+    stopping the main server starts and stops this one; everything else is the main server's.
+    """
+
+    def __init__(self, main: grpc.Server, servicer: health.HealthServicer, address: str) -> None:
+        self.main = main
+        self.health_server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        health_pb2_grpc.add_HealthServicer_to_server(servicer, self.health_server)
+        self.health_port = self.health_server.add_insecure_port(address)
+        if self.health_port == 0:
+            raise OSError(f"cannot bind the health port {address}")
+        logger.info("plaintext health-only port on :%d", self.health_port)
+
+    def start(self) -> None:
+        self.main.start()
+        self.health_server.start()
+
+    def stop(self, grace: float | None) -> threading.Event:
+        self.health_server.stop(grace)
+        return self.main.stop(grace)
+
+    def wait_for_termination(self, timeout: float | None = None) -> bool:
+        return self.main.wait_for_termination(timeout)
+
+    def add_generic_rpc_handlers(self, generic_rpc_handlers: Any) -> None:
+        self.main.add_generic_rpc_handlers(generic_rpc_handlers)
+
+    def add_registered_method_handlers(self, service_name: str, method_handlers: Any) -> None:
+        self.main.add_registered_method_handlers(service_name, method_handlers)
+
+    def add_insecure_port(self, address: str) -> int:
+        return self.main.add_insecure_port(address)
+
+    def add_secure_port(self, address: str, server_credentials: grpc.ServerCredentials) -> int:
+        return self.main.add_secure_port(address, server_credentials)
 
 
 def set_serving(health_servicer: health.HealthServicer, names: Sequence[str], up: bool) -> None:

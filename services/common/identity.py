@@ -1,17 +1,50 @@
-"""Who is calling: the verified client certificate's common name, bound to the id a request claims.
+"""Who is calling, and who may call what: the verified certificate's common name (CN).
 
-mTLS proves a peer holds *a* certificate from our CA; it does not stop worker w0 from claiming to
-be w1 in a request body. Servicers therefore call ``check_worker`` before touching any state, so a
-spoofed id is refused (PERMISSION_DENIED) with nothing registered or accepted in its name.
+mTLS proves a peer holds *a* certificate from our CA; it does not stop worker w0 from claiming
+to be w1 in a request body, nor a worker's certificate from starting rounds on other workers.
+Servicers therefore call ``require_role`` / ``check_worker`` before touching any state, so a
+caller acting outside its role is refused (PERMISSION_DENIED) with nothing done in its name.
+
+Plaintext servers (POWERTRIP_INSECURE=1) have no certificate to read: every check here passes
+there, as before TLS existed. That is why plaintext needs an explicit flag.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import re
+from collections.abc import Callable, Collection
 
 import grpc
 
-from services.common.errors import Forbidden
+from services.common.auth_metrics import count_denied
+from services.common.errors import BadRequest, Forbidden
+
+#: the service identities (certificate CNs) every cluster has besides its workers; the one place
+#: that names them (``powertrip certs`` mints exactly these)
+AGGREGATOR, PROFILER, OPERATOR = "aggregator", "profiler", "operator"
+SERVICES = (AGGREGATOR, PROFILER, OPERATOR)
+
+#: worker and site ids: 1-64 characters of letters, digits, '.', '_' and '-'. Wide enough for
+#: hostnames ("powertrip-worker-3", pod names), "w0" and "site-007"; narrow enough that an id
+#: is safe in a log line, a metric label, a file name and a certificate CN.
+ID_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,64}")
+_SHOWN = 40  # characters of a bad id quoted in an error message
+
+
+def id_problem(value: str, what: str = "worker id") -> str | None:
+    """Why ``value`` is not a valid id (a message naming it, truncated, repr'd), or None."""
+    if ID_PATTERN.fullmatch(value):
+        return None
+    shown = repr(value[:_SHOWN]) + (f"... ({len(value)} chars)" if len(value) > _SHOWN else "")
+    return f"bad {what} {shown}: use 1-64 characters of A-Z a-z 0-9 . _ -"
+
+
+def validate_id(value: str, what: str = "worker id") -> str:
+    """``value`` if it is a valid id, else ValueError (config and CLI callers)."""
+    problem = id_problem(value, what)
+    if problem:
+        raise ValueError(problem)
+    return value
 
 
 def caller_identity(context: grpc.ServicerContext) -> str | None:
@@ -23,17 +56,77 @@ def caller_identity(context: grpc.ServicerContext) -> str | None:
     return names[0].decode()
 
 
-def check_worker(
-    context: grpc.ServicerContext, claimed_id: str, allowed: Collection[str] | None = None
-) -> None:
-    """Raise Forbidden unless the caller may act as ``claimed_id``.
+class Denied(Forbidden):
+    """A refusal with its metric reason (identity_mismatch, not_allowed, revoked, wrong_role)."""
 
-    Over TLS the certificate CN must equal the claim. ``allowed`` (when given) is the allow-list of
-    worker ids admitted to the run. Plaintext servers skip the certificate check (nothing to read),
-    as before TLS existed.
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def deny(service: str, method: str, reason: str, message: str) -> Denied:
+    """Count the refusal in ``powertrip_auth_denied_total`` and return it to raise."""
+    count_denied(service, method, reason)
+    return Denied(message, reason)
+
+
+def require_id(service: str, method: str, value: str, what: str = "worker id") -> None:
+    """BadRequest (INVALID_ARGUMENT) for an invalid id, counted as ``bad_id``."""
+    problem = id_problem(value, what)
+    if problem:
+        count_denied(service, method, "bad_id")
+        raise BadRequest(problem)
+
+
+def require_role(
+    context: grpc.ServicerContext,
+    service: str,
+    method: str,
+    roles: Collection[str],
+    also: Callable[[str], bool] | None = None,
+) -> str | None:
+    """The caller's CN if it is one of ``roles`` (or ``also(cn)`` holds), else Denied.
+
+    None on plaintext (nothing to check)."""
+    cn = caller_identity(context)
+    if cn is None or cn in roles or (also is not None and also(cn)):
+        return cn
+    raise deny(service, method, "wrong_role", f"certificate {cn!r} may not call {service}.{method}")
+
+
+def check_worker(
+    context: grpc.ServicerContext,
+    claimed_id: str,
+    admitted: Callable[[str], str | None] | Collection[str] | None = None,
+    service: str = "AggregatorService",
+    method: str = "RegisterWorker",
+) -> None:
+    """Raise unless the caller may act as ``claimed_id``.
+
+    Over TLS the certificate CN must equal the claim. ``admitted`` is the allow-list: a
+    collection of ids, or a function returning None (admitted) or the refusal reason
+    (``not_allowed`` / ``revoked``, see ``AllowList.verdict``). Plaintext servers skip the
+    certificate check (nothing to read) but still apply the allow-list and the id rules.
     """
+    if not claimed_id:
+        count_denied(service, method, "bad_id")
+        raise BadRequest(f"{method} needs a worker_id")
+    require_id(service, method, claimed_id)
     cn = caller_identity(context)
     if cn is not None and cn != claimed_id:
-        raise Forbidden(f"certificate {cn!r} may not act as worker {claimed_id!r}")
-    if allowed is not None and claimed_id not in allowed:
-        raise Forbidden(f"worker {claimed_id!r} is not on the allow-list")
+        raise deny(
+            service,
+            method,
+            "identity_mismatch",
+            f"certificate {cn!r} may not act as worker {claimed_id!r}",
+        )
+    if admitted is None:
+        return
+    if callable(admitted):
+        reason = admitted(claimed_id)
+    else:
+        reason = None if claimed_id in admitted else "not_allowed"
+    if reason == "revoked":
+        raise deny(service, method, reason, f"worker {claimed_id!r} was revoked")
+    if reason is not None:
+        raise deny(service, method, reason, f"worker {claimed_id!r} is not on the allow-list")

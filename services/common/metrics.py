@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 from prometheus_client import Counter, Histogram, start_http_server
 
+from services.common.auth_metrics import note_call
 from services.common.handlers import split_method, wrap_handler
 
 # Both the worker (bytes it sends) and the aggregator (bytes it accepts) count updates; one
@@ -47,7 +48,8 @@ def _code(context: grpc.ServicerContext, failed: bool) -> str:
 
 
 class GrpcMetricsInterceptor(grpc.ServerInterceptor):
-    """Counts and times every RPC, including streaming ones, by service, method and code."""
+    """Counts and times every RPC, including streaming ones, by service, method and code; and
+    counts each authenticated TLS connection once (``auth_metrics.note_call``)."""
 
     def intercept_service(
         self, continuation: Callable[[Any], Any], handler_call_details: grpc.HandlerCallDetails
@@ -64,6 +66,7 @@ class GrpcMetricsInterceptor(grpc.ServerInterceptor):
         def wrap_unary_response(behavior: Callable[..., Any]) -> Callable[..., Any]:
             def wrapped(request: Any, context: grpc.ServicerContext) -> Any:
                 start = time.perf_counter()
+                note_call(context)
                 failed = True
                 try:
                     response = behavior(request, context)
@@ -77,6 +80,7 @@ class GrpcMetricsInterceptor(grpc.ServerInterceptor):
         def wrap_stream_response(behavior: Callable[..., Any]) -> Callable[..., Any]:
             def wrapped(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
                 start = time.perf_counter()
+                note_call(context)
                 failed = True
                 try:
                     yield from behavior(request, context)

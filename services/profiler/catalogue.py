@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import numpy as np
 
 from powertrip.sites import PowerSource, SiteSet, generate_sites
+from powertrip.traces.io import TraceError
 from powertrip.traces.power_model import build_power
+from services.profiler import metrics
 from services.profiler.config import ProfilerConfig
 from services.profiler.links import LinkEstimate
+
+logger = logging.getLogger(__name__)
+
+
+def _skip_bad_trace_file(exc: TraceError) -> None:
+    """One corrupt file of a trace folder costs its own series, not the profiler: one line naming
+    file, line and column, and a counter an alert can watch."""
+    logger.error("power trace file skipped: %s", exc)
+    metrics.TRACE_FILES_REJECTED.inc()
 
 
 @dataclass(frozen=True)
@@ -42,7 +54,7 @@ class SiteCatalogue:
             cfg.num_sites, np.random.default_rng(cfg.site_seed), cfg.distance_mode
         )
         if power is None:
-            self.power, self.power_label = build_power(cfg, self.sites)
+            self.power, self.power_label = build_power(cfg, self.sites, _skip_bad_trace_file)
         else:
             self.power = power
             self.power_label = power_label or getattr(power, "label", "custom")

@@ -9,4 +9,8 @@ SITE_BANDWIDTH = Gauge(
 )
 PROBE_BYTES = Counter("powertrip_probe_bytes_total", "Bytes moved by link probes.")
 PROBES = Counter("powertrip_probes_total", "Link probes, by outcome.", ["outcome"])
+TRACE_FILES_REJECTED = Counter(
+    "powertrip_trace_files_rejected_total",
+    "Power trace files skipped at start because they failed validation (the rest are served).",
+)
 TRACKED_WORKERS = Gauge("powertrip_tracked_workers", "Workers the profiler probes.")

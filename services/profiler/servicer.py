@@ -14,6 +14,7 @@ from powertrip.v1 import common_pb2, profiler_pb2, profiler_pb2_grpc, worker_pb2
 from services.common.config import ServiceConfig
 from services.common.errors import BadRequest, NotFound, translate_errors
 from services.common.grpc_client import make_channel
+from services.common.identity import AGGREGATOR, OPERATOR, require_id, require_role
 from services.common.wire import availability_reply
 from services.profiler import metrics
 from services.profiler.catalogue import SiteCatalogue
@@ -24,6 +25,9 @@ from services.profiler.probe_budget import ProbeBudget
 from services.profiler.probes import measure_bandwidth, measure_rtt
 
 logger = logging.getLogger(__name__)
+SERVICE = "ProfilerService"
+#: who may call every method; tracked workers may also read (GetSiteProfiles, GetAvailability)
+CONTROL = (AGGREGATOR, OPERATOR)
 
 
 @dataclass
@@ -72,6 +76,10 @@ class LinkProber:
                 LinkEstimate(self.cfg.smoothing),
             )
             metrics.TRACKED_WORKERS.set(len(self._workers))
+
+    def is_tracked(self, worker_id: str) -> bool:
+        with self._lock:
+            return worker_id in self._workers
 
     def links_by_site(self) -> dict[int, LinkEstimate]:
         with self._lock:
@@ -143,6 +151,10 @@ class LinkProber:
 
 
 class ProfilerServicer(profiler_pb2_grpc.ProfilerServiceServicer):
+    """Over TLS: TrackWorker and MeasureLinks (which sends probes) only from the aggregator or
+    the operator; the read-only GetSiteProfiles and GetAvailability also from a tracked worker.
+    A refusal happens before any probe is sent."""
+
     def __init__(
         self, catalogue: SiteCatalogue, prober: LinkProber, carbon: CarbonFeed | None = None
     ) -> None:
@@ -176,8 +188,12 @@ class ProfilerServicer(profiler_pb2_grpc.ProfilerServiceServicer):
     def TrackWorker(  # noqa: N802 - gRPC method name
         self, request: profiler_pb2.TrackWorkerRequest, context: grpc.ServicerContext
     ) -> profiler_pb2.TrackWorkerResponse:
+        require_role(context, SERVICE, "TrackWorker", CONTROL)
         if not request.worker_id or not request.address:
             raise BadRequest("TrackWorker needs worker_id and address")
+        require_id(SERVICE, "TrackWorker", request.worker_id)
+        for s in request.site_ids:
+            require_id(SERVICE, "TrackWorker", s, "site id")
         try:
             sites = [site_index(s) for s in request.site_ids]
         except ValueError as exc:
@@ -196,6 +212,7 @@ class ProfilerServicer(profiler_pb2_grpc.ProfilerServiceServicer):
     def GetSiteProfiles(  # noqa: N802
         self, request: profiler_pb2.GetSiteProfilesRequest, context: grpc.ServicerContext
     ) -> profiler_pb2.GetSiteProfilesResponse:
+        require_role(context, SERVICE, "GetSiteProfiles", CONTROL, self.prober.is_tracked)
         if request.time_seconds < 0:
             raise BadRequest(f"time_seconds must be >= 0, got {request.time_seconds}")
         return profiler_pb2.GetSiteProfilesResponse(sites=self._profiles(request.time_seconds))
@@ -204,6 +221,7 @@ class ProfilerServicer(profiler_pb2_grpc.ProfilerServiceServicer):
     def MeasureLinks(  # noqa: N802
         self, request: profiler_pb2.MeasureLinksRequest, context: grpc.ServicerContext
     ) -> profiler_pb2.MeasureLinksResponse:
+        require_role(context, SERVICE, "MeasureLinks", CONTROL)
         if request.time_seconds < 0:
             raise BadRequest(f"time_seconds must be >= 0, got {request.time_seconds}")
         self.prober.measure(list(request.worker_ids))
@@ -213,6 +231,7 @@ class ProfilerServicer(profiler_pb2_grpc.ProfilerServiceServicer):
     def GetAvailability(  # noqa: N802
         self, request: profiler_pb2.GetAvailabilityRequest, context: grpc.ServicerContext
     ) -> profiler_pb2.GetAvailabilityResponse:
+        require_role(context, SERVICE, "GetAvailability", CONTROL, self.prober.is_tracked)
         if self.carbon is None:
             raise NotFound("this profiler has no carbon trace (curtailment mode is off)")
         c = self.carbon

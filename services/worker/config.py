@@ -8,6 +8,7 @@ from pydantic import Field, field_validator
 
 from powertrip.sites import parse_site_list
 from services.common.config import DeviceSettings, ServiceConfig
+from services.common.identity import validate_id
 
 
 class WorkerConfig(ServiceConfig, DeviceSettings):
@@ -18,8 +19,14 @@ class WorkerConfig(ServiceConfig, DeviceSettings):
     advertise_host: str = Field(default_factory=socket.gethostname)
     train_threads: int = Field(1, ge=1)
     register_timeout_s: float = Field(120.0, gt=0)  # keep retrying registration this long
-    # Re-register this often: a heartbeat that lets a restarted aggregator find us again.
+    # Re-register this often: a heartbeat that lets a restarted aggregator find us again, and
+    # renews this worker's lease there (the aggregator reads the same POWERTRIP_HEARTBEAT_S).
     heartbeat_s: float = Field(2.0, gt=0)
+
+    @field_validator("worker_id")
+    @classmethod
+    def _worker_id_is_an_id(cls, v: str) -> str:
+        return validate_id(v)  # the aggregator would refuse it at registration anyway
 
     @field_validator("sites")
     @classmethod

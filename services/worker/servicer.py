@@ -15,15 +15,20 @@ import numpy as np
 from powertrip.sites import site_id, site_index
 from powertrip.v1 import worker_pb2, worker_pb2_grpc
 from services.common.errors import BadRequest, Busy, NotFound, translate_errors
+from services.common.identity import AGGREGATOR, PROFILER, require_role
 from services.common.tensor_stream import StreamError, TensorStreamReceiver
 from services.worker import metrics
 from services.worker.runner import RoundJob, RoundRunner
 
 logger = logging.getLogger(__name__)
 MAX_PROBE_BYTES = 64 << 20
+SERVICE = "WorkerService"
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
+    """Over TLS only the aggregator may start rounds; the aggregator and the profiler may probe
+    (Ping, ProbeBandwidth). Another worker's certificate is refused before anything is read."""
+
     def __init__(self, runner: RoundRunner, hosted: list[int]) -> None:
         self.runner = runner
         self.hosted = set(hosted)
@@ -34,6 +39,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         request_iterator: Iterator[worker_pb2.StartRoundRequest],
         context: grpc.ServicerContext,
     ) -> worker_pb2.StartRoundResponse:
+        require_role(context, SERVICE, "StartRound", (AGGREGATOR,))
         if not self.runner.ready:  # refuse before reading a possibly large model
             raise Busy("the worker is still loading its sites; retry shortly")
         first = next(request_iterator, None)
@@ -86,14 +92,17 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         )
         return worker_pb2.StartRoundResponse(round=spec.round, accepted_site_ids=spec.site_ids)
 
+    @translate_errors
     def Ping(  # noqa: N802
         self, request: worker_pb2.PingRequest, context: grpc.ServicerContext
     ) -> worker_pb2.PingResponse:
+        require_role(context, SERVICE, "Ping", (AGGREGATOR, PROFILER))
         return worker_pb2.PingResponse(payload=request.payload)
 
     def ProbeBandwidth(  # noqa: N802
         self, request: worker_pb2.ProbeBandwidthRequest, context: grpc.ServicerContext
     ) -> Iterator[worker_pb2.ProbeBandwidthResponse]:
+        require_role(context, SERVICE, "ProbeBandwidth", (AGGREGATOR, PROFILER))
         total = request.total_bytes
         chunk = request.chunk_bytes or (1 << 20)
         if not 0 < total <= MAX_PROBE_BYTES or chunk > (2 << 20):

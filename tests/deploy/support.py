@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,18 +41,26 @@ DATASET_COMPONENT = K8S / "components" / "dataset"
 DATASET_ENV = DATASET_COMPONENT / "dataset.env"
 DATASET_VARIANT = REPO / "deploy" / "variants" / "dataset"
 COMPOSE_DATASET = REPO / "compose.dataset.yaml"
+# Mutual TLS is on by default; plaintext only through an explicit variant / override, and
+# cert-manager (Certificates + csi-driver) as the production way to get the certificates.
+INSECURE_VARIANT = REPO / "deploy" / "variants" / "insecure"
+CERT_MANAGER_VARIANT = REPO / "deploy" / "variants" / "cert-manager"
+COMPOSE_INSECURE = REPO / "compose.insecure.yaml"
 #: Every way to deploy: kustomization root, and compose files in ``-f`` order.
 K8S_VARIANTS = {
     "default": K8S,
     "curtailment": CURTAILMENT_VARIANT,
     "gpu": GPU_VARIANT,
     "dataset": DATASET_VARIANT,
+    "insecure": INSECURE_VARIANT,
+    "cert-manager": CERT_MANAGER_VARIANT,
 }
 COMPOSE_VARIANTS = {
     "default": (COMPOSE,),
     "curtailment": (COMPOSE, COMPOSE_CURTAILMENT),
     "gpu": (COMPOSE, COMPOSE_GPU),
     "dataset": (COMPOSE, COMPOSE_DATASET),
+    "insecure": (COMPOSE, COMPOSE_INSECURE),
 }
 DOCKERFILE = REPO / "Dockerfile"
 #: The image's names (before the tag): the default CPU build and the CUDA build
@@ -61,6 +70,10 @@ IMAGE, CUDA_IMAGE = "powertrip", "powertrip-cuda"
 SERVICES_SRC = REPO / "services"
 SERVICES = ("aggregator", "profiler", "worker")
 ENV_PREFIX = "POWERTRIP_"
+#: A service's mutual-TLS settings: its certificate, its key, the CA (all three or none).
+TLS_VARS = ("POWERTRIP_TLS_CERT_PATH", "POWERTRIP_TLS_KEY_PATH", "POWERTRIP_TLS_CA_PATH")
+#: Where every deploy mounts a service's TLS files (compose secrets, k8s Secret or csi volume).
+TLS_MOUNT = "/run/secrets/powertrip"
 
 
 def tool(name: str) -> str | None:
@@ -95,19 +108,25 @@ def read_env_file(path: Path) -> dict[str, str]:
 
 
 def strategic_merge(base: Any, patch: Any) -> Any:
-    """Enough of a strategic-merge patch for our patches: maps merge, lists of named objects
-    (containers, env) merge by ``name``, anything else is replaced."""
+    """Enough of a strategic-merge patch for our patches: maps merge (``key: null`` deletes the
+    key), lists of named objects (containers, env, volumes) merge by ``name`` (an item with
+    ``$patch: delete`` removes that name), anything else is replaced."""
     if isinstance(base, dict) and isinstance(patch, dict):
         out = dict(base)
         for key, value in patch.items():
-            out[key] = strategic_merge(base[key], value) if key in base else value
+            if value is None:
+                out.pop(key, None)
+            else:
+                out[key] = strategic_merge(base[key], value) if key in base else value
         return out
     named = isinstance(base, list) and isinstance(patch, list)
     if named and all(isinstance(e, dict) and "name" in e for e in [*base, *patch]):
         out = list(base)
-        index = {e["name"]: i for i, e in enumerate(out)}
         for item in patch:
-            if item["name"] in index:
+            index = {e["name"]: i for i, e in enumerate(out)}
+            if item.get("$patch") == "delete":
+                out = [e for e in out if e["name"] != item["name"]]
+            elif item["name"] in index:
                 out[index[item["name"]]] = strategic_merge(out[index[item["name"]]], item)
             else:
                 out.append(item)
@@ -220,6 +239,30 @@ def compose_service_env(service: dict[str, Any]) -> dict[str, str]:
     return env
 
 
+@functools.cache
+def _stand_in_dir() -> tempfile.TemporaryDirectory:
+    return tempfile.TemporaryDirectory(prefix="powertrip-tls-stand-ins-")
+
+
+def with_tls_stand_ins(env: dict[str, str]) -> dict[str, str]:
+    """``env`` loadable on this machine: the TLS paths (in-container mounts, absent here) point
+    at empty stand-in files, and a ConfigMap's settings alone (TLS comes per container) get
+    stand-ins too. A config without TLS is refused unless POWERTRIP_INSECURE says otherwise, and
+    the loader checks only that the files exist, so settings checks keep working; the files
+    themselves are checked by tests/deploy/test_tls_deploys.py."""
+    out = dict(env)
+    if not any(out.get(v) for v in TLS_VARS) and out.get("POWERTRIP_INSECURE") not in {"1"}:
+        out |= {v: f"{TLS_MOUNT}/{v.lower()}" for v in TLS_VARS}
+    root = Path(_stand_in_dir().name)
+    for var in TLS_VARS:
+        if out.get(var):
+            stand_in = root / var / Path(out[var]).name
+            stand_in.parent.mkdir(exist_ok=True)
+            stand_in.touch()
+            out[var] = str(stand_in)
+    return out
+
+
 def config_map_data(docs: list[dict[str, Any]], name: str = "powertrip-config") -> dict[str, str]:
     return find(docs, "ConfigMap", name)["data"]
 
@@ -313,7 +356,8 @@ class Metric:
 
 
 def metrics_modules() -> list[Path]:
-    return [SERVICES_SRC / "common" / "metrics.py"] + [
+    """services/common/*metrics.py (metrics.py, auth_metrics.py, ...) and each service's."""
+    return sorted((SERVICES_SRC / "common").glob("*metrics.py")) + [
         SERVICES_SRC / s / "metrics.py" for s in SERVICES
     ]
 

@@ -131,8 +131,10 @@ def test_compose_healthcheck_passes_only_while_grpc_health_is_serving(compose):
     port = server.add_insecure_port("localhost:0")
     server.start()
     try:
-        code = test[3].replace("localhost:50051", f"localhost:{port}")
-        assert code != test[3], "the healthcheck must probe the gRPC port 50051"
+        # The plaintext health-only port: the gRPC port demands a client certificate.
+        health_port = compose_service_env(svc(compose, "aggregator"))["POWERTRIP_HEALTH_PORT"]
+        code = test[3].replace(f"localhost:{health_port}", f"localhost:{port}")
+        assert code != test[3], f"the healthcheck must probe the health port {health_port}"
 
         def healthy() -> bool:
             run = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)

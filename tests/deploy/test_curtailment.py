@@ -21,15 +21,17 @@ from tests.deploy.support import (
     K8S,
     K8S_VARIANTS,
     REPO,
+    TLS_VARS,
     compose_service_env,
     config_map_data,
     load_compose,
     load_yaml,
     read_env_file,
     render_kustomize_in_python,
+    with_tls_stand_ins,
 )
 
-PER_CONTAINER = {"POWERTRIP_SITES"}  # set per worker, not shared
+PER_CONTAINER = {"POWERTRIP_SITES", *TLS_VARS}  # set per container, not shared
 
 
 def load(service: str, env: dict[str, str]) -> Any:
@@ -40,7 +42,7 @@ def load(service: str, env: dict[str, str]) -> Any:
             "profiler": "services.profiler.config.ProfilerConfig",
         }[service]
         module, _, name = cls.rpartition(".")
-        return load_config(getattr(importlib.import_module(module), name), env)
+        return load_config(getattr(importlib.import_module(module), name), with_tls_stand_ins(env))
     except ImportError as exc:
         pytest.skip(f"service config modules not importable from this checkout: {exc}")
 

@@ -28,6 +28,7 @@ from tests.deploy.support import (
     pod_spec,
     read_env_file,
     service_of_command,
+    with_tls_stand_ins,
 )
 
 COMPOSE_SERVICES = {
@@ -124,7 +125,7 @@ def load_service_config(service: str, env: dict[str, str]) -> Any:
     """The service's config as its real loader builds it; raises ConfigError naming the bad
     variable (values, not just names: e.g. curtailment mode on the wall clock)."""
     load_config = importlib.import_module("services.common.config").load_config
-    return load_config(service_config_classes()[service], env)
+    return load_config(service_config_classes()[service], with_tls_stand_ins(env))
 
 
 def test_compose_env_is_valid_config_for_every_service(compose):

@@ -38,6 +38,7 @@ from tests.deploy.support import (
 
 K8S_VERSION = "1.32.0"  # oldest minor we support: native gRPC probes are GA since 1.27
 GRPC_PORT, METRICS_PORT = 50051, 8000
+HEALTH_PORT = 50052  # POWERTRIP_HEALTH_PORT: plaintext grpc.health.v1 only, for the probes
 SERVICE_WORKLOADS = ("powertrip-aggregator", "powertrip-profiler", "powertrip-worker")
 WORKLOADS = (*SERVICE_WORKLOADS, "powertrip-prometheus", "powertrip-grafana")
 
@@ -95,7 +96,9 @@ def test_variant_passes_the_kubernetes_schema(k8s):
         "kubernetes_validate", reason="kubernetes-validate not installed: no schema check"
     )
     errors = []
-    for doc in k8s:
+    # Kubernetes' own kinds only: the schema set has no CRDs (cert-manager's Issuer and
+    # Certificate are checked by tests/deploy/test_tls_deploys.py).
+    for doc in (d for d in k8s if not d["apiVersion"].startswith("cert-manager.io/")):
         try:
             validator.validate(doc, K8S_VERSION, strict=True)
         except validator.ValidationError as exc:
@@ -145,8 +148,8 @@ def test_workload_has_readiness_and_liveness_probes(k8s, name):
     for c in containers(workload(k8s, name)):
         for probe in ("readinessProbe", "livenessProbe"):
             assert probe in c, f"{name}/{c['name']} has no {probe}"
-            if runs_powertrip_image(c):  # the standard grpc.health.v1 service
-                assert c[probe]["grpc"]["port"] == GRPC_PORT
+            if runs_powertrip_image(c):  # grpc.health.v1 on the health port: kubelet has no
+                assert c[probe]["grpc"]["port"] == HEALTH_PORT  # client certificate for 50051
 
 
 @pytest.mark.parametrize("name", WORKLOADS)
@@ -209,7 +212,7 @@ def test_service_pods_expose_grpc_and_metrics_and_ask_to_be_scraped(k8s, name):
     assert annotations["prometheus.io/port"] == str(METRICS_PORT)
     (c,) = containers(w)
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-    assert ports == {"grpc": GRPC_PORT, "metrics": METRICS_PORT}
+    assert ports == {"grpc": GRPC_PORT, "metrics": METRICS_PORT, "health": HEALTH_PORT}
 
 
 # --------------------------------------------------------------------------------------------
@@ -435,6 +438,10 @@ DENIED_FLOWS = [
     ("prometheus", "aggregator", GRPC_PORT),
     ("grafana", "aggregator", METRICS_PORT),
     ("aggregator", "grafana", 3000),
+    # The plaintext health port is for kubelet (from the node) only, never from a pod.
+    ("worker", "aggregator", HEALTH_PORT),
+    ("aggregator", "worker", HEALTH_PORT),
+    ("prometheus", "profiler", HEALTH_PORT),
 ]
 
 

@@ -35,6 +35,7 @@ def run():
             "POWERTRIP_NUM_SITES": "4",
             "POWERTRIP_NUM_SAMPLES": "1000",
             "POWERTRIP_CHECKPOINT_DIR": "",
+            "POWERTRIP_INSECURE": "1",
         },
     )
     return AggregatorRun(cfg)
@@ -118,6 +119,7 @@ def test_a_site_hosted_elsewhere_cannot_be_claimed(stub):
     assert got == C.ALREADY_EXISTS and "w-a" in details
 
 
+@pytest.mark.reliability("R11", "R12", "R17")
 def test_bad_updates_are_rejected_and_the_round_continues_with_the_others(stub, run):
     s, _ = stub
     register(s, "w-a", ["site-000", "site-001"])
@@ -173,6 +175,7 @@ def test_bad_updates_are_rejected_and_the_round_continues_with_the_others(stub, 
     assert got == C.FAILED_PRECONDITION and "closed" in details
 
 
+@pytest.mark.reliability("R9")
 def test_a_stream_with_a_wrong_checksum_is_rejected(stub, run):
     s, _ = stub
     register(s, "w-a", ["site-000", "site-001"])

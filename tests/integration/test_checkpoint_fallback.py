@@ -36,6 +36,7 @@ def flip_byte(path) -> None:
     path.write_bytes(bytes(data))
 
 
+@pytest.mark.reliability("R7")
 def test_a_corrupted_newest_checkpoint_resumes_from_the_round_before(tmp_path):
     with LocalCluster(small_plan(tmp_path, "first")) as cluster:
         cluster.start()
@@ -59,6 +60,7 @@ def test_a_corrupted_newest_checkpoint_resumes_from_the_round_before(tmp_path):
     ]
 
 
+@pytest.mark.reliability("R7")
 def test_every_checkpoint_corrupted_refuses_to_start(tmp_path):
     ckpts = tmp_path / "checkpoints"
     ckpts.mkdir()

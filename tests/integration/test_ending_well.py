@@ -75,6 +75,7 @@ def terminate(service: Service, timeout_s: float) -> tuple[int, float, list[int]
 def cluster(tmp_path_factory):
     out = tmp_path_factory.mktemp("ending")
     plan = ClusterPlan(
+        insecure=True,  # the health watch polls in plaintext
         workers=2,
         sites=4,
         policy="select-all",
@@ -96,6 +97,7 @@ def _service(cluster: LocalCluster, name: str) -> Service:
     return next(s for s in cluster.services if s.name == name)
 
 
+@pytest.mark.reliability("R23")
 def test_a_worker_sigtermed_while_training_exits_0_not_sigabrt(cluster):
     c, _ = cluster
     code, took, seen = terminate(_service(c, "worker-1"), DEFAULT_GRACE_S + 2)
@@ -106,6 +108,7 @@ def test_a_worker_sigtermed_while_training_exits_0_not_sigabrt(cluster):
     assert "Traceback" not in log
 
 
+@pytest.mark.reliability("R23")
 def test_the_profiler_sigtermed_exits_0_after_not_serving(cluster):
     c, _ = cluster
     code, took, seen = terminate(_service(c, "profiler"), DEFAULT_GRACE_S + 2)
@@ -113,6 +116,7 @@ def test_the_profiler_sigtermed_exits_0_after_not_serving(cluster):
     assert took <= DEFAULT_GRACE_S
 
 
+@pytest.mark.reliability("R23")
 def test_the_aggregator_sigtermed_mid_run_exits_0_with_its_last_round_checkpointed(cluster):
     c, out = cluster
     before = c.status().round
@@ -129,6 +133,7 @@ def test_the_aggregator_sigtermed_mid_run_exits_0_with_its_last_round_checkpoint
 
 def test_losing_every_worker_makes_the_aggregator_go_not_serving_and_exit_4(tmp_path):
     plan = ClusterPlan(
+        insecure=True,  # the health watch polls in plaintext
         workers=2,
         sites=4,
         policy="select-all",

@@ -36,6 +36,7 @@ pytestmark = [
 RATES_MBIT = {"worker-0": 10, "worker-1": 40}
 
 
+@pytest.mark.reliability("R4")
 def test_measured_links_follow_the_shaped_rates_and_the_run_completes(tmp_path):
     profile = tmp_path / "links.tsv"
     profile.write_text("".join(f"{w} {r}mbit 1ms\n" for w, r in RATES_MBIT.items()))
@@ -48,6 +49,7 @@ def test_measured_links_follow_the_shaped_rates_and_the_run_completes(tmp_path):
         max_rounds=3,
         log_dir=tmp_path / "logs",
         netns_profile=profile,
+        insecure=True,  # the launcher's certificates name loopback, not the veth addresses
         # 8 MiB probes, and a re-measurement replaces the estimate instead of averaging
         extra_env={"POWERTRIP_PROBE_BYTES": str(8 << 20), "POWERTRIP_SMOOTHING": "1"},
     )

@@ -50,7 +50,7 @@ servicer = WorkerServicer(runner=None, hosted=[])  # answers Ping and ProbeBandw
 server, port, _ = build_server(
     [lambda s: worker_pb2_grpc.add_WorkerServiceServicer_to_server(servicer, s)],
     sys.argv[1],
-    ServiceConfig(),
+    ServiceConfig(insecure=True),
 )
 server.start()
 print(f"READY {port}", flush=True)
@@ -193,11 +193,14 @@ def start_relay(shaped_worker, procs, tmp_path):
     return start
 
 
+@pytest.mark.reliability("R4", "R5")
 def test_bandwidth_within_10_percent_of_tbf_and_rtt_follows_injected_delay(
     shaped_worker, start_relay
 ):
     started = time.monotonic()
-    prober = LinkProber(ProfilerConfig(ping_count=9, probe_bytes=PROBE_BYTES, smoothing=0.5))
+    prober = LinkProber(
+        ProfilerConfig(insecure=True, ping_count=9, probe_bytes=PROBE_BYTES, smoothing=0.5)
+    )
     prober.track("netns-worker", shaped_worker.address, [0])
     wire_before = shaped_worker.sent_bytes()
     prober.measure()
@@ -206,7 +209,7 @@ def test_bandwidth_within_10_percent_of_tbf_and_rtt_follows_injected_delay(
     payload_share = 2 * PROBE_BYTES / (shaped_worker.sent_bytes() - wire_before)
 
     # RTT only through the relays: a zero byte budget turns every probe into pings
-    pinger = LinkProber(ProfilerConfig(ping_count=9, probe_budget_bytes_per_hour=0))
+    pinger = LinkProber(ProfilerConfig(insecure=True, ping_count=9, probe_budget_bytes_per_hour=0))
     rtt_ms = {}
     logs = {}
     for delay in DELAYS_MS:

@@ -56,6 +56,7 @@ def profiler():
         proc.wait()
 
 
+@pytest.mark.reliability("R8")
 def test_an_oversized_message_is_refused_and_the_server_keeps_serving(profiler):
     _, addr = profiler
     with grpc.insecure_channel(addr) as ch:
@@ -67,6 +68,7 @@ def test_an_oversized_message_is_refused_and_the_server_keeps_serving(profiler):
         assert serving(ch)
 
 
+@pytest.mark.reliability("R10")
 def test_garbage_bytes_fail_before_any_handler_and_the_server_keeps_serving(profiler):
     _, addr = profiler
     with grpc.insecure_channel(addr) as ch:
@@ -91,11 +93,12 @@ def test_sigterm_stops_a_service_cleanly_and_promptly(profiler):
     assert time.monotonic() - started < 10
 
 
+@pytest.mark.reliability("R22")
 def test_a_frozen_peer_is_detected_by_keepalive_in_seconds_not_at_the_deadline():
     """SIGSTOP the server mid-call: the client's pings go unanswered and the call fails
     UNAVAILABLE after about keepalive + ping timeout, long before its 60 s deadline."""
     proc, addr = start_profiler()
-    cfg = ServiceConfig(keepalive_s=1.0, keepalive_timeout_s=1.0)
+    cfg = ServiceConfig(keepalive_s=1.0, keepalive_timeout_s=1.0, insecure=True)
     try:
         with make_channel(addr, cfg) as ch:
             stub = profiler_pb2_grpc.ProfilerServiceStub(ch)

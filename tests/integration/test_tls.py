@@ -1,10 +1,11 @@
 """Mutual TLS: only holders of a certificate from the cluster's CA get past the handshake, a
 certificate speaks only for its own worker id, and an allow-list narrows who may join. Refusals
-leave the aggregator's registry and rounds untouched. Plaintext stays the default when no TLS
-setting is given."""
+leave the aggregator's registry and rounds untouched. Plaintext needs POWERTRIP_INSECURE=1.
+(More identity rules, the allow-list file, the health port: test_identity.py.)"""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 from click.testing import CliRunner
 from cryptography import x509
 from cryptography.x509.oid import NameOID
+from prometheus_client import REGISTRY
 
 from powertrip.v1 import aggregator_pb2, aggregator_pb2_grpc
 from services.aggregator.config import AggregatorConfig
@@ -120,12 +122,35 @@ def refusal(call) -> tuple[grpc.StatusCode, str]:
     return exc.value.code(), exc.value.details()
 
 
+@contextlib.contextmanager
+def counted_as_refused_handshakes():
+    """The block opens at least one TLS connection and authenticates none: the difference
+    between the two counters is what docs/security.md calls refused handshakes."""
+    before = tls_counts()
+    yield
+    after = tls_counts()
+    assert after[0] > before[0], "the fetcher did not count the connection"
+    assert after[1] == before[1], "a refused handshake was counted as authenticated"
+
+
+def tls_counts() -> tuple[float, float]:
+    get = REGISTRY.get_sample_value
+    return (
+        get("powertrip_tls_connections_total") or 0.0,
+        get("powertrip_tls_authenticated_connections_total") or 0.0,
+    )
+
+
 # -- configuration ---------------------------------------------------------------------------
 
 
-def test_no_tls_settings_means_plaintext_as_before():
-    assert not load_config(ServiceConfig, {}).tls
-    assert not load_config(ServiceConfig, {"POWERTRIP_TLS_CERT_PATH": ""}).tls
+def test_no_tls_settings_are_refused_unless_plaintext_is_asked_for_explicitly(pki):
+    for env in ({}, {"POWERTRIP_TLS_CERT_PATH": ""}):
+        with pytest.raises(ConfigError, match="TLS is not configured.*POWERTRIP_INSECURE=1"):
+            load_config(ServiceConfig, env)
+    assert not load_config(ServiceConfig, {"POWERTRIP_INSECURE": "1"}).tls
+    with pytest.raises(ConfigError, match="contradicts"):
+        load_config(ServiceConfig, {**tls_env(pki, "w0"), "POWERTRIP_INSECURE": "1"})
 
 
 @pytest.mark.parametrize(
@@ -179,7 +204,7 @@ def test_certs_refuses_a_worker_id_that_is_a_service_name(tmp_path):
     assert not (tmp_path / "ca.pem").exists()
 
 
-def test_up_with_tls_mints_into_the_output_directory(tmp_path, monkeypatch):
+def test_up_mints_into_the_output_directory_unless_insecure(tmp_path, monkeypatch):
     plans: list[ClusterPlan] = []
 
     class Recorder(LocalCluster):
@@ -189,11 +214,14 @@ def test_up_with_tls_mints_into_the_output_directory(tmp_path, monkeypatch):
 
     monkeypatch.setattr("services.cli.up.LocalCluster", Recorder)
     out = tmp_path / "up"
-    r = CliRunner().invoke(powertrip, ["up", "--tls", "--workers", "2", "--output", str(out)])
-    assert r.exit_code == 1 and "recorded" in r.output
-    assert plans[0].tls_dir == out / "tls"
-    r = CliRunner().invoke(powertrip, ["up", "--workers", "2", "--output", str(out)])
-    assert plans[1].tls_dir is None  # plaintext unless asked
+    for args in (["--tls"], []):  # --tls: the default, kept as an alias
+        r = CliRunner().invoke(powertrip, ["up", *args, "--workers", "2", "--output", str(out)])
+        assert r.exit_code == 1 and "recorded" in r.output
+        assert plans[-1].tls_path == out / "tls" and not plans[-1].insecure
+    r = CliRunner().invoke(powertrip, ["up", "--insecure", "--workers", "2", "--output", str(out)])
+    assert plans[-1].tls_path is None and plans[-1].insecure
+    env = Recorder(plans[-1])._env("w0")
+    assert env["POWERTRIP_INSECURE"] == "1" and "POWERTRIP_TLS_CERT_PATH" not in env
 
 
 # -- unauthenticated callers fail the handshake -----------------------------------------------
@@ -201,11 +229,15 @@ def test_up_with_tls_mints_into_the_output_directory(tmp_path, monkeypatch):
 
 def test_a_worker_with_a_valid_certificate_registers(aggregator, pki):
     address, run = aggregator
+    before = tls_counts()
     reply = register(as_worker(address, pki, "w0"), "w0", ["site-000", "site-001"])
+    after = tls_counts()
+    assert after[0] - before[0] >= 1 and after[1] - before[1] == 1  # one connection, verified
     assert reply.run_seed == run.run_seed
     assert run.registry.owner(0).worker_id == "w0"
 
 
+@pytest.mark.reliability("R14")
 def test_a_plaintext_caller_cannot_reach_a_tls_server(aggregator):
     address, run = aggregator
     before = run.registry.site_count
@@ -215,30 +247,36 @@ def test_a_plaintext_caller_cannot_reach_a_tls_server(aggregator):
     assert run.registry.site_count == before and run.registry.owner(3) is None
 
 
+@pytest.mark.reliability("R14")
 def test_a_tls_caller_without_a_client_certificate_fails_the_handshake(aggregator, pki):
     address, run = aggregator
     creds = grpc.ssl_channel_credentials((pki / "ca.pem").read_bytes())
     stub = aggregator_pb2_grpc.AggregatorServiceStub(grpc.secure_channel(address, creds))
-    code, _ = refusal(lambda: register(stub, "w1", ["site-003"]))
+    with counted_as_refused_handshakes():
+        code, _ = refusal(lambda: register(stub, "w1", ["site-003"]))
     assert code == C.UNAVAILABLE
     assert run.registry.owner(3) is None
 
 
+@pytest.mark.reliability("R14")
 def test_a_certificate_from_a_foreign_ca_fails_the_handshake(aggregator, pki):
     address, run = aggregator
-    code, _ = refusal(
-        lambda: register(as_worker(address, pki / "foreign", "w0"), "w0", ["site-003"])
-    )
+    with counted_as_refused_handshakes():
+        code, _ = refusal(
+            lambda: register(as_worker(address, pki / "foreign", "w0"), "w0", ["site-003"])
+        )
     assert code == C.UNAVAILABLE
     assert run.registry.owner(3) is None
 
 
+@pytest.mark.reliability("R14")
 def test_an_expired_certificate_fails_the_handshake(expired_dir):
     """Server and client share a CA; only the client's validity period is wrong."""
     server, address, run = serve_aggregator(aggregator_cfg(expired_dir / "server"))
     try:
         stub = as_worker(address, expired_dir, "w0")
-        code, _ = refusal(lambda: register(stub, "w0", ["site-000"]))
+        with counted_as_refused_handshakes():
+            code, _ = refusal(lambda: register(stub, "w0", ["site-000"]))
         assert code == C.UNAVAILABLE
         assert run.registry.site_count == 0
     finally:

@@ -42,7 +42,7 @@ def worker(host):
     server, port, _ = build_server(
         [lambda s: worker_pb2_grpc.add_WorkerServiceServicer_to_server(servicer, s)],
         "127.0.0.1:0",
-        ServiceConfig(),
+        ServiceConfig(insecure=True),
     )
     server.start()
     with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:

@@ -1,11 +1,16 @@
 """What the aggregator's policy sees of the sites: modelled links on the emulated clock (as the
-emulator), the profiler's measurements on the wall clock once a site has been probed."""
+emulator), the profiler's measurements on the wall clock once a site has been probed, and only
+the sites whose worker is alive."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from powertrip.clock import EmulatedClock
+from powertrip.rounds import RoundOutcome, TimeModel, run_rounds
+from powertrip.selection.registry import build_policy
+from powertrip.sites import SiteProfile
 from powertrip.timing import comm_time_s
 from powertrip.v1 import common_pb2, profiler_pb2
 from services.aggregator.config import AggregatorConfig
@@ -20,6 +25,7 @@ def run_with(clock: str) -> AggregatorRun:
         "POWERTRIP_NUM_SAMPLES": "1000",
         "POWERTRIP_CHECKPOINT_DIR": "",
         "POWERTRIP_CLOCK": clock,
+        "POWERTRIP_INSECURE": "1",
     }
     return AggregatorRun(load_config(AggregatorConfig, env))
 
@@ -62,3 +68,55 @@ def test_a_profiler_with_another_number_of_sites_is_refused(wall):
     short = profiler_pb2.GetSiteProfilesResponse(sites=reply().sites[:1])
     with pytest.raises(RuntimeError, match="POWERTRIP_NUM_SITES"):
         wall.feed.to_profile(short, wall.time_model)
+
+
+# -- the liveness mask in the round loop (docs/liveness.md) -------------------------------------
+class Recorder:
+    """An executor that trains nothing: it records what each round asked for."""
+
+    def __init__(self) -> None:
+        self.asked: list[list[int]] = []
+
+    def evaluate_initial(self) -> tuple[float, float]:
+        return 0.1, 2.0
+
+    def execute(self, round_index, selected, profile, split_half):
+        self.asked.append([int(s) for s in selected])
+        if not selected.size:
+            return None
+        return RoundOutcome(0.1, 2.0, (1.0, 1.0, 1.0), int(selected.size))
+
+
+def rounds_over(masks: list[list[bool] | None], policy: str = "select-all", k: int | None = None):
+    sites = 6
+    power = np.linspace(0.3, 1.0, sites)
+
+    def profile_at(t: float) -> SiteProfile:
+        mask = masks[len(rec.asked)]
+        return SiteProfile(
+            power, np.full(sites, 0.1), np.zeros(sites),
+            available=None if mask is None else np.array(mask),
+        )  # fmt: skip
+
+    rec = Recorder()
+    policy_ = build_policy(policy, k_star=k)
+    result = run_rounds(
+        policy_, rec, profile_at, TimeModel(1.0, 1e3), EmulatedClock(), 0, None, len(masks)
+    )
+    return rec.asked, result.rounds
+
+
+@pytest.mark.reliability("R1")
+def test_the_round_loop_never_asks_an_unavailable_site_to_train():
+    down = [True, False, True, True, False, True]
+    asked, records = rounds_over([None, down, [False] * 6])
+    assert asked == [[0, 1, 2, 3, 4, 5], [0, 2, 3, 5], []]
+    assert [r.outcome for r in records] == ["completed", "completed", "failed"]
+    assert records[2].sites == 0 and records[2].duration_s == 0  # no site: the clock stands
+
+
+def test_a_power_aware_policy_ranks_unavailable_sites_last_and_picks_replacements():
+    (best,), _ = rounds_over([None], "static-optimal", k=2)
+    mask = [s not in best for s in range(6)]  # both sites it ranks first are down
+    (masked,), _ = rounds_over([mask], "static-optimal", k=2)
+    assert best == [5, 4] and masked == [3, 2]  # the next two, not a smaller round

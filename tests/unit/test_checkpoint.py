@@ -78,6 +78,14 @@ def truncate(_m: Path, npz: Path) -> None:
     npz.write_bytes(npz.read_bytes()[:100])
 
 
+def truncate_half(_m: Path, npz: Path) -> None:
+    npz.write_bytes(npz.read_bytes()[: npz.stat().st_size // 2])
+
+
+def truncate_manifest_half(m: Path, _n: Path) -> None:
+    m.write_bytes(m.read_bytes()[: m.stat().st_size // 2])
+
+
 def flip_byte(_m: Path, npz: Path) -> None:
     data = bytearray(npz.read_bytes())
     data[len(data) // 2] ^= 0x01
@@ -134,6 +142,8 @@ def wrong_shape(m: Path, _n: Path) -> None:
 
 CASES = [
     (truncate, "model-checksum", "round-000002.npz"),
+    (truncate_half, "model-checksum", "round-000002.npz"),
+    (truncate_manifest_half, "malformed", "round-000002.json"),
     (flip_byte, "model-checksum", "round-000002.npz"),
     (model_missing, "unreadable", "round-000002.npz"),
     (as_list, "malformed", "round-000002.json"),
@@ -148,6 +158,7 @@ CASES = [
 ]
 
 
+@pytest.mark.reliability("R7")
 @pytest.mark.parametrize(("damage", "reason", "culprit"), CASES, ids=[c[0].__name__ for c in CASES])
 def test_a_bad_newest_checkpoint_is_rejected_once_for_the_good_one_before(
     tmp_path, caplog, damage, reason, culprit

@@ -19,7 +19,11 @@ from services.profiler.config import ProfilerConfig
 from services.profiler.feed import CarbonFeed
 from services.profiler.servicer import LinkProber, ProfilerServicer
 
-BASE = {"POWERTRIP_PROFILER_ADDR": "x:1", "POWERTRIP_MODE": "curtailment"}
+BASE = {
+    "POWERTRIP_PROFILER_ADDR": "x:1",
+    "POWERTRIP_MODE": "curtailment",
+    "POWERTRIP_INSECURE": "1",
+}
 
 
 def received(delta: dict[str, np.ndarray]) -> TensorStreamReceiver:
@@ -88,7 +92,7 @@ def profiler_at():
     servers = []
 
     def start(env: dict[str, str]) -> str:
-        cfg = load_config(ProfilerConfig, env)
+        cfg = load_config(ProfilerConfig, {**env, "POWERTRIP_INSECURE": "1"})
         servicer = ProfilerServicer(
             SiteCatalogue(cfg), LinkProber(cfg), CarbonFeed.build(cfg.curtail_config())
         )

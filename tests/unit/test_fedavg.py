@@ -158,6 +158,7 @@ def test_an_update_with_a_bad_weight_is_rejected(bad_weight):
     assert exc.value.reason == "bad_weight"
 
 
+@pytest.mark.reliability("R11", "R12")
 @pytest.mark.parametrize(
     ("make_delta", "weight"),
     [
@@ -195,6 +196,7 @@ def test_validate_alone_never_touches_the_accumulator():
     assert (agg.count, agg.total_weight) == (0, 0.0)
 
 
+@pytest.mark.reliability("R12")
 def test_apply_refuses_a_non_finite_result():
     # Prepare: float32 model near its maximum (3.4e38); each input is finite, the sum is not
     agg = StreamingFedAvg({"w": np.zeros(1, dtype=np.float32)})

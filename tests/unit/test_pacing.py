@@ -29,7 +29,7 @@ from services.cli.up import up
 from services.common.command_line import env_help
 from services.common.config import ConfigError, load_config
 
-AGG = {"POWERTRIP_PROFILER_ADDR": "profiler:50052"}
+AGG = {"POWERTRIP_PROFILER_ADDR": "profiler:50052", "POWERTRIP_INSECURE": "1"}
 
 
 class FakeWall:

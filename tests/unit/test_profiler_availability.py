@@ -40,7 +40,9 @@ def stub_for():
         server.stop(grace=None)
 
 
+PLAIN = {"POWERTRIP_INSECURE": "1"}
 ENV = {
+    **PLAIN,
     "POWERTRIP_NUM_SITES": "6",
     "POWERTRIP_CURTAIL_PRESET": "curtailment-quick",
     "POWERTRIP_SITE_REGIONS": "region-2,region-0",
@@ -87,7 +89,7 @@ def test_site_profiles_carry_region_and_intensity_now_wrapping_over_the_regions(
 
 
 def test_without_a_carbon_feed_availability_is_not_found_and_profiles_have_no_region(stub_for):
-    cfg = load_config(ProfilerConfig, {"POWERTRIP_NUM_SITES": "2"})
+    cfg = load_config(ProfilerConfig, {**PLAIN, "POWERTRIP_NUM_SITES": "2"})
     stub = stub_for(cfg, None)
     with pytest.raises(grpc.RpcError) as err:
         stub.GetAvailability(profiler_pb2.GetAvailabilityRequest(), timeout=5)
@@ -97,11 +99,11 @@ def test_without_a_carbon_feed_availability_is_not_found_and_profiles_have_no_re
 
 
 def test_a_region_missing_from_the_trace_is_refused_when_the_feed_is_built():
-    cfg = load_config(ProfilerConfig, {"POWERTRIP_SITE_REGIONS": "CAISO_NORTH"})
+    cfg = load_config(ProfilerConfig, {**PLAIN, "POWERTRIP_SITE_REGIONS": "CAISO_NORTH"})
     with pytest.raises(ValueError, match="CAISO_NORTH"):
         CarbonFeed.build(cfg.curtail_config())
 
 
 def test_a_bad_curtailment_setting_names_its_variable():
     with pytest.raises(ConfigError, match="POWERTRIP_PROVISIONING_S"):
-        load_config(ProfilerConfig, {"POWERTRIP_PROVISIONING_S": "-1"})
+        load_config(ProfilerConfig, {**PLAIN, "POWERTRIP_PROVISIONING_S": "-1"})

@@ -29,6 +29,7 @@ from services.profiler.probes import probe_worker
 from services.profiler.servicer import LinkProber, ProfilerServicer
 from services.worker.servicer import WorkerServicer
 
+PLAIN = {"POWERTRIP_INSECURE": "1"}  # these tests are about other settings
 TIMES_S = (0.0, 299.0, 300.0, 3_600.0, 43_200.0, 86_400.0 * 7.5)
 
 
@@ -38,7 +39,7 @@ def serve():
     servers = []
 
     def start(register) -> str:
-        server, port, _ = build_server([register], "127.0.0.1:0", ProfilerConfig())
+        server, port, _ = build_server([register], "127.0.0.1:0", ProfilerConfig(insecure=True))
         server.start()
         servers.append(server)
         return f"127.0.0.1:{port}"
@@ -76,7 +77,7 @@ def test_profiler_serves_the_emulators_power_at_every_time(serve, shared_data, m
     same = {"num_sites": 30, "site_seed": site_seed, "power_model": model, **trace}
     exp = build_config("paper-traces", **same)
     sites, power, label = study_sites(exp)
-    stub, _ = profiler_stub(serve, ProfilerConfig(**same))
+    stub, _ = profiler_stub(serve, ProfilerConfig(insecure=True, **same))
 
     served = []
     for t in TIMES_S:
@@ -97,17 +98,21 @@ def test_profiler_serves_the_emulators_power_at_every_time(serve, shared_data, m
 
 
 def test_the_power_source_label_names_the_model(serve, shared_data):
-    stub, _ = profiler_stub(serve, ProfilerConfig(num_sites=3, power_model="synthetic-trace"))
+    stub, _ = profiler_stub(
+        serve, ProfilerConfig(insecure=True, num_sites=3, power_model="synthetic-trace")
+    )
     reply = stub.GetSiteProfiles(profiler_pb2.GetSiteProfilesRequest(time_seconds=0))
     assert reply.sites[0].power_source == "synthetic-trace"
 
-    stub, _ = profiler_stub(serve, ProfilerConfig(num_sites=3))
+    stub, _ = profiler_stub(serve, ProfilerConfig(insecure=True, num_sites=3))
     reply = stub.GetSiteProfiles(profiler_pb2.GetSiteProfilesRequest(time_seconds=0))
     assert reply.sites[0].power_source == "uniform U(0.1, 1)"
 
     trace_dir = shared_data / "google-power"
     if trace_dir.is_dir():
-        cfg = ProfilerConfig(num_sites=3, power_model="google-trace", power_trace_path=trace_dir)
+        cfg = ProfilerConfig(
+            insecure=True, num_sites=3, power_model="google-trace", power_trace_path=trace_dir
+        )
         stub, _ = profiler_stub(serve, cfg)
         reply = stub.GetSiteProfiles(profiler_pb2.GetSiteProfilesRequest(time_seconds=0))
         assert reply.sites[0].power_source == "google-trace (measured_power_util, 5 domains)"
@@ -115,7 +120,8 @@ def test_the_power_source_label_names_the_model(serve, shared_data):
 
 def test_power_model_comes_from_the_environment(tmp_path):
     cfg = load_config(
-        ProfilerConfig, {"POWERTRIP_POWER_MODEL": "synthetic-trace", "POWERTRIP_NUM_SITES": "4"}
+        ProfilerConfig,
+        {"POWERTRIP_POWER_MODEL": "synthetic-trace", "POWERTRIP_NUM_SITES": "4", **PLAIN},
     )
     assert cfg.power_model == "synthetic-trace" and cfg.power_trace_path is None
 
@@ -123,7 +129,11 @@ def test_power_model_comes_from_the_environment(tmp_path):
     trace.write_text("x")
     cfg = load_config(
         ProfilerConfig,
-        {"POWERTRIP_POWER_MODEL": "google-trace", "POWERTRIP_POWER_TRACE_PATH": str(trace)},
+        {
+            "POWERTRIP_POWER_MODEL": "google-trace",
+            "POWERTRIP_POWER_TRACE_PATH": str(trace),
+            **PLAIN,
+        },
     )
     assert cfg.power_trace_path == trace
 
@@ -142,14 +152,14 @@ def test_power_model_comes_from_the_environment(tmp_path):
 )
 def test_a_bad_power_setting_is_one_error_naming_the_variables(env, message):
     with pytest.raises(ConfigError, match=message):
-        load_config(ProfilerConfig, env)
+        load_config(ProfilerConfig, {**env, **PLAIN})
 
 
 # ------------------------------------------------------------------------------- link probes
 
 
 def test_probe_measures_rtt_and_bandwidth_of_a_worker_on_loopback(worker_address):
-    cfg = ProfilerConfig(ping_count=5, probe_bytes=2 << 20)
+    cfg = ProfilerConfig(insecure=True, ping_count=5, probe_bytes=2 << 20)
     prober = LinkProber(cfg)
     prober.track("w1", worker_address, [0, 1])
     before = metrics.PROBE_BYTES._value.get()
@@ -177,7 +187,9 @@ def test_one_shot_probe_with_zero_bytes_measures_the_rtt_alone(worker_address):
 def test_measure_links_on_demand_returns_fresh_links_and_the_requested_times_power(
     serve, worker_address
 ):
-    cfg = ProfilerConfig(num_sites=4, power_model="synthetic-trace", probe_bytes=1 << 20)
+    cfg = ProfilerConfig(
+        insecure=True, num_sites=4, power_model="synthetic-trace", probe_bytes=1 << 20
+    )
     stub, servicer = profiler_stub(serve, cfg)
     stub.TrackWorker(
         profiler_pb2.TrackWorkerRequest(
@@ -197,7 +209,7 @@ def test_measure_links_on_demand_returns_fresh_links_and_the_requested_times_pow
 
 
 def test_measure_links_names_an_unknown_worker(serve):
-    stub, _ = profiler_stub(serve, ProfilerConfig(num_sites=2))
+    stub, _ = profiler_stub(serve, ProfilerConfig(insecure=True, num_sites=2))
     with pytest.raises(grpc.RpcError) as err:
         stub.MeasureLinks(profiler_pb2.MeasureLinksRequest(worker_ids=["ghost"]))
     assert err.value.code() is grpc.StatusCode.NOT_FOUND
@@ -205,7 +217,9 @@ def test_measure_links_names_an_unknown_worker(serve):
 
 
 def test_periodic_probing_re_measures_every_interval(worker_address):
-    prober = LinkProber(ProfilerConfig(probe_interval_s=0.05, ping_count=1, probe_bytes=1 << 16))
+    prober = LinkProber(
+        ProfilerConfig(insecure=True, probe_interval_s=0.05, ping_count=1, probe_bytes=1 << 16)
+    )
     prober.track("w", worker_address, [0])
     thread = threading.Thread(target=prober.run_periodically, daemon=True)
     thread.start()
@@ -224,7 +238,7 @@ def test_periodic_probing_re_measures_every_interval(worker_address):
 def test_over_budget_probes_keep_the_bandwidth_estimate_and_still_measure_rtt(
     worker_address, caplog
 ):
-    cfg = ProfilerConfig(ping_count=3, probe_bytes=1 << 20)
+    cfg = ProfilerConfig(insecure=True, ping_count=3, probe_bytes=1 << 20)
     now = [0.0]
     budget = ProbeBudget(int(1.5 * (1 << 20)), clock=lambda: now[0])  # room for one bulk probe
     prober = LinkProber(cfg, budget=budget)

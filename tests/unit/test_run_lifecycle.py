@@ -42,7 +42,11 @@ class ToyRun(RunLifecycle):
     def __init__(self, train=lambda run: None, timeout_s: float = 5.0, sites: int = 2) -> None:
         cfg = load_config(
             AggregatorConfig,
-            {"POWERTRIP_PROFILER_ADDR": "x:1", "POWERTRIP_REGISTRATION_TIMEOUT_S": str(timeout_s)},
+            {
+                "POWERTRIP_PROFILER_ADDR": "x:1",
+                "POWERTRIP_REGISTRATION_TIMEOUT_S": str(timeout_s),
+                "POWERTRIP_INSECURE": "1",
+            },
         )
         super().__init__(cfg, num_sites=sites, expected_sites=sites)
         self.executor = StubExecutor()  # type: ignore[assignment]

@@ -10,8 +10,9 @@ from services.common.config import ConfigError, load_config
 from services.common.grpc_options import client_options, server_options
 from services.worker.config import WorkerConfig
 
-WORKER = {"POWERTRIP_AGGREGATOR_ADDR": "agg:50051", "POWERTRIP_SITES": "0-3,site-007"}
-AGG = {"POWERTRIP_PROFILER_ADDR": "profiler:50052"}
+PLAIN = {"POWERTRIP_INSECURE": "1"}  # these tests are about other settings
+WORKER = {"POWERTRIP_AGGREGATOR_ADDR": "agg:50051", "POWERTRIP_SITES": "0-3,site-007", **PLAIN}
+AGG = {"POWERTRIP_PROFILER_ADDR": "profiler:50052", **PLAIN}
 
 
 def test_worker_sites_accept_ranges_and_ids():

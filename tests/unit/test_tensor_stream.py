@@ -30,6 +30,7 @@ def receive(parts, expected=None):
     return rx
 
 
+@pytest.mark.reliability("R9")
 @pytest.mark.parametrize("chunk", [1, 5, 16, 100, 1 << 20])
 def test_any_chunk_size_reassembles_the_exact_tensors(chunk):
     p = params()
@@ -49,6 +50,7 @@ def test_pieces_cover_each_tensor_in_order_without_overlap():
     assert seen == {k: v.size for k, v in p.items()}
 
 
+@pytest.mark.reliability("R12")
 def test_a_nan_split_across_two_chunks_is_caught():
     p = params()
     p["b"][2] = np.nan  # bytes 100..107 of the stream; chunks of 5 bytes split it
@@ -57,6 +59,7 @@ def test_a_nan_split_across_two_chunks_is_caught():
     assert exc.value.reason == "non_finite"
 
 
+@pytest.mark.reliability("R9")
 @pytest.mark.parametrize(
     ("mutate", "reason"),
     [
@@ -74,6 +77,7 @@ def test_broken_chunk_sequences_are_rejected(mutate, reason):
     assert exc.value.reason == reason
 
 
+@pytest.mark.reliability("R9")
 def test_a_corrupted_chunk_fails_the_checksum():
     parts = list(encode(params(), 16))
     parts[2] = common_pb2.TensorChunk(offset_bytes=16, data=bytes(16))  # 2nd chunk zeroed
@@ -104,6 +108,7 @@ def test_unsupported_dtypes_and_oversized_streams_are_refused():
         TensorStreamReceiver(max_total_bytes=1000).header(big)
 
 
+@pytest.mark.reliability("R9")
 def test_a_large_stream_spills_to_disk_and_reads_back_exactly():
     p = {"w": np.arange(3 << 20, dtype=np.float32)}  # 12 MiB > the 8 MiB in-memory spool
     rx = receive(encode(p))

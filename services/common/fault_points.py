@@ -1,0 +1,66 @@
+"""Test hook: named places where a process SIGKILLs itself, to prove crash recovery.
+
+``POWERTRIP_FAULT_INJECT=checkpoint-write@3`` makes the aggregator kill itself (SIGKILL: no
+handler, no ``finally``, no flush, as an OOM kill or a power loss would) the first time it
+reaches the point ``checkpoint-write`` in round 3. Several points: comma-separated. The crash
+tests (``tests/integration/test_crash_recovery.py``) use it to kill the process at exact moments
+a test cannot hit from outside (half-way through a fold, between two files of a checkpoint).
+
+It is a test hook, never part of a production configuration. Unset, ``fault_point`` is a dict
+lookup. An unknown point name is a ``ConfigError`` at the service's start (``armed_faults``),
+so a typo cannot leave a crash test silently testing nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Mapping
+
+from services.common.config import ConfigError
+
+VARIABLE = "POWERTRIP_FAULT_INJECT"
+#: where the points are, and what a crash there leaves behind
+POINTS = {
+    # RoundCollector: the round's first update is folded into the sums, the others not yet
+    "aggregation": "collector.RoundCollector._changed",
+    # checkpoint.save: the new model file and the manifest's temporary file are written and
+    # fsynced, the manifest not yet renamed into place (the round is not committed)
+    "checkpoint-write": "checkpoint.save",
+    # checkpoint.save: the manifest renamed into place, the directory not yet fsynced and the
+    # old rounds not yet pruned
+    "checkpoint-commit": "checkpoint.save",
+}
+
+_armed: dict[str, int] | None = None
+
+
+def parse(value: str) -> dict[str, int]:
+    """``"aggregation@2,checkpoint-write@3"`` -> ``{"aggregation": 2, ...}``; ConfigError
+    naming the variable for an unknown point or a malformed entry."""
+    armed: dict[str, int] = {}
+    for entry in filter(None, (e.strip() for e in value.split(","))):
+        name, at, round_text = entry.partition("@")
+        if name not in POINTS:
+            known = ", ".join(sorted(POINTS))
+            raise ConfigError(f"{VARIABLE}={value!r}: unknown point {name!r} (known: {known})")
+        if not at or not round_text.isdigit():
+            raise ConfigError(f"{VARIABLE}={value!r}: write POINT@ROUND, e.g. {name}@3")
+        armed[name] = int(round_text)
+    return armed
+
+
+def armed_faults(env: Mapping[str, str] | None = None) -> dict[str, int]:
+    """The armed points (read once from the environment); call it at start to fail fast."""
+    global _armed
+    if env is not None:
+        return parse(env.get(VARIABLE, ""))
+    if _armed is None:
+        _armed = parse(os.environ.get(VARIABLE, ""))
+    return _armed
+
+
+def fault_point(name: str, round: int) -> None:  # noqa: A002 - the round's number
+    """SIGKILL this process if ``name@round`` is armed; otherwise nothing."""
+    if armed_faults().get(name) == round:
+        os.kill(os.getpid(), signal.SIGKILL)
