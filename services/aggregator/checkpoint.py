@@ -23,7 +23,6 @@ operator, but never tried again nor pruned in place of good ones.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -37,6 +36,14 @@ import numpy as np
 from numpy.typing import NDArray
 
 from services.aggregator import metrics
+from services.aggregator.durable_files import (
+    TMP,
+    canonical_sha256,
+    commit_rename,
+    fsync_dir,
+    sha256_file,
+    write_temp,
+)
 from services.common.fault_points import fault_point
 
 logger = logging.getLogger(__name__)
@@ -54,7 +61,6 @@ REASONS = (
 )
 _NAME = re.compile(r"round-(\d{6,})\.json")
 _MODEL = re.compile(r"round-(\d{6,})\.npz")
-TMP = ".tmp"  # suffix of a file being written
 for _reason in REASONS:  # every series exported from the start, at 0
     metrics.CHECKPOINT_REJECTED.labels(_reason)
 
@@ -76,50 +82,6 @@ class Checkpoint:
     round: int
     params: dict[str, NDArray]
     state: dict[str, Any]  # clock, accuracy, journal...
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _canonical_sha256(body: Mapping[str, Any]) -> str:
-    """SHA-256 of one text per JSON value: sorted keys, no whitespace (floats as ``repr``)."""
-    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def _write_temp(path: Path, write: Callable[[Any], object]) -> Path:
-    """``path``'s content, written and fsynced under a temporary name (removed on failure)."""
-    tmp = path.with_name(path.name + TMP)
-    try:
-        with tmp.open("wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return tmp
-
-
-def _rename(tmp: Path, path: Path) -> None:
-    try:
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Make the renames in ``directory`` durable (a rename lives in the directory's inode)."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _prune(directory: Path, newest: int) -> None:
@@ -145,23 +107,23 @@ def save(directory: Path, round_index: int, params: Mapping[str, NDArray], state
     full, fsync failing) leaves the same, the temporary files removed."""
     directory.mkdir(parents=True, exist_ok=True)
     model = directory / f"round-{round_index:06d}.npz"
-    _rename(_write_temp(model, lambda f: np.savez(f, **params)), model)
+    commit_rename(write_temp(model, lambda f: np.savez(f, **params)), model)
     body = {
         "format": FORMAT,
         "round": round_index,
         "model": model.name,
-        "model_sha256": _sha256(model),
+        "model_sha256": sha256_file(model),
         # through JSON once, so the hash covers exactly what a load will read back
         "state": json.loads(json.dumps(state)),
     }
-    manifest = {**body, "sha256": _canonical_sha256(body)}
+    manifest = {**body, "sha256": canonical_sha256(body)}
     path = directory / f"round-{round_index:06d}.json"
-    tmp = _write_temp(path, lambda f: f.write(json.dumps(manifest, indent=1).encode()))
+    tmp = write_temp(path, lambda f: f.write(json.dumps(manifest, indent=1).encode()))
     # the worst moment to die: the new model in place, its manifest written but not committed
     fault_point("checkpoint-write", round_index)
-    _rename(tmp, path)
+    commit_rename(tmp, path)
     fault_point("checkpoint-commit", round_index)  # committed, not yet durable nor pruned
-    _fsync_dir(directory)
+    fsync_dir(directory)
     _prune(directory, round_index)
     return model
 
@@ -222,7 +184,7 @@ def _manifest(path: Path) -> dict[str, Any]:
     if manifest["format"] != FORMAT:
         raise Rejected("malformed", path, f"unknown format {manifest['format']}")
     body = {k: manifest[k] for k in types}
-    if _canonical_sha256(body) != manifest["sha256"]:
+    if canonical_sha256(body) != manifest["sha256"]:
         raise Rejected("manifest-checksum", path, "content does not match its SHA-256 (edited?)")
     match = _NAME.fullmatch(path.name)
     r = manifest["round"]
@@ -233,7 +195,7 @@ def _manifest(path: Path) -> dict[str, Any]:
 
 def _params(path: Path, sha256: str) -> dict[str, NDArray]:
     try:
-        actual = _sha256(path)
+        actual = sha256_file(path)
     except OSError as exc:
         raise Rejected("unreadable", path, str(exc)) from None
     if actual != sha256:

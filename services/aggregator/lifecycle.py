@@ -4,8 +4,8 @@ and the lifecycle both modes share (wait for the sites, train on a thread, locke
 PowerTrip mode (``run.AggregatorRun``) and curtailment mode (``curtail_run.CurtailmentRun``)
 differ only in what happens once the sites are in (``RunLifecycle._train``) and in what a
 registering worker is told; the servicer maps ``Registration`` and ``StatusSnapshot`` to the wire
-without knowing which mode it serves. Pacing (``Pacer``, POWERTRIP_PACE) lives here too, so both
-modes stretch an emulated run over wall time the same way.
+without knowing which mode it serves. Both modes pace an emulated run the same way
+(``pacing.Pacer``, POWERTRIP_PACE).
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import IntEnum
 from typing import Protocol
@@ -26,6 +25,7 @@ from services.aggregator import metrics
 from services.aggregator.collector import RoundGate
 from services.aggregator.config import AggregatorConfig
 from services.aggregator.executor import GrpcRoundExecutor
+from services.aggregator.pacing import Pacer
 from services.aggregator.registry import WorkerRegistry
 
 logger = logging.getLogger(__name__)
@@ -129,35 +129,6 @@ def wait_for_sites(
             return f"only {n} of {expected} sites registered within {timeout_s:.0f} s"
         time.sleep(0.1)
     return None
-
-
-class Pacer:
-    """Holds an emulated run to ``pace`` run-clock seconds per wall second (0: no holding).
-
-    An unpaced emulated run squeezes hours of run clock into seconds, too fast for a Prometheus
-    at a normal scrape interval to see it unfold. The hold is a wait between rounds, after the
-    round's metrics are set and before the next round starts; on the emulated clock nothing
-    that decides a round reads wall time, so a paced run makes the same decisions and reports
-    the same results.
-    Rounds slower than the pace are not made up for: pacing only ever adds waiting.
-    """
-
-    def __init__(self, pace: float, wall: Callable[[], float] = time.monotonic) -> None:
-        self.pace = pace
-        self._wall = wall
-        self._origin = (wall(), 0.0)  # (wall, run clock) the pace counts from
-
-    def restart(self, clock_s: float = 0.0) -> None:
-        """Count from now at run clock ``clock_s``: when training starts, and after each round
-        a restarted run replays (a replay catches up at full speed)."""
-        self._origin = (self._wall(), clock_s)
-
-    def hold_s(self, clock_s: float) -> float:
-        """Wall seconds to wait until the run clock ``clock_s`` is due at this pace."""
-        if self.pace <= 0:
-            return 0.0
-        wall0, clock0 = self._origin
-        return max(0.0, wall0 + (clock_s - clock0) / self.pace - self._wall())
 
 
 class RunLifecycle:

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from services.aggregator import checkpoint, metrics
+from services.aggregator.durable_files import canonical_sha256, sha256_file
 from services.aggregator.executor import GrpcRoundExecutor
 from services.aggregator.run import _fits_run, _resume_state
 
@@ -70,7 +71,7 @@ def rewrite(manifest: Path, edit) -> None:
     data = json.loads(manifest.read_text())
     edit(data)
     body = {k: v for k, v in data.items() if k != "sha256"}
-    data["sha256"] = checkpoint._canonical_sha256(body)
+    data["sha256"] = canonical_sha256(body)
     manifest.write_text(json.dumps(data))
 
 
@@ -118,7 +119,7 @@ def edit_journal(m: Path, _n: Path) -> None:
 
 def old_format(m: Path, n: Path) -> None:  # what the previous version wrote
     state = json.loads(m.read_text())["state"]
-    old = {"round": 2, "model": n.name, "sha256": checkpoint._sha256(n), **state}
+    old = {"round": 2, "model": n.name, "sha256": sha256_file(n), **state}
     m.write_text(json.dumps(old))
 
 

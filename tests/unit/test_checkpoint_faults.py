@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from services.aggregator import checkpoint, metrics
+from services.aggregator.durable_files import canonical_sha256, sha256_file
 from services.aggregator.run import _fits_run
 from services.common.config import ConfigError
 from services.common.fault_points import armed_faults, parse
@@ -56,9 +57,9 @@ def plant(directory: Path, model_bytes: bytes) -> None:
     npz.write_bytes(model_bytes)
     manifest = directory / "round-000002.json"
     data = json.loads(manifest.read_text())
-    data["model_sha256"] = checkpoint._sha256(npz)
+    data["model_sha256"] = sha256_file(npz)
     body = {k: v for k, v in data.items() if k != "sha256"}
-    data["sha256"] = checkpoint._canonical_sha256(body)
+    data["sha256"] = canonical_sha256(body)
     manifest.write_text(json.dumps(data))
 
 

@@ -19,12 +19,12 @@ from powertrip.sites import ModelledLinks, StaticPower, generate_sites
 from powertrip.timing import RoundTimeModel
 from services.aggregator.config import AggregatorConfig
 from services.aggregator.lifecycle import (
-    Pacer,
     Registration,
     RunLifecycle,
     RunState,
     StatusRound,
 )
+from services.aggregator.pacing import Pacer
 from services.cli.up import up
 from services.common.command_line import env_help
 from services.common.config import ConfigError, load_config
