@@ -2,9 +2,10 @@
 
 A test claims rows with ``@pytest.mark.reliability("R2", "R18")``. After a run that collected
 such tests, the terminal summary prints one line per row of ``docs/reliability.md``: PASS (every
-test of the row passed), FAIL (naming the failing tests), SKIP (all skipped: e.g. no netem here)
-or MISSING (no test collected). ``--reliability-json PATH`` writes the same as JSON, for a
-closing note or a dashboard. Loaded by ``-p tests.reliability_report`` (pyproject addopts).
+test of the row passed; PASS* when some were skipped), FAIL (naming the failing tests), SKIP
+(skipped: e.g. no root here), NOT RUN (a run stopped early) or MISSING (no test collected).
+``--reliability-json PATH`` writes the same as JSON, for a closing note or a dashboard.
+Loaded by ``-p tests.reliability_report`` (pyproject addopts).
 """
 
 from __future__ import annotations
@@ -83,8 +84,10 @@ class ReliabilityReport:
                 status = "FAIL"
             elif any(o == "passed" for o in ran.values()):
                 status = "PASS" if all(o == "passed" for o in ran.values()) else "PASS*"
-            else:
+            elif any(o == "skipped" for o in ran.values()):
                 status = "SKIP"
+            else:
+                status = "NOT RUN"
             out[row] = {"title": title, "status": status, "tests": ran}
         return out
 

@@ -200,16 +200,16 @@ class LocalCluster:
             if on_started:
                 on_started(w)
 
-    def restart(self, name: str) -> Service:
-        """SIGKILL one service and start it again on the same port: workers find a restarted
-        aggregator by their heartbeat (it resumes from its checkpoint), and a restarted worker
-        registers again under its id."""
+    def restart(self, name: str, **env: str) -> Service:
+        """SIGKILL one service and start it again on the same port (``env``: variables to
+        change): workers find a restarted aggregator by their heartbeat (it resumes from its
+        checkpoint), and a restarted worker registers again under its id."""
         old = next(s for s in self.services if s.name == name)
         old.process.kill()
         old.process.wait()
         self.services.remove(old)
         port = old.grpc_addr.rsplit(":", 1)[1]
-        env = {**old.env, "POWERTRIP_GRPC_PORT": port}
+        env = {**old.env, **env, "POWERTRIP_GRPC_PORT": port}
         return self._spawn(name, old.kind, env, 300, old.netns, old.host)
 
     def restart_aggregator(self) -> Service:

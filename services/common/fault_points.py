@@ -1,10 +1,12 @@
 """Test hook: named places where a process SIGKILLs itself, to prove crash recovery.
 
-``POWERTRIP_FAULT_INJECT=checkpoint-write@3`` makes the aggregator kill itself (SIGKILL: no
-handler, no ``finally``, no flush, as an OOM kill or a power loss would) the first time it
-reaches the point ``checkpoint-write`` in round 3. Several points: comma-separated. The crash
-tests (``tests/integration/test_crash_recovery.py``) use it to kill the process at exact moments
-a test cannot hit from outside (half-way through a fold, between two files of a checkpoint).
+``POWERTRIP_FAULT_INJECT=checkpoint-write@3`` makes the aggregator (``upload@3``: a worker)
+kill itself (SIGKILL: no handler, no ``finally``, no flush, as an OOM kill or a power loss
+would) the first time it reaches the point ``checkpoint-write`` in round 3 or later (a worker
+that joins late still dies at its first upload). Several points:
+comma-separated. The crash tests (``tests/integration/test_crash_recovery.py``,
+``test_liveness.py``) use it to kill a process at exact moments a test cannot hit from outside
+(half-way through a fold, between two files of a checkpoint, in the middle of an upload).
 
 It is a test hook, never part of a production configuration. Unset, ``fault_point`` is a dict
 lookup. An unknown point name is a ``ConfigError`` at the service's start (``armed_faults``),
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Mapping
 
 from services.common.config import ConfigError
@@ -30,6 +33,9 @@ POINTS = {
     # checkpoint.save: the manifest renamed into place, the directory not yet fsynced and the
     # old rounds not yet pruned
     "checkpoint-commit": "checkpoint.save",
+    # the worker's uploader: the update's header and first chunk handed to gRPC (and given a
+    # moment to leave), the rest of the stream not: the aggregator sees a stream cut mid-way
+    "upload": "uploader.update_messages",
 }
 
 _armed: dict[str, int] | None = None
@@ -60,7 +66,11 @@ def armed_faults(env: Mapping[str, str] | None = None) -> dict[str, int]:
     return _armed
 
 
-def fault_point(name: str, round: int) -> None:  # noqa: A002 - the round's number
-    """SIGKILL this process if ``name@round`` is armed; otherwise nothing."""
-    if armed_faults().get(name) == round:
+def fault_point(name: str, round: int, settle_s: float = 0.0) -> None:  # noqa: A002
+    """SIGKILL this process if ``name`` is armed for ``round`` or an earlier one; otherwise
+    nothing. ``settle_s``: wait
+    that long first, so that bytes already handed to a socket reach the peer."""
+    armed = armed_faults().get(name)
+    if armed is not None and round >= armed:
+        time.sleep(settle_s)
         os.kill(os.getpid(), signal.SIGKILL)

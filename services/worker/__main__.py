@@ -13,6 +13,7 @@ from powertrip.sites import site_id
 from powertrip.v1 import aggregator_pb2, aggregator_pb2_grpc, worker_pb2_grpc
 from services.common.command_line import parse_service_args
 from services.common.config import ConfigError, load_config
+from services.common.fault_points import armed_faults
 from services.common.grpc_client import make_channel, retry_idempotent
 from services.common.grpc_server import build_server, serve
 from services.common.logging import configure
@@ -34,6 +35,7 @@ def main() -> int:
     try:
         cfg = load_config(WorkerConfig)
         device = cfg.usable_device()  # before registering: no GPU, no join
+        armed_faults()  # a test hook's typo fails here, not silently
     except ConfigError as exc:
         print(f"powertrip-worker: {exc}", file=sys.stderr)
         return 2

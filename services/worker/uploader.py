@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 from powertrip.sites import site_id
 from powertrip.v1 import aggregator_pb2, aggregator_pb2_grpc
+from services.common.fault_points import fault_point
 from services.common.tensor_stream import encode, wrap_tensor_stream
 from services.worker.sites_host import SiteUpdate
 
@@ -22,9 +23,12 @@ def update_messages(
             train_seconds=update.train_seconds,
         )
     )
-    yield from wrap_tensor_stream(
-        encode(update.delta, chunk_bytes), aggregator_pb2.SubmitUpdateRequest
-    )
+    for i, message in enumerate(
+        wrap_tensor_stream(encode(update.delta, chunk_bytes), aggregator_pb2.SubmitUpdateRequest)
+    ):
+        yield message
+        if i == 1:  # the stream's header and first chunk are out
+            fault_point("upload", round_index, settle_s=0.3)
 
 
 class GrpcUploader:

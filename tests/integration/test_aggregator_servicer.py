@@ -119,7 +119,7 @@ def test_a_site_hosted_elsewhere_cannot_be_claimed(stub):
     assert got == C.ALREADY_EXISTS and "w-a" in details
 
 
-@pytest.mark.reliability("R11", "R12", "R17")
+@pytest.mark.reliability("R2", "R11", "R12", "R17")
 def test_bad_updates_are_rejected_and_the_round_continues_with_the_others(stub, run):
     s, _ = stub
     register(s, "w-a", ["site-000", "site-001"])

@@ -1,0 +1,136 @@
+"""Reliability row R3, root only: a site's link goes dark for seconds, then comes back.
+
+Two workers, each in its own network namespace behind its own veth link to the hub (where the
+aggregator and profiler run). Taking one link down is a blackhole for that worker: its
+heartbeats fail, the aggregator treats it as it treats a frozen worker (offline within one
+lease, rounds go on without its site, no round waits past its deadline), the worker's retries
+are jittered and few (no busy loop), and once the link is up again it is back within seconds.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from services.cli.launcher import ClusterPlan, LocalCluster, Service
+from tests.integration.test_netns_cluster import _netns_works
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not _netns_works(), reason="needs root with ip netns and tc"),
+]
+
+HB_S, PATIENCE = 0.5, 2
+LEASE_S = PATIENCE * HB_S + 1
+DEADLINE_S = 3.0
+DARK_S = 6.0
+
+
+def metric(service: Service, name: str, **labels: str) -> float:
+    with urllib.request.urlopen(service.metrics_url, timeout=5) as r:
+        text = r.read().decode()
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == name and s.labels == labels:
+                return s.value
+    return 0.0
+
+
+def wait_for(cond, timeout_s: float, what: str) -> float:
+    """Seconds until ``cond()`` held; fails after ``timeout_s``."""
+    start = time.monotonic()
+    while not cond():
+        assert time.monotonic() - start < timeout_s, f"not within {timeout_s} s: {what}"
+        time.sleep(0.05)
+    return time.monotonic() - start
+
+
+def hub_link(cluster: LocalCluster, worker_index: int) -> tuple[str, str]:
+    """(hub namespace, the hub's end of worker ``worker_index``'s veth), from topology.sh's
+    state file (``site i name ns site_if site_ip hub_if hub_ip ...``)."""
+    topo = cluster.topology
+    state = topo.state_dir / f"{topo.prefix}.topology"
+    rows = [ln.split() for ln in state.read_text().splitlines() if ln.startswith("site ")]
+    return topo.hub, rows[worker_index][6]
+
+
+@pytest.mark.reliability("R3")
+def test_a_blackholed_site_is_left_out_then_back_within_seconds_of_the_link_coming_up(tmp_path):
+    profile = tmp_path / "links.tsv"
+    profile.write_text("worker-0 100mbit 1ms\nworker-1 100mbit 1ms\n")
+    plan = ClusterPlan(
+        workers=2,
+        sites=2,
+        policy="select-all",
+        clock="wall",
+        target=0.99,  # unreachable: the run goes on until the test ends it
+        max_rounds=100_000,
+        num_samples=400,
+        log_dir=tmp_path / "logs",
+        netns_profile=profile,
+        insecure=True,
+        round_deadline_s=DEADLINE_S,
+        extra_env={
+            "POWERTRIP_HEARTBEAT_S": str(HB_S),
+            "POWERTRIP_HEARTBEAT_PATIENCE": str(PATIENCE),
+            "POWERTRIP_KEEPALIVE_S": "1",
+            "POWERTRIP_KEEPALIVE_TIMEOUT_S": "1",
+            "POWERTRIP_WALL_TAU_S": "0.2",
+        },
+    )
+    with LocalCluster(plan) as cluster:
+        cluster.start()
+        agg = cluster.aggregator
+        wait_for(lambda: cluster.status().round >= 2, 60, "two rounds")
+        hub, link = hub_link(cluster, 1)
+        worker_log = plan.log_dir / "worker-1.log"
+        lines_before = len(worker_log.read_text().splitlines())
+
+        subprocess.run(["ip", "-n", hub, "link", "set", link, "down"], check=True)
+        dark_at = time.monotonic()
+        try:
+            offline = wait_for(
+                lambda: metric(agg, "powertrip_worker_offline_total", worker="worker-1") >= 1,
+                LEASE_S + 3,
+                "worker-1 offline",
+            )
+            mark = cluster.status().round
+            time.sleep(max(0.0, DARK_S - (time.monotonic() - dark_at)))
+            during = [r for r in cluster.status().rounds if r.round > mark]
+        finally:
+            subprocess.run(["ip", "-n", hub, "link", "set", link, "up"], check=True)
+        up_at = time.monotonic()
+        back = wait_for(
+            lambda: metric(agg, "powertrip_workers_alive") == 2, 15, "worker-1 alive again"
+        )
+        mark = cluster.status().round
+        wait_for(
+            lambda: any(
+                r.round > mark and "site-001" in r.selected_site_ids and r.contributions == 2
+                for r in cluster.status().rounds
+            ),
+            15,
+            "site-001 selected and delivering again",
+        )
+        rejoined = time.monotonic() - up_at
+        attempts = [
+            ln
+            for ln in worker_log.read_text().splitlines()[lines_before:]
+            if "RegisterWorker" in ln or "heartbeat" in ln or "Retrying" in ln
+        ]
+
+    print(
+        f"\n[R3] offline {offline:.2f} s after link down (lease {LEASE_S} s); {len(during)} rounds "
+        f"while dark; alive {back:.2f} s and delivering {rejoined:.2f} s after link up; "
+        f"{len(attempts)} retry/heartbeat log lines in {DARK_S:.0f} s dark"
+    )
+    assert offline <= LEASE_S + 1.0
+    assert len(during) >= 1  # the others went on
+    assert all("site-001" not in r.selected_site_ids for r in during)
+    assert all(r.duration_seconds <= DEADLINE_S + 1.5 for r in during)
+    assert back <= 6.0  # reconnect by backoff: seconds, not the 2 min of gRPC's default cap
+    assert len(attempts) <= 2 * DARK_S  # jittered backoff, not a busy loop
