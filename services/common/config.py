@@ -53,6 +53,10 @@ class ServiceConfig(BaseModel):
     # uploads cannot each buffer a growing window in memory; 4 MiB still fills a 100 ms path at
     # 300 Mbit/s.
     stream_window_mib: int = 4
+    # Calls served at once; beyond it gRPC answers RESOURCE_EXHAUSTED at once (clients retry
+    # with jitter) instead of queueing without bound behind the handler threads. 0 = no limit.
+    # Keep it above the uploads a round can have in flight (one per selected site).
+    max_concurrent_rpcs: int = Field(0, ge=0)
     # Mutual TLS: PEM files of this service's certificate, its key and the CA that signed every
     # peer. All three or none: a partial set is an error, so a typo cannot silently downgrade a
     # deployment to plaintext; none is an error too unless POWERTRIP_INSECURE=1.

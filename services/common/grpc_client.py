@@ -33,15 +33,24 @@ def make_channel(address: str, cfg: ServiceConfig) -> grpc.Channel:
     return grpc.secure_channel(address, creds, options=client_options(cfg))
 
 
+#: what a server over its POWERTRIP_MAX_CONCURRENT_RPCS answers (grpcio's own text): busy, not
+#: a refusal of this request, unlike a RESOURCE_EXHAUSTED for an oversized message
+CONCURRENCY_LIMIT = "concurrent rpc limit exceeded"
+
+
 def is_unavailable(exc: BaseException) -> bool:
-    """Transient UNAVAILABLE, worth a retry. A failed TLS handshake is also UNAVAILABLE but will
-    fail the same way every time (wrong CA, expired certificate), so it is not retried, like
-    Flower's ``_should_giveup_fn``. (A server rejecting *our* certificate shows only as "Socket
-    closed", which cannot be told from a transient drop, so that case is still retried.)"""
-    if not isinstance(exc, grpc.RpcError) or exc.code() is not grpc.StatusCode.UNAVAILABLE:
+    """Transient, worth a retry: UNAVAILABLE, or a server at its concurrency limit.
+
+    A failed TLS handshake is also UNAVAILABLE but will fail the same way every time (wrong CA,
+    expired certificate), so it is not retried, like Flower's ``_should_giveup_fn``. (A server
+    rejecting *our* certificate shows only as "Socket closed", which cannot be told from a
+    transient drop, so that case is still retried.)"""
+    if not isinstance(exc, grpc.RpcError):
         return False
-    details = exc.details() if hasattr(exc, "details") else ""
-    return "handshake failed" not in (details or "").lower()
+    details = ((exc.details() if hasattr(exc, "details") else "") or "").lower()
+    if exc.code() is grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return CONCURRENCY_LIMIT in details
+    return exc.code() is grpc.StatusCode.UNAVAILABLE and "handshake failed" not in details
 
 
 def retry_idempotent(

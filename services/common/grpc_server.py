@@ -51,6 +51,7 @@ def build_server(
         futures.ThreadPoolExecutor(max_workers=max_workers),
         interceptors=[GrpcMetricsInterceptor(), RequestGuard()],
         options=server_options(cfg),
+        maximum_concurrent_rpcs=cfg.max_concurrent_rpcs or None,
     )
     for register in registrations:
         register(server)
