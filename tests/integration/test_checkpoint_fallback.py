@@ -73,6 +73,7 @@ def test_every_checkpoint_corrupted_refuses_to_start(tmp_path):
         "POWERTRIP_METRICS_PORT": "0",
         "POWERTRIP_NUM_SITES": "2",
         "POWERTRIP_CHECKPOINT_DIR": str(ckpts),
+        "POWERTRIP_INSECURE": "1",
     }
     cmd = [sys.executable, "-m", "services.aggregator"]
     done = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=50)

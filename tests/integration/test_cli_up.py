@@ -89,7 +89,7 @@ def test_a_service_asked_for_a_gpu_it_lacks_exits_2_naming_the_variable(kind, en
     clean = {k: v for k, v in os.environ.items() if not k.startswith("POWERTRIP_")}
     done = subprocess.run(
         [service_executable(kind)],
-        env={**clean, **env, "POWERTRIP_DEVICE": "cuda"},
+        env={**clean, **env, "POWERTRIP_DEVICE": "cuda", "POWERTRIP_INSECURE": "1"},
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 2
