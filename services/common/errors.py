@@ -61,6 +61,11 @@ class MalformedRequest(BadRequest):
     """Request bytes that do not decode as the method's message."""
 
 
+class StreamBroken(ConnectionError):
+    """The caller's request stream broke off half-way (killed, link lost): the caller's loss,
+    answered CANCELLED with one log line, never a server traceback."""
+
+
 ERROR_CODES: dict[type[BaseException], grpc.StatusCode] = {
     BadRequest: grpc.StatusCode.INVALID_ARGUMENT,
     UpdateRejected: grpc.StatusCode.INVALID_ARGUMENT,
@@ -69,6 +74,7 @@ ERROR_CODES: dict[type[BaseException], grpc.StatusCode] = {
     Busy: grpc.StatusCode.RESOURCE_EXHAUSTED,
     Duplicate: grpc.StatusCode.ALREADY_EXISTS,
     Forbidden: grpc.StatusCode.PERMISSION_DENIED,
+    StreamBroken: grpc.StatusCode.CANCELLED,
 }
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -156,10 +162,13 @@ def _lenient(deserializer: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
 
 
 def _checked(requests: Iterator[Any]) -> Iterator[Any]:
-    for request in requests:
-        if isinstance(request, _Undecodable):
-            raise MalformedRequest(request.reason)
-        yield request
+    try:
+        for request in requests:
+            if isinstance(request, _Undecodable):
+                raise MalformedRequest(request.reason)
+            yield request
+    except grpc.RpcError:  # gRPC's request iterator: the peer went away mid-stream
+        raise StreamBroken("the request stream broke off") from None
 
 
 class RequestGuard(grpc.ServerInterceptor):

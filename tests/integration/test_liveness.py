@@ -156,7 +156,9 @@ def test_a_killed_worker_costs_its_site_then_is_left_out_until_it_comes_back(clu
         if k[0] == "powertrip_updates_total" and k[1][0][1] != "accepted"
     }
     print(f"worker-3's lost update counted as: {lost}")
-    assert lost.get("aborted", 0) >= 1  # the partial stream, dropped with its reason
+    # the partial stream, dropped with its reason: "truncated" when gRPC ends the request
+    # stream cleanly at the cut, "aborted" when it raises
+    assert lost.get("aborted", 0) + lost.get("truncated", 0) >= 1
     assert wait_for(lambda: sample(agg, "powertrip_update_streams_open") == 0, 5, "no leak")
     assert sample(agg, "powertrip_workers_alive") == 3
     # back under the same id: selected and delivering again

@@ -42,7 +42,9 @@ def trace_folder(shared_data: Path, tmp_path: Path, how: str) -> Path:
 
 
 def profiler_cfg(folder: Path, sites: int = 12) -> ProfilerConfig:
-    return ProfilerConfig(num_sites=sites, power_model="google-trace", power_trace_path=folder)
+    return ProfilerConfig(
+        num_sites=sites, power_model="google-trace", power_trace_path=folder, insecure=True
+    )
 
 
 def rejected() -> float:
