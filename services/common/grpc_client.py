@@ -23,6 +23,8 @@ from services.common.tls import channel_credentials
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+#: longest wait between two retries (and, in grpc_options, between two reconnect attempts)
+RETRY_CAP_S = 3.0
 
 
 def make_channel(address: str, cfg: ServiceConfig) -> grpc.Channel:
@@ -59,7 +61,9 @@ def retry_idempotent(
     """Retry a call that is safe to repeat while the peer is UNAVAILABLE, with full jitter."""
     return retry(
         retry=retry_if_exception(is_unavailable),
-        wait=wait_random_exponential(multiplier=0.2, max=5.0),  # full jitter
+        # full jitter, capped at RETRY_CAP_S: about 6 attempts in 10 s of outage, and a peer
+        # that is back is found again within the cap
+        wait=wait_random_exponential(multiplier=0.5, max=RETRY_CAP_S),
         stop=stop_after_attempt(max_attempts) | stop_after_delay(max_seconds),
         before_sleep=before_sleep_log(logger, logging.WARNING),
         reraise=True,

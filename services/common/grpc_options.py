@@ -10,6 +10,7 @@ from __future__ import annotations
 from services.common.config import ServiceConfig
 
 MiB = 1 << 20
+RECONNECT_CAP_S = 3.0  # the same cap as grpc_client.RETRY_CAP_S
 
 
 def message_limits(cfg: ServiceConfig) -> list[tuple[str, int]]:
@@ -29,6 +30,13 @@ def client_options(cfg: ServiceConfig) -> list[tuple[str, int]]:
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.max_pings_without_data", 0),
         ("grpc.enable_retries", 0),  # tenacity retries idempotent calls; never both
+        # gRPC's reconnect backoff grows to 120 s by default: after a link outage of a minute a
+        # peer that is back would wait minutes to be found; cap it like the retries
+        ("grpc.max_reconnect_backoff_ms", int(RECONNECT_CAP_S * 1000)),
+        # ... and one connection attempt (TCP + TLS handshake) may hang 20 s by default when
+        # its SYN is lost in a dark link: give up sooner and try afresh (2 s still fits a TLS
+        # handshake over a 500 ms round trip)
+        ("grpc.min_reconnect_backoff_ms", 2000),
     ]
 
 

@@ -98,7 +98,8 @@ def test_a_blackholed_site_is_left_out_then_back_within_seconds_of_the_link_comi
                 LEASE_S + 3,
                 "worker-1 offline",
             )
-            mark = cluster.status().round
+            # the round in flight when it went offline may have selected it: count from the next
+            mark = cluster.status().round + 1
             time.sleep(max(0.0, DARK_S - (time.monotonic() - dark_at)))
             during = [r for r in cluster.status().rounds if r.round > mark]
         finally:
@@ -132,5 +133,7 @@ def test_a_blackholed_site_is_left_out_then_back_within_seconds_of_the_link_comi
     assert len(during) >= 1  # the others went on
     assert all("site-001" not in r.selected_site_ids for r in during)
     assert all(r.duration_seconds <= DEADLINE_S + 1.5 for r in during)
-    assert back <= 6.0  # reconnect by backoff: seconds, not the 2 min of gRPC's default cap
-    assert len(attempts) <= 2 * DARK_S  # jittered backoff, not a busy loop
+    # reconnect within the backoff cap (3 s, grpc_client.RETRY_CAP_S) plus a heartbeat, not
+    # gRPC's default reconnect cap of 2 minutes
+    assert back <= 4.0
+    assert len(attempts) <= 1.5 * DARK_S  # jittered backoff, not a busy loop
