@@ -98,6 +98,7 @@ def aggregator(pki, allow_file):
             "POWERTRIP_NUM_SAMPLES": "1000",
             "POWERTRIP_CHECKPOINT_DIR": "",
             "POWERTRIP_ALLOWED_WORKERS_FILE": str(allow_file),
+            "POWERTRIP_HEARTBEAT_S": "0.25",  # lease 1.5 s: a revoked worker lapses quickly
             **tls_env(pki, "aggregator"),
         },
     )
@@ -296,6 +297,12 @@ def test_removing_a_worker_from_the_allow_list_file_denies_its_next_call_within_
     assert refusal(lambda: status(address, pki, "w2"))[0] == C.PERMISSION_DENIED
     assert register(w1, "w1", ["site-001"]).run_seed == run.run_seed  # others unaffected
     assert status(address, pki, "w1").expected_sites == 6
+    # its heartbeats refused, its lease lapses: its site is out of the rounds like a dead one's
+    lapse = run.registry.lease_s + 1.0
+    while run.registry.is_alive("w2"):
+        assert time.monotonic() - removed < 2.5 + lapse, "revoked worker still alive"
+        time.sleep(0.05)
+    assert 2 in run.registry.offline_sites()
 
 
 @pytest.mark.reliability("R16")
