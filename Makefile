@@ -45,7 +45,7 @@ experiment: $(VENV)/.installed
 
 test: $(VENV)/.installed-extras
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q --durations=25
 
 clean:
 	rm -rf $(VENV) results
