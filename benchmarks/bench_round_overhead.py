@@ -7,7 +7,10 @@ fold them in order, evaluate and checkpoint. The difference per round is what th
 system costs (serialisation, streams, process hops, checkpoint), against the project's
 "framework overhead <= 1 s/round" target.
 
-    .venv/bin/python benchmarks/bench_round_overhead.py [--workers 4] [--sites 8] [--rounds 20]
+    .venv/bin/python benchmarks/bench_round_overhead.py [--workers 4] [--sites 8,100] [--rounds 20]
+
+``--sites`` takes a comma-separated list: one measurement per site count, so the overhead's growth
+with the number of sites (per-site work in the round path) shows in one run.
 """
 
 from __future__ import annotations
@@ -80,12 +83,17 @@ def services_seconds_per_round(workers: int, sites: int, rounds: int) -> tuple[f
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", type=int, default=4)
-    ap.add_argument("--sites", type=int, default=8)
+    ap.add_argument("--sites", default="8", help="site counts, comma-separated (8,100)")
     ap.add_argument("--rounds", type=int, default=20)
     a = ap.parse_args()
-    emu = emulator_seconds_per_round(a.sites, a.rounds)
-    svc, train = services_seconds_per_round(a.workers, a.sites, a.rounds)
-    print(f"{a.rounds} rounds of select-all over {a.sites} sites; services: {a.workers} workers")
+    for sites in (int(n) for n in a.sites.split(",")):
+        report(a.workers, sites, a.rounds)
+
+
+def report(workers: int, sites: int, rounds: int) -> None:
+    emu = emulator_seconds_per_round(sites, rounds)
+    svc, train = services_seconds_per_round(workers, sites, rounds)
+    print(f"{rounds} rounds of select-all over {sites} sites; services: {workers} workers")
     print(f"{'':34}{'s/round':>10}{'rounds/h':>10}")
     print(f"{'emulator (in-process, baseline)':34}{emu:10.3f}{3600 / emu:10.0f}")
     print(f"{'services (gRPC, processes)':34}{svc:10.3f}{3600 / svc:10.0f}")

@@ -41,10 +41,14 @@ class RoundGate:
         self.closed = False
         self._expected = set(self.selected)
         self._in_flight: set[int] = set()
+        # Sites kept so far: ``done`` is O(1) per wake instead of a pass over every selected
+        # site (quadratic in sites over a round); failures are counted by ``failed``.
+        self._delivered_count = 0
         self._cv = threading.Condition()
 
     # -- what a subclass keeps (called with the lock held, except _prepare) ------------------
     def _delivered(self, site: int) -> bool:
+        """O(1): the gate asks it on every admit, commit and fail."""
         raise NotImplementedError
 
     def _prepare(self, rx: TensorStreamReceiver) -> Any:
@@ -83,6 +87,11 @@ class RoundGate:
             if self.closed:
                 self._discard(item)
                 raise StaleRound(f"round {self.round} closed before {site_id(site)} finished")
+            if self._delivered(site):  # sent twice (it failed while its first stream ran)
+                self._discard(item)
+                raise Duplicate(f"{site_id(site)} already submitted round {self.round}")
+            self._delivered_count += 1
+            self.failed.pop(site, None)  # delivered after all: not failed
             self._keep(site, item, weight)
             self._changed()
             self._cv.notify_all()
@@ -97,8 +106,7 @@ class RoundGate:
 
     @property
     def done(self) -> bool:
-        delivered = sum(self._delivered(s) for s in self._expected)
-        return delivered + len(self.failed) >= len(self._expected)
+        return self._delivered_count + len(self.failed) >= len(self._expected)
 
     def wait(self, timeout_s: float) -> bool:
         """Until every selected site delivered or failed; False on timeout."""
@@ -138,12 +146,13 @@ class RoundCollector(RoundGate):
         self.agg = rule.make(template, direction=direction)  # type: ignore[arg-type]
         self.half = rule.make(template) if split_half else None  # type: ignore[arg-type]
         self.accepted: list[int] = []  # folded, in fold order
+        self._folded: set[int] = set()  # the same sites, for O(1) membership
         self._half_sites = {s for j, s in enumerate(self.selected) if j % 2 == 0}
         self._ready: dict[int, tuple[TensorStreamReceiver, float]] = {}
         self._next = 0  # position in ``selected`` of the next update to fold
 
     def _delivered(self, site: int) -> bool:
-        return site in self._ready or site in self.accepted
+        return site in self._ready or site in self._folded
 
     def _keep(self, site: int, item: TensorStreamReceiver, weight: float) -> None:
         self._ready[site] = (item, weight)
@@ -165,6 +174,7 @@ class RoundCollector(RoundGate):
                 finally:
                     rx.close()
                 self.accepted.append(s)
+                self._folded.add(s)
                 fault_point("aggregation", self.round)  # test hook: dies after 1st fold
             elif not (self.closed and s in self.failed):
                 return

@@ -90,6 +90,7 @@ class GrpcLearner(FoldingLearner):
             tx.send_round(inbox, worker_id, hosted, spec, arrays)
         inbox.wait(self.deadline_s)
         inbox.close()
+        tx.release_broadcast()  # the sub-round's encoded model (one copy) is no longer needed
         if inbox.failed:
             why = ", ".join(f"{site_id(s)}: {r}" for s, r in sorted(inbox.failed.items()))
             raise RuntimeError(f"sub-round {n}: no update from {why}")

@@ -33,6 +33,7 @@ from services.common.tensor_stream import (
     DEFAULT_CHUNK_BYTES,
     TensorStreamReceiver,
     encode,
+    specs_of,
     wrap_tensor_stream,
 )
 
@@ -53,6 +54,51 @@ class CountedReceiver(TensorStreamReceiver):
         if self._counted:
             self._counted = False
             metrics.UPDATE_STREAMS_OPEN.dec()
+
+
+class EncodedModel:
+    """One round's model broadcast, encoded once and replayed to every worker.
+
+    Every worker gets the same header, chunks and checksum trailer, so they are encoded (and
+    hashed) once, not once per worker: a round's broadcast costs one encoding whatever the
+    number of workers. The encoding is lazy and shared: whichever stream is ahead cuts the next
+    chunk (under a lock) and keeps it; the others replay the kept messages, so the first chunk
+    still leaves at once. Memory: one encoded copy of the model (its size plus framing), held
+    while the round's broadcasts run and released when the round ends (``release_broadcast``;
+    a stream still running keeps it until its RPC ends, at the round deadline at the latest).
+    """
+
+    def __init__(self, params: NumpyParams, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
+        self.params = params
+        self.total_bytes = sum(s.nbytes for s in specs_of(params))
+        self._source = wrap_tensor_stream(encode(params, chunk_bytes), worker_pb2.StartRoundRequest)
+        self._messages: list[worker_pb2.StartRoundRequest] = []
+        self._finished = False
+        self._error: BaseException | None = None
+        self._lock = threading.Lock()
+
+    def _message(self, i: int) -> worker_pb2.StartRoundRequest | None:
+        """Message ``i``, encoding it if no stream has yet; None past the trailer."""
+        if i < len(self._messages):  # already encoded: the list only grows
+            return self._messages[i]
+        with self._lock:
+            while len(self._messages) <= i and not self._finished:
+                if self._error is not None:
+                    raise self._error
+                try:
+                    self._messages.append(next(self._source))
+                except StopIteration:
+                    self._finished = True
+                except BaseException as exc:
+                    self._error = exc
+                    raise
+            return self._messages[i] if i < len(self._messages) else None
+
+    def __iter__(self) -> Iterator[worker_pb2.StartRoundRequest]:
+        i = 0
+        while (msg := self._message(i)) is not None:
+            yield msg
+            i += 1
 
 
 class GrpcRoundExecutor:
@@ -88,6 +134,8 @@ class GrpcRoundExecutor:
         self.track_direction = False
         self._direction: NumpyParams | None = None
         self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="broadcast")
+        self._encoded: EncodedModel | None = None  # this round's broadcast, shared by workers
+        self._encode_lock = threading.Lock()
 
     def evaluate_initial(self) -> tuple[float, float]:
         if self._initial is None:
@@ -105,16 +153,36 @@ class GrpcRoundExecutor:
                 self._channels[worker_id] = cached
         return worker_pb2_grpc.WorkerServiceStub(cached[1])
 
+    def encoded(self, params: NumpyParams) -> EncodedModel:
+        """``params`` encoded for broadcast, once per round: the first worker's stream encodes
+        (the others wait on the lock), every later one reuses the same messages. A new model
+        replaces the old encoding (dropped before the new one is built), so at most one round's
+        encoding is held."""
+        with self._encode_lock:
+            if self._encoded is None or self._encoded.params is not params:
+                self._encoded = None
+                self._encoded = EncodedModel(params)
+            return self._encoded
+
+    def release_broadcast(self) -> None:
+        """Drop the round's encoding once its broadcasts are over (a stream still running holds
+        its own reference until its RPC ends, at the latest at the round deadline)."""
+        with self._encode_lock:
+            self._encoded = None
+
     def _round_stream(
-        self, spec: common_pb2.RoundSpec, params: NumpyParams
+        self, spec: common_pb2.RoundSpec, model: EncodedModel
     ) -> Iterator[worker_pb2.StartRoundRequest]:
         yield worker_pb2.StartRoundRequest(spec=spec)
-        yield from wrap_tensor_stream(
-            encode(params, DEFAULT_CHUNK_BYTES), worker_pb2.StartRoundRequest
-        )
+        yield from model
 
     def _start_worker(
-        self, collector: RoundCollector, worker_id: str, sites: list[int], profile: SiteProfile
+        self,
+        collector: RoundCollector,
+        worker_id: str,
+        sites: list[int],
+        profile: SiteProfile,
+        model: EncodedModel,
     ) -> None:
         spec = common_pb2.RoundSpec(
             round=collector.round,
@@ -124,7 +192,7 @@ class GrpcRoundExecutor:
             pace_by_power=self.pace_by_power,
             power_fraction={site_id(s): float(profile.power[s]) for s in sites},
         )
-        self.send_round(collector, worker_id, sites, spec, self.params)
+        self.send_round(collector, worker_id, sites, spec, self.params, model)
 
     def send_round(
         self,
@@ -133,16 +201,17 @@ class GrpcRoundExecutor:
         sites: list[int],
         spec: common_pb2.RoundSpec,
         params: NumpyParams,
+        model: EncodedModel | None = None,
     ) -> None:
         """Start ``spec`` on one worker with ``params``; a refusal fails its sites in
-        ``collector`` (the round goes on without them)."""
+        ``collector`` (the round goes on without them). ``model`` is ``params`` already
+        encoded; without it the round's shared encoding (``encoded``) is used."""
+        model = model if model is not None else self.encoded(params)
         try:
             self._stub(worker_id).StartRound(
-                self._round_stream(spec, params), timeout=self.deadline_s
+                self._round_stream(spec, model), timeout=self.deadline_s
             )
-            metrics.BROADCAST_BYTES.labels(worker_id).inc(
-                sum(int(np.asarray(v).nbytes) for v in params.values())
-            )
+            metrics.BROADCAST_BYTES.labels(worker_id).inc(model.total_bytes)
         except grpc.RpcError as exc:
             logger.warning(
                 "round %d: worker %s did not start (%s: %s)",
@@ -181,10 +250,14 @@ class GrpcRoundExecutor:
         groups, orphans = self.registry.group(collector.selected)
         for s in orphans:
             collector.fail(s, "unhosted")
-        for wid, sites in groups.items():  # a hung worker costs its own thread, not the round
-            self._pool.submit(self._start_worker, collector, wid, sites, profile)
-        collector.wait(self.deadline_s)
-        collector.close()
+        model = self.encoded(self.params)  # encoded lazily, once, while the first stream runs
+        try:
+            for wid, sites in groups.items():  # a hung worker costs its own thread, not the round
+                self._pool.submit(self._start_worker, collector, wid, sites, profile, model)
+            collector.wait(self.deadline_s)
+            collector.close()
+        finally:
+            self.release_broadcast()
         for reason in collector.failed.values():
             metrics.UPDATES.labels(reason).inc()
         got = len(collector.accepted)

@@ -3,6 +3,7 @@ benchmarks are not timed here, but they must not rot."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -32,3 +33,20 @@ def test_the_trainer_device_benchmark_runs_every_method_on_the_cpu():
     assert done.returncode == 0, done.stderr[-2000:]
     row = done.stdout.strip().splitlines()[-1].split()
     assert row[0] == "2" and row[4].endswith("x") and row[5].endswith("x")
+
+
+def test_the_benchmark_runner_runs_quick(tmp_path):
+    out = tmp_path / "bench.json"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "run.py"), "--quick", "--json", str(out)],
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert set(report["sections"]) == {"training", "upload", "fold", "decision", "rounds"}
+    assert report["machine"]["cores"] >= 1 and report["machine"]["torch"]
+    for section in report["sections"].values():
+        assert section["rows"], section
+        for row in section["rows"]:
+            assert row["measured"] > 0 and row["verdict"] in ("PASS", "MISS", "")
+    assert "| PASS" in done.stdout or "| MISS" in done.stdout  # the table was printed

@@ -10,7 +10,7 @@ import pytest
 from powertrip.fedavg import StreamingFedAvg
 from powertrip.journal import JournalEntry
 from powertrip.rounds import RoundOutcome
-from services.aggregator.collector import RoundCollector
+from services.aggregator.collector import RoundCollector, RoundGate
 from services.common.errors import Duplicate, StaleRound
 from services.common.tensor_stream import TensorStreamReceiver, encode, specs_of
 
@@ -113,3 +113,67 @@ def test_journal_entries_keep_the_projection_and_read_old_journals():
     old = entry.to_json()
     del old["outcome"]["projection"]  # written before projections existed
     assert JournalEntry.from_json(old).outcome.projection is None
+
+
+class CountingGate(RoundGate):
+    """The smallest gate (an item per site), counting the ``_delivered`` calls it is asked; it
+    stops a quadratic gate at once instead of letting it run for minutes."""
+
+    def __init__(self, round_index: int, selected: list[int]) -> None:
+        super().__init__(round_index, selected)
+        self.kept: dict[int, object] = {}
+        self.calls = 0
+        self.budget = 10 * len(selected)
+
+    def _delivered(self, site: int) -> bool:
+        self.calls += 1
+        assert self.calls <= self.budget, "the gate scans every site per update"
+        return site in self.kept
+
+    def _keep(self, site: int, item: object, weight: float) -> None:
+        self.kept[site] = item
+
+
+def test_a_20000_site_gate_does_constant_work_per_update_and_wake():
+    n = 20_000
+    gate = CountingGate(1, list(range(n)))
+    for s in range(n):
+        if s % 10 == 9:
+            gate.fail(s, "start_unavailable")
+        else:
+            gate.admit(s, 1)
+            gate.commit(s, None, 1.0)  # type: ignore[arg-type]
+        assert gate.done == (s == n - 1)  # what a waiting executor checks on every wake
+    assert gate.wait(0)
+    gate.close()
+    assert len(gate.kept) == n - n // 10 and len(gate.failed) == n // 10
+    assert gate.calls <= 3 * n  # admit + commit, or fail; then close's pass
+
+
+def test_a_site_that_failed_while_its_update_streamed_counts_as_delivered():
+    col = RoundCollector(1, SELECTED, TEMPLATE)
+    col.admit(5, 1)
+    col.fail(5, "start_deadline_exceeded")  # the start RPC gave up; the upload went on
+    col.commit(5, stream(5), weight=5.0)
+    assert col.failed == {} and not col.done
+    deliver(col, 2)
+    deliver(col, 9)
+    assert col.done
+    col.close()
+    assert col.accepted == SELECTED and col.failed == {}
+
+
+def test_a_second_stream_of_a_delivered_site_is_refused_and_released():
+    col = RoundCollector(1, SELECTED, TEMPLATE)
+    col.admit(5, 1)
+    col.fail(5, "start_deadline_exceeded")
+    col.admit(5, 1)  # resent whole while the first stream was still running
+    col.commit(5, stream(5), weight=5.0)
+    second = stream(5)
+    with pytest.raises(Duplicate):
+        col.commit(5, second, weight=5.0)
+    assert second._spool.closed
+    for s in (2, 9):
+        deliver(col, s)
+    col.close()
+    assert col.accepted == SELECTED

@@ -1,0 +1,103 @@
+"""FedAvg fold bandwidth on every path against memcpy (``np.copyto``) of the same bytes.
+
+``StreamingFedAvg.add`` (whole update, validated) and ``add_pieces`` (2 MiB slices, the
+aggregator's chunk size, with the direction sketch the default policy makes it keep) on a
+float32 model of 4 tensors; the emulator's round aggregation as ``Emulator._train_round`` does
+it (every row of the stacked deltas into the FedAvg and every other row into the split-half
+probe) on 100 sites of the mnist1d CNN1D. Bandwidth = update bytes folded per second.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from benchmarks.suite import MiB, Row, median_time, verdict
+from powertrip.fedavg import StreamingFedAvg, delta_sketch, sketch_stride
+from powertrip.learning.device import row_to_numpy, to_numpy
+from powertrip.learning.models import build_model
+from powertrip.robust import Aggregation
+from services.common.tensor_stream import DEFAULT_CHUNK_BYTES
+
+TARGET = 0.80
+
+
+def memcpy_rate(src: dict[str, np.ndarray], repeats: int) -> float:
+    dst = {k: np.empty_like(v) for k, v in src.items()}
+    nbytes = sum(v.nbytes for v in src.values())
+
+    def copy() -> None:
+        for k, v in src.items():
+            np.copyto(dst[k], v)
+
+    copy()
+    return nbytes / median_time(copy, repeats)
+
+
+def pieces(delta: dict[str, np.ndarray]) -> list[tuple[str, int, np.ndarray]]:
+    step = DEFAULT_CHUNK_BYTES // 4
+    out = []
+    for name, a in delta.items():
+        flat = a.reshape(-1)
+        out += [(name, i, flat[i : i + step]) for i in range(0, flat.size, step)]
+    return out
+
+
+def streaming_rows(model_mib: int, repeats: int) -> list[Row]:
+    n = model_mib * MiB // 4 // 4
+    rng = np.random.default_rng(0)
+    delta = {f"t{j}": rng.standard_normal(n, dtype=np.float32) for j in range(4)}
+    template = {k: np.zeros_like(v) for k, v in delta.items()}
+    nbytes = model_mib * MiB
+    copy = memcpy_rate(delta, repeats)
+    stride = sketch_stride(template)
+    direction = delta_sketch(delta, template, stride)
+    add = StreamingFedAvg(template)
+    add_rate = nbytes / median_time(lambda: add.add(delta, 1.0), repeats)
+    sliced = pieces(delta)
+    agg = StreamingFedAvg(template, direction=direction)
+    piece_rate = nbytes / median_time(lambda: agg.add_pieces(iter(sliced), 1.0), repeats)
+    return [
+        _row(f"fold StreamingFedAvg.add, {model_mib} MiB model", add_rate, copy),
+        _row(f"fold add_pieces (2 MiB slices + sketch), {model_mib} MiB", piece_rate, copy),
+    ]
+
+
+def emulator_row(sites: int, repeats: int) -> Row:
+    model = build_model("cnn1d", 10, (1, 40))
+    params = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    gen = torch.Generator().manual_seed(0)
+    deltas = {k: torch.randn((sites, *v.shape), generator=gen) for k, v in params.items()}
+    template = to_numpy(params)
+    direction = delta_sketch(row_to_numpy(deltas, 0), template, sketch_stride(template))
+    rule = Aggregation()
+
+    def round_aggregation() -> None:  # the loop of Emulator._train_round
+        agg = rule.make(template, direction=direction)
+        half = rule.make(template)
+        for j in range(sites):
+            delta = row_to_numpy(deltas, j)
+            agg.add(delta, 160.0)
+            if j % 2 == 0:
+                half.add(delta, 160.0)
+
+    round_aggregation()
+    model_bytes = sum(v.numel() * 4 for v in params.values())
+    folded = model_bytes * (sites + (sites + 1) // 2)
+    rate = folded / median_time(round_aggregation, repeats)
+    copy = memcpy_rate(to_numpy(deltas), repeats)  # the same stacked rows, one copy
+    kib = model_bytes / 1024
+    return _row(f"fold emulator round aggregation, {sites} x {kib:.0f} KiB CNN1D", rate, copy)
+
+
+def _row(name: str, rate: float, copy: float) -> Row:
+    mbs, base = rate / MiB, copy / MiB
+    return Row(name, mbs, "MiB/s", base, "memcpy (np.copyto)", mbs / base,
+               f">= {TARGET:.0%}", verdict(mbs / base >= TARGET))  # fmt: skip
+
+
+def run(quick: bool, ctx: dict[str, Any]) -> list[Row]:
+    mib, sites, repeats = (8, 20, 3) if quick else (64, 100, 7)
+    return [*streaming_rows(mib, repeats), emulator_row(sites, repeats)]

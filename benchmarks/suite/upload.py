@@ -1,0 +1,149 @@
+"""Upload MiB/s: the project's SubmitUpdate path against a raw TCP socket and bare grpcio.
+
+Raw TCP: 256 MiB over loopback in 4 MiB ``sendall`` writes, read with ``recv_into`` into a
+preallocated buffer. Bare grpcio: one client-streaming call, bytes in and out (no serializers,
+no interceptors), 2 MiB messages, a server that only counts; the client is its own process, as
+the project's uploaders are. Project: ``bench_upload_rss.run_round`` (the real servicer and
+``RoundCollector`` behind ``build_server``, the worker's ``GrpcUploader``), one upload for the
+rate and 8 concurrent ones for the aggregator's peak RSS.
+
+    python benchmarks/suite/upload.py --grpc-client PORT --mib 256   (the bare grpcio client)
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import grpc  # noqa: E402
+
+from benchmarks.suite import MiB, Row, verdict  # noqa: E402
+
+METHOD = "/bench.Sink/Upload"
+GRPC_MSG = 2 * MiB
+TARGET_SHARE, TARGET_RSS_X = 0.40, 2.5
+
+
+def raw_tcp_seconds(total: int, write: int = 4 * MiB) -> float:
+    """Loopback TCP, sender and receiver threads (both calls release the GIL)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    sink = bytearray(total)
+    got = [0]
+
+    def receive() -> None:
+        conn, _ = listener.accept()
+        view = memoryview(sink)
+        with conn:
+            while got[0] < total:
+                n = conn.recv_into(view[got[0] :], min(write, total - got[0]))
+                if n == 0:
+                    break
+                got[0] += n
+
+    rx = threading.Thread(target=receive)
+    rx.start()
+    chunk = memoryview(bytes(write))
+    with socket.create_connection(listener.getsockname()) as s:
+        start = time.perf_counter()
+        for off in range(0, total, write):
+            s.sendall(chunk[: min(write, total - off)])
+        rx.join()
+        elapsed = time.perf_counter() - start
+    listener.close()
+    if got[0] != total:
+        raise RuntimeError(f"raw TCP received {got[0]} of {total} bytes")
+    return elapsed
+
+
+def grpc_client(port: int, mib: int) -> None:
+    """The bare grpcio client (child process): prints the call's seconds."""
+    opts = [("grpc.max_send_message_length", 8 * MiB)]
+    with grpc.insecure_channel(f"127.0.0.1:{port}", options=opts) as ch:
+        grpc.channel_ready_future(ch).result(timeout=30)
+        call = ch.stream_unary(METHOD)  # no serializers: bytes as they are
+        msg = bytes(GRPC_MSG)
+        count = mib * MiB // GRPC_MSG
+        start = time.perf_counter()
+        reply = call(iter([msg] * count), timeout=600)
+        print(time.perf_counter() - start, int(reply.decode()), flush=True)
+
+
+def bare_grpc_seconds(mib: int) -> float:
+    def upload(requests: Any, context: grpc.ServicerContext) -> bytes:
+        total = 0
+        for m in requests:
+            total += len(m)
+        return str(total).encode()
+
+    handler = grpc.method_handlers_generic_handler(
+        "bench.Sink", {"Upload": grpc.stream_unary_rpc_method_handler(upload)}
+    )
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=2),
+        handlers=[handler],
+        options=[("grpc.max_receive_message_length", 8 * MiB)],
+    )
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        cmd = [sys.executable, __file__, "--grpc-client", str(port), "--mib", str(mib)]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=True).stdout
+        seconds, received = out.split()
+        if int(received) != mib * MiB:
+            raise RuntimeError(f"bare grpcio received {received} bytes of {mib * MiB}")
+        return float(seconds)
+    finally:
+        server.stop(None)
+
+
+def project_round(mib: int, uploads: int, client_procs: int) -> dict[str, Any]:
+    from bench_upload_rss import run_round
+
+    args = argparse.Namespace(
+        model_mib=mib, tensors=4, uploads=uploads, timeout=600.0, client_procs=client_procs
+    )
+    r = run_round("streaming", args)
+    if not r["correct"] or r["errors"] or not r["complete"]:
+        raise RuntimeError(f"project upload failed or the model is wrong: {r['errors']}")
+    return r
+
+
+def run(quick: bool, ctx: dict[str, Any]) -> list[Row]:
+    mib, uploads = (16, 2) if quick else (256, 8)
+    tcp = mib / raw_tcp_seconds(mib * MiB)
+    bare = mib / bare_grpc_seconds(mib)
+    one = project_round(mib, 1, 1)
+    proj = mib / one["upload_s"]
+    many = project_round(mib, uploads, 2)
+    x = (many["peak_mib"] - many["rss_pre_mib"]) / many["model_mib"]
+    return [
+        Row(f"upload {mib} MiB: project SubmitUpdate vs raw TCP", proj, "MiB/s", tcp,
+            "raw TCP loopback", proj / tcp, f">= {TARGET_SHARE:.0%}",
+            verdict(proj / tcp >= TARGET_SHARE), note="one upload, insecure loopback"),
+        Row(f"upload {mib} MiB: bare grpcio vs raw TCP (ceiling)", bare, "MiB/s", tcp,
+            "raw TCP loopback", bare / tcp),
+        Row(f"upload {mib} MiB: project vs bare grpcio", proj, "MiB/s", bare, "bare grpcio",
+            proj / bare),
+        Row(f"aggregator peak RSS, {uploads} x {mib} MiB concurrent uploads", x, "x model",
+            target=f"<= {TARGET_RSS_X}x", verdict=verdict(x <= TARGET_RSS_X),
+            note=f"{uploads * mib / many['upload_s']:.0f} MiB/s aggregate over "
+            f"{many['upload_s']:.1f} s"),
+    ]  # fmt: skip
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--grpc-client", type=int, required=True)
+    ap.add_argument("--mib", type=int, default=256)
+    a = ap.parse_args()
+    grpc_client(a.grpc_client, a.mib)
