@@ -84,7 +84,36 @@ def unit_direction(
     return {n: np.asarray(v).reshape(-1) for n, v in direction.items()}, float(np.sqrt(norm_sq))
 
 
-class StreamingFedAvg:
+class UpdateFold:
+    """What every aggregation rule shares: the model's tensor spec, the checks an update must
+    pass, and the unit direction (``delta_sketch`` of the last global delta) updates project on.
+    A rule implements ``add_pieces``; ``add`` is a whole, not yet validated update."""
+
+    def __init__(self, template: NumpyParams, direction: NumpyParams | None = None) -> None:
+        self._spec = {name: (a.shape, a.dtype) for name, a in template.items()}
+        self.count = 0
+        self.total_weight = 0.0
+        self.stride = sketch_stride(template)
+        self._direction: dict[str, NDArray] | None = None
+        self._direction_norm = 0.0
+        if direction is not None:
+            self._direction, self._direction_norm = unit_direction(
+                self._spec, direction, self.stride
+            )
+
+    def validate(self, delta: NumpyParams, weight: float) -> None:
+        """Raise UpdateRejected naming the first problem; never touches the accumulator."""
+        validate_update(self._spec, delta, weight)
+
+    def add(self, delta: NumpyParams, weight: float) -> None:
+        self.validate(delta, weight)
+        self.add_pieces(((name, 0, delta[name]) for name in self._spec), weight)
+
+    def add_pieces(self, pieces: Iterable[tuple[str, int, NDArray]], weight: float) -> None:
+        raise NotImplementedError
+
+
+class StreamingFedAvg(UpdateFold):
     """Sample-weighted mean of deltas, w_{t+1} = w_t + sum_i (n_i / sum_j n_j) * delta_i.
 
     Also tracks the weighted mean squared norm of the deltas, so the dispersion of the round's
@@ -101,32 +130,15 @@ class StreamingFedAvg:
         accumulate_dtype: type[np.floating] | None = None,
         direction: NumpyParams | None = None,
     ):
-        self._spec = {name: (a.shape, a.dtype) for name, a in template.items()}
+        super().__init__(template, direction)
         self._sum = {
             name: np.zeros(shape, dtype=accumulate_dtype or dtype)
             for name, (shape, dtype) in self._spec.items()
         }
-        self.total_weight = 0.0
         self._sum_sq_weights = 0.0
         self._weighted_sq_norm = 0.0
-        self.count = 0
-        self._direction: dict[str, NDArray] | None = None
-        self._direction_norm = 0.0
         self._weighted_proj = 0.0
         self._weighted_sq_proj = 0.0
-        self.stride = sketch_stride(template)
-        if direction is not None:
-            self._direction, self._direction_norm = unit_direction(
-                self._spec, direction, self.stride
-            )
-
-    def validate(self, delta: NumpyParams, weight: float) -> None:
-        """Raise UpdateRejected naming the first problem; never touches the accumulator."""
-        validate_update(self._spec, delta, weight)
-
-    def add(self, delta: NumpyParams, weight: float) -> None:
-        self.validate(delta, weight)
-        self.add_pieces(((name, 0, delta[name]) for name in self._sum), weight)
 
     def add_pieces(self, pieces: Iterable[tuple[str, int, NDArray]], weight: float) -> None:
         """Fold an update that arrives in slices: (tensor, first flat element, values).

@@ -36,10 +36,8 @@ from numpy.typing import NDArray
 from powertrip.fedavg import (
     NumpyParams,
     StreamingFedAvg,
+    UpdateFold,
     UpdateRejected,
-    sketch_stride,
-    unit_direction,
-    validate_update,
 )
 
 if TYPE_CHECKING:
@@ -81,7 +79,7 @@ def check_trim_beta(beta: float | None) -> float | None:
     return beta
 
 
-class RobustAggregator:
+class RobustAggregator(UpdateFold):
     """Norm clipping, then a coordinate-wise trimmed mean or median over the held updates.
 
     Same calls as ``StreamingFedAvg`` (``add``, ``add_pieces``, ``count``, ``mean_delta``,
@@ -104,7 +102,7 @@ class RobustAggregator:
         self.rule = rule
         self.clip_norm = clip_norm
         self.beta = DEFAULT_TRIM_BETA if trim_beta is None else float(trim_beta)
-        self._spec = {name: (a.shape, a.dtype) for name, a in template.items()}
+        super().__init__(template, direction)
         self._dtype = np.result_type(*(dt for _, dt in self._spec.values()))
         sizes = [int(np.prod(shape, dtype=np.int64)) for shape, _ in self._spec.values()]
         ends = np.cumsum(sizes, dtype=np.int64)
@@ -115,23 +113,7 @@ class RobustAggregator:
         self._sq_norms: list[float] = []
         self._proj: list[float] = []
         self._result: NDArray | None = None
-        self.count = 0
         self.clipped = 0  # updates the norm clip shrank this round
-        self.total_weight = 0.0
-        self.stride = sketch_stride(template)
-        self._direction: dict[str, NDArray] | None = None
-        self._direction_norm = 0.0
-        if direction is not None:
-            self._direction, self._direction_norm = unit_direction(
-                self._spec, direction, self.stride
-            )
-
-    def validate(self, delta: NumpyParams, weight: float) -> None:
-        validate_update(self._spec, delta, weight)
-
-    def add(self, delta: NumpyParams, weight: float) -> None:
-        self.validate(delta, weight)
-        self.add_pieces(((name, 0, delta[name]) for name in self._spec), weight)
 
     def add_pieces(self, pieces: Iterable[tuple[str, int, NDArray]], weight: float) -> None:
         """Keep an update that arrives in already-validated slices (tensor, first element,
