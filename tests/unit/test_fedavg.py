@@ -363,3 +363,21 @@ def test_a_large_model_projects_on_a_strided_sketch_of_the_direction(monkeypatch
     expected = float(np.vdot(u, sampled)) / float(np.linalg.norm(u))
     assert whole.projection()[0] == pytest.approx(expected, rel=1e-6)
     assert sliced.projection() == pytest.approx(whole.projection(), rel=1e-6)
+
+
+@pytest.mark.parametrize(("update", "accumulate"), [(np.float32, None), (np.float32, np.float64)])
+def test_a_tensor_larger_than_a_fold_block_folds_bit_for_bit_as_one_expression(update, accumulate):
+    """The fold multiplies and adds block by block (a cache-sized temporary); the sum must be
+    the very bits of ``acc += w * delta`` on the whole tensor."""
+    from powertrip.fedavg import FOLD_BLOCK
+
+    rng = np.random.default_rng(0)
+    template = {"w": np.zeros(2 * FOLD_BLOCK + 12_345, dtype=update)}
+    deltas = [rng.standard_normal(template["w"].size).astype(update) for _ in range(3)]
+    weights = [0.37, 12.0, 3.1]
+    agg = StreamingFedAvg(template, accumulate_dtype=accumulate)
+    want = np.zeros(template["w"].size, dtype=accumulate or update)
+    for d, w in zip(deltas, weights, strict=True):
+        agg.add({"w": d}, w)
+        want += w * d
+    assert np.array_equal(agg._sum["w"], want)
