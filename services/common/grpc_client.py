@@ -18,13 +18,11 @@ from tenacity import (
 )
 
 from services.common.config import ServiceConfig
-from services.common.grpc_options import client_options
+from services.common.grpc_options import BACKOFF_CAP_S, client_options
 from services.common.tls import channel_credentials
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-#: longest wait between two retries (and, in grpc_options, between two reconnect attempts)
-RETRY_CAP_S = 3.0
 
 
 def make_channel(address: str, cfg: ServiceConfig) -> grpc.Channel:
@@ -61,9 +59,9 @@ def retry_idempotent(
     """Retry a call that is safe to repeat while the peer is UNAVAILABLE, with full jitter."""
     return retry(
         retry=retry_if_exception(is_unavailable),
-        # full jitter, capped at RETRY_CAP_S: about 6 attempts in 10 s of outage, and a peer
+        # full jitter, capped at BACKOFF_CAP_S: about 6 attempts in 10 s of outage, and a peer
         # that is back is found again within the cap
-        wait=wait_random_exponential(multiplier=0.5, max=RETRY_CAP_S),
+        wait=wait_random_exponential(multiplier=0.5, max=BACKOFF_CAP_S),
         stop=stop_after_attempt(max_attempts) | stop_after_delay(max_seconds),
         before_sleep=before_sleep_log(logger, logging.WARNING),
         reraise=True,

@@ -10,7 +10,8 @@ from __future__ import annotations
 from services.common.config import ServiceConfig
 
 MiB = 1 << 20
-RECONNECT_CAP_S = 3.0  # the same cap as grpc_client.RETRY_CAP_S
+#: longest wait between two reconnect attempts, and between two retries (grpc_client)
+BACKOFF_CAP_S = 3.0
 
 
 def message_limits(cfg: ServiceConfig) -> list[tuple[str, int]]:
@@ -32,7 +33,7 @@ def client_options(cfg: ServiceConfig) -> list[tuple[str, int]]:
         ("grpc.enable_retries", 0),  # tenacity retries idempotent calls; never both
         # gRPC's reconnect backoff grows to 120 s by default: after a link outage of a minute a
         # peer that is back would wait minutes to be found; cap it like the retries
-        ("grpc.max_reconnect_backoff_ms", int(RECONNECT_CAP_S * 1000)),
+        ("grpc.max_reconnect_backoff_ms", int(BACKOFF_CAP_S * 1000)),
         # ... and one connection attempt (TCP + TLS handshake) may hang 20 s by default when
         # its SYN is lost in a dark link: give up sooner and try afresh (2 s still fits a TLS
         # handshake over a 500 ms round trip)

@@ -133,7 +133,7 @@ def test_a_blackholed_site_is_left_out_then_back_within_seconds_of_the_link_comi
     assert len(during) >= 1  # the others went on
     assert all("site-001" not in r.selected_site_ids for r in during)
     assert all(r.duration_seconds <= DEADLINE_S + 1.5 for r in during)
-    # reconnect within the backoff cap (3 s, grpc_client.RETRY_CAP_S) plus a heartbeat, not
+    # reconnect within the backoff cap (3 s, grpc_options.BACKOFF_CAP_S) plus a heartbeat, not
     # gRPC's default reconnect cap of 2 minutes
     assert back <= 4.0
     assert len(attempts) <= 1.5 * DARK_S  # jittered backoff, not a busy loop
