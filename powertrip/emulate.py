@@ -17,9 +17,9 @@ import torch
 
 from powertrip.clock import EmulatedClock
 from powertrip.fedavg import NumpyParams, delta_sketch, sketch_stride
-from powertrip.learning.device import TorchParams, row_to_numpy, to_numpy, to_torch
+from powertrip.learning.device import TorchParams, to_numpy, to_torch
 from powertrip.learning.trainer import SiteTrainer
-from powertrip.outcome import round_outcome
+from powertrip.outcome import evaluate_half_model, round_outcome
 from powertrip.robust import Aggregation
 from powertrip.rounds import (
     RoundOutcome,
@@ -71,10 +71,20 @@ class TrajectoryCache:
         return hit
 
     def put(self, key: bytes, value: RoundOutcome) -> None:
-        size = sum(t.numel() * t.element_size() for t in value.params.values())
+        """Keep (or replace) ``key``'s round if it fits."""
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self.bytes -= _nbytes(old)
+        size = _nbytes(value)
         if len(self._entries) < self.max_entries and self.bytes + size <= self.max_bytes:
             self._entries[key] = value
             self.bytes += size
+
+
+def _nbytes(outcome: RoundOutcome) -> int:
+    """Bytes of the stored models: the new global one and a deferred split-half probe's."""
+    size = sum(t.numel() * t.element_size() for t in outcome.params.values())
+    return size + sum(a.nbytes for a in (outcome.half_params or {}).values())
 
 
 def _chain(key: bytes, selected: np.ndarray) -> bytes:
@@ -122,6 +132,7 @@ class Emulator:
         selected: np.ndarray,
         round_index: int,
         direction: NumpyParams | None = None,
+        evaluate_half: bool = True,
     ) -> RoundOutcome:
         fed = self.fed
         updates = fed.trainer.train(
@@ -134,12 +145,13 @@ class Emulator:
         template = to_numpy(params)
         agg = self.aggregation.make(template, direction=direction)
         half = self.aggregation.make(template)  # every other site: the split-half probe
-        for j in range(len(selected)):
-            delta = row_to_numpy(updates.deltas, j)
-            agg.add(delta, float(updates.num_samples[j]))
-            if j % 2 == 0:
-                half.add(delta, float(updates.num_samples[j]))
-        outcome = round_outcome(agg, template, self._evaluate, selected=len(selected), half=half)
+        stacked, weights = to_numpy(updates.deltas), updates.num_samples.astype(np.float64)
+        agg.add_rows(stacked, weights)  # in selection order, as the aggregator folds
+        half.add_rows({name: d[::2] for name, d in stacked.items()}, weights[::2])
+        outcome = round_outcome(
+            agg, template, self._evaluate, selected=len(selected), half=half,
+            evaluate_half=evaluate_half,
+        )  # fmt: skip
         return replace(outcome, params=to_torch(outcome.params))
 
     def _evaluate(self, params: NumpyParams) -> tuple[float, float]:
@@ -180,7 +192,8 @@ class _CachedExecutor:
 
     Always computes the split-half probe and the projection on the previous global delta (both
     follow from the selection history, which the cache key already fixes) so a cached round
-    serves every policy.
+    serves every policy; the probe's model is evaluated only once a policy asks for it
+    (``wants_split_half``), which most do not.
     """
 
     def __init__(self, emulator: Emulator) -> None:
@@ -205,7 +218,12 @@ class _CachedExecutor:
             if self.previous is not None:
                 new, old = to_numpy(self.params), to_numpy(self.previous)
                 direction = delta_sketch(new, old, sketch_stride(new))
-            trained = self.em._train_round(self.params, selected, round_index, direction)
+            trained = self.em._train_round(
+                self.params, selected, round_index, direction, evaluate_half=split_half
+            )
+            self.em.cache.put(self.key, trained)
+        elif split_half and trained.half_params is not None:
+            trained = evaluate_half_model(trained, self.em._evaluate)
             self.em.cache.put(self.key, trained)
         self.previous, self.params = self.params, trained.params
         return trained

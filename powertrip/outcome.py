@@ -11,6 +11,7 @@ on the previous global delta, the FedAvg step of Eq. 2 and the evaluation of the
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from powertrip.fedavg import NumpyParams
 from powertrip.robust import Aggregator
@@ -27,20 +28,26 @@ def round_outcome(
     *,
     selected: int,
     half: Aggregator | None = None,
+    evaluate_half: bool = True,
 ) -> RoundOutcome:
     """Commit ``agg`` onto the global model ``params`` and report the round.
 
     ``selected`` is the number of sites the policy picked: the split-half probe (``half``, the
     sum of every other selected site) needs two, since half of one site is the whole round.
+    Without ``evaluate_half`` the half model is returned as ``half_params`` unevaluated (the
+    emulator evaluates it only if a policy asks for it, ``evaluate_half_model``).
     ``agg`` and ``half`` are spent afterwards: the new model is built in ``agg``'s buffers and
     returned as the outcome's ``params`` (numpy; ``params`` itself is not modified).
     """
     contributions = agg.count
     dispersion = agg.dispersion()
-    half_loss = half_sites = half_accuracy = None
+    half_loss = half_sites = half_accuracy = half_params = None
     if half is not None and half.count > 0 and selected >= 2:
         half_sites = half.dispersion()[2]
-        half_accuracy, half_loss = evaluate(half.apply(params, in_place=True))
+        half_params = half.apply(params, in_place=True)
+        if evaluate_half:
+            half_accuracy, half_loss = evaluate(half_params)
+            half_params = None
     projection = agg.projection()
     new = agg.apply(params, in_place=True)
     accuracy, loss = evaluate(new)
@@ -54,4 +61,13 @@ def round_outcome(
         params=new,
         projection=projection,
         half_accuracy=half_accuracy,
+        half_params=half_params,
     )
+
+
+def evaluate_half_model(outcome: RoundOutcome, evaluate: Evaluate) -> RoundOutcome:
+    """The outcome with its deferred split-half probe evaluated (unchanged if there is none)."""
+    if outcome.half_params is None:
+        return outcome
+    half_accuracy, half_loss = evaluate(outcome.half_params)
+    return replace(outcome, half_accuracy=half_accuracy, half_loss=half_loss, half_params=None)

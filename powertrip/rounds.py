@@ -79,6 +79,7 @@ class RoundOutcome:
     # StreamingFedAvg.projection(): the updates' dispersion along the previous global delta
     projection: tuple[float, float] | None = None
     half_accuracy: float | None = None  # split-half probe: accuracy of the half average
+    half_params: Any = None  # the split-half model while its evaluation is deferred (emulator)
 
 
 class RoundExecutor(Protocol):

@@ -74,14 +74,14 @@ def emulator_row(sites: int, repeats: int) -> Row:
     direction = delta_sketch(row_to_numpy(deltas, 0), template, sketch_stride(template))
     rule = Aggregation()
 
-    def round_aggregation() -> None:  # the loop of Emulator._train_round
+    weights = np.full(sites, 160.0)
+
+    def round_aggregation() -> None:  # as Emulator._train_round folds a round
         agg = rule.make(template, direction=direction)
         half = rule.make(template)
-        for j in range(sites):
-            delta = row_to_numpy(deltas, j)
-            agg.add(delta, 160.0)
-            if j % 2 == 0:
-                half.add(delta, 160.0)
+        stacked = to_numpy(deltas)
+        agg.add_rows(stacked, weights)
+        half.add_rows({name: d[::2] for name, d in stacked.items()}, weights[::2])
 
     round_aggregation()
     model_bytes = sum(v.numel() * 4 for v in params.values())

@@ -61,7 +61,10 @@ def fold(params: TorchParams, deltas: TorchParams, samples: Any) -> None:
 def emulator_round(w: Workload) -> None:
     f = w.fed
     out = f.trainer.train(f.initial_params, f.x_train, f.y_train, f.partitions, w.seeds)
-    fold(f.initial_params, out.deltas, out.num_samples)
+    template = to_numpy(f.initial_params)
+    agg = StreamingFedAvg(template)
+    agg.add_rows(to_numpy(out.deltas), out.num_samples.astype(float))  # as the emulator folds
+    agg.apply(template)
     if f.x_train.is_cuda:
         torch.cuda.synchronize()
 

@@ -161,3 +161,29 @@ def test_the_split_half_accuracy_variant_gets_the_half_models_accuracy(tiny_cfg,
     emu.run(policy, None, 3)
     assert all(a is not None and 0.0 <= a <= 1.0 for a in seen)
     assert policy.gain.fit.value is not None  # the split-half fit took the half accuracies
+
+
+def test_the_split_half_model_is_evaluated_only_for_a_policy_that_asks_even_from_the_cache(
+    tiny_cfg, tiny_data
+):
+    evaluations = []
+    _, emu = _emulator(tiny_cfg, tiny_data, cache=TrajectoryCache())
+    evaluate = emu._evaluate
+    emu._evaluate = lambda params: (evaluations.append(1), evaluate(params))[1]
+    emu.run(StaticTopK(8), None, 3)  # no split-half: one evaluation a round
+    assert len(evaluations) == 3
+    # A policy wanting the probe on the same (cached) rounds gets it evaluated then, once each
+    policy = build_policy("powertrip-split-acc")
+    seen = []
+    observe = policy.observe
+    policy.observe = lambda fb: (seen.append((fb.selected.size, fb.half_accuracy)), observe(fb))
+    emu.run(policy, None, 3)
+    cached = [a for n, a in seen if n == 8]
+    assert cached and all(a is not None and 0.0 <= a <= 1.0 for a in cached)
+    fresh_emu = _emulator(tiny_cfg, tiny_data, cache=TrajectoryCache(max_entries=0))[1]
+    again = build_policy("powertrip-split-acc")
+    got = []
+    observe2 = again.observe
+    again.observe = lambda fb: (got.append(fb.half_accuracy), observe2(fb))
+    fresh_emu.run(again, None, 3)
+    assert [a for _, a in seen] == got  # deferred or not, the same probe
