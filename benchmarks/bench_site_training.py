@@ -1,10 +1,11 @@
-"""Batched site training (SiteTrainer, vmap over stacked params) vs one plain torch loop per site.
+"""Batched site training (SiteTrainer: stacked chain, or vmap) vs one plain torch loop per site.
 
 Workload: mnist1d (20k samples, 16k for training), CNN1D, 100 IID sites of 160 samples,
-batch 20, lr 0.2, one local epoch (8 SGD steps per site). Both paths see the same batches in
-the same order, so their deltas must agree to float rounding; the max abs diff is printed.
+batch 20, lr 0.2, ``--steps`` SGD steps per site (default 8, one local epoch). All paths see
+the same batches in the same order, so their deltas must agree to float rounding; the max abs
+diff between the stacked and the vmapped trainer is printed.
 
-    .venv/bin/python benchmarks/bench_site_training.py [--sites 10,50,100] [--repeats 3]
+    .venv/bin/python benchmarks/bench_site_training.py [--sites 10,50,100] [--steps 1,10]
 """
 
 from __future__ import annotations
@@ -65,12 +66,18 @@ def timed(fn: Callable[[], TorchParams]) -> tuple[float, TorchParams]:
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sites", default="10,50,100", help="comma-separated site counts (<=100)")
+    ap.add_argument(
+        "--steps", default="8", help="comma-separated local steps per site (8 = an epoch)"
+    )
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per count (median kept)")
     ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
     args = ap.parse_args(argv)
     counts = [int(s) for s in args.sites.split(",")]
+    step_counts = [int(s) for s in args.steps.split(",")]
     if not all(1 <= c <= NUM_PARTITIONS for c in counts) or args.repeats < 1:
         ap.error(f"site counts must be in 1..{NUM_PARTITIONS} and --repeats >= 1")
+    if not all(s >= 1 for s in step_counts):
+        ap.error("--steps must be positive")
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
 
@@ -81,36 +88,47 @@ def main(argv: Sequence[str] | None = None) -> None:
     model = build_model("cnn1d", data.num_classes, data.in_shape)
     global_params = get_params(model)
     plain = copy.deepcopy(model)  # the baseline's own module
-    trainer = SiteTrainer(model, LocalTrainingConfig(lr=LR, batch_size=BATCH), torch.device("cpu"))
-    steps = len(trainer._site_schedule(len(parts[0]), seeds[0]))
-
-    def baseline(k: int) -> TorchParams:
-        return train_one_by_one(trainer, plain, global_params, x, y, parts[:k], seeds[:k])
-
-    def batched(k: int) -> TorchParams:
-        return trainer.train(global_params, x, y, parts[:k], seeds[:k]).deltas
-
-    baseline(2), batched(2)  # warm-up (allocator, vmap tracing caches, lazy imports)
     print(
-        f"mnist1d CNN1D, {len(parts[0])} samples/site, batch {BATCH}, {steps} steps/site, "
-        f"threads {args.threads}, median of {args.repeats}"
+        f"mnist1d CNN1D, {len(parts[0])} samples/site, batch {BATCH}, threads {args.threads}, "
+        f"median of {args.repeats}; st/s = site-steps/s, up/s = site-updates/s"
     )
-    head = ("sites", "baseline s", "batched s", "speed-up", "base st/s", "batch st/s", "max|dd|")
-    print("{:>5} {:>11} {:>10} {:>9} {:>10} {:>11} {:>9}".format(*head))
-    for k in counts:
-        t_base, t_batch = [], []
-        for _ in range(args.repeats):  # interleaved so load changes hit both paths alike
-            tb, d_base = timed(lambda k=k: baseline(k))
-            tv, d_batch = timed(lambda k=k: batched(k))
-            t_base.append(tb)
-            t_batch.append(tv)
-        diff = max(float((d_base[n] - d_batch[n]).abs().max()) for n in d_base)
-        mb, mv = statistics.median(t_base), statistics.median(t_batch)
-        work = k * steps
-        print(
-            f"{k:>5} {mb:>11.3f} {mv:>10.3f} {mb / mv:>8.2f}x {work / mb:>10.0f} "
-            f"{work / mv:>11.0f} {diff:>9.1e}"
+    head = ("steps", "sites", "1by1 st/s", "vmap st/s", "stack st/s", "stack up/s")
+    head += ("stack/vmap", "stack/1by1", "max|dd|")
+    print("{:>5} {:>5} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>9}".format(*head))
+    for n_steps in step_counts:
+        cfg = LocalTrainingConfig(
+            lr=LR, batch_size=BATCH, local_epochs=-(-n_steps // 8), max_local_steps=n_steps
         )
+        cpu = torch.device("cpu")
+        trainers = {"vmap": SiteTrainer(model, cfg, cpu, stacked=False)}
+        trainers["stacked"] = SiteTrainer(model, cfg, cpu)
+        steps = len(trainers["vmap"]._site_schedule(len(parts[0]), seeds[0]))
+
+        def run(name: str, k: int, trainers: dict[str, SiteTrainer] = trainers) -> TorchParams:
+            if name == "one-by-one":
+                t = trainers["vmap"]
+                return train_one_by_one(t, plain, global_params, x, y, parts[:k], seeds[:k])
+            return trainers[name].train(global_params, x, y, parts[:k], seeds[:k]).deltas
+
+        methods = ("one-by-one", "vmap", "stacked")
+        for name in methods:  # warm-up (allocator, vmap tracing caches, lazy imports)
+            run(name, 2)
+        for k in counts:
+            times: dict[str, list[float]] = {name: [] for name in methods}
+            out: dict[str, TorchParams] = {}
+            for _ in range(args.repeats):  # interleaved so load changes hit all paths alike
+                for name in methods:
+                    t, out[name] = timed(lambda name=name, k=k: run(name, k))
+                    times[name].append(t)
+            diff = max(float((out["vmap"][n] - out["stacked"][n]).abs().max()) for n in out["vmap"])
+            med = {name: statistics.median(t) for name, t in times.items()}
+            rate = {name: k * steps / med[name] for name in methods}
+            print(
+                f"{steps:>5} {k:>5} {rate['one-by-one']:>10.0f} {rate['vmap']:>10.0f} "
+                f"{rate['stacked']:>10.0f} {k / med['stacked']:>10.0f} "
+                f"{rate['stacked'] / rate['vmap']:>9.2f}x "
+                f"{rate['stacked'] / rate['one-by-one']:>9.2f}x {diff:>9.1e}"
+            )
 
 
 if __name__ == "__main__":

@@ -75,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     model = build_model("cnn1d", data.num_classes, data.in_shape)
     plain = copy.deepcopy(model).to(device)  # the one-at-a-time loop's own module
     cfg = LocalTrainingConfig(lr=LR, batch_size=BATCH)
-    eager = SiteTrainer(copy.deepcopy(model), cfg, device, compile_step=False)
+    eager = SiteTrainer(copy.deepcopy(model), cfg, device, compile_step=False, stacked=False)
     compiled = SiteTrainer(model, cfg, device, compile_step=True, compile_mode=args.compile_mode)
     x, y = eager.resident(data.x_train), eager.resident(data.y_train)
     start = get_params(eager.model)
