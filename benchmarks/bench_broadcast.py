@@ -1,7 +1,7 @@
 """CPU cost of one round's model broadcast: encoded once for every worker vs once per worker.
 
 The aggregator sends every worker of a round the same model as a chunked tensor stream (header,
-2 MiB chunks, SHA-256 trailer). Encoding it per worker cuts, copies and hashes the whole model W
+512 KiB chunks, XXH3-128 trailer). Encoding it per worker cuts, copies and hashes the whole model W
 times a round; ``EncodedModel`` does it once and every worker's stream replays the messages.
 This runs ``GrpcRoundExecutor.send_round`` for W workers at once (as a round does), with a
 stand-in stub whose ``StartRound`` consumes the request iterator and serializes each message as

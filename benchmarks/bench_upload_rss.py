@@ -8,8 +8,10 @@ exposing only what ``SubmitUpdate`` reads: a real ``WorkerRegistry`` with site i
 worker i, and an executor whose ``collector`` is a real ``RoundCollector`` over a float32 global
 model of ``--model-mib`` MiB. The uploaders are separate client processes (``--client-procs``
 of them, the uploads split across their threads, one channel each) that send a ``SiteUpdate``
-through the worker's own ``GrpcUploader`` / ``update_messages``; each delta is a constant built
-one tensor at a time while it is encoded, so a client never holds a whole update.
+through the worker's own ``GrpcUploader`` (``update_wire``). With several uploads each delta
+is a constant built one tensor at a time while it is encoded, so a client never holds a whole
+update; a lone upload (the rate run, ``--uploads 1``) has its delta built before "go", as a real
+worker holds its delta in memory when it sends it.
 
 Peak RSS of the aggregator process is VmHWM, reset through ``/proc/self/clear_refs`` once the
 global model is allocated. It is reported against the RSS before the model existed, with the
@@ -25,7 +27,9 @@ the round ends and then averages them.
 The exit status is non-zero only when an upload fails or the new model is wrong; a MISS of the
 2.5x target is a reported figure. Children inherit the environment, so allocator settings
 (e.g. ``MALLOC_MMAP_THRESHOLD_``) can be tried without touching the code; the header shows any
-``MALLOC_*`` variable that is set.
+``MALLOC_*`` variable that is set. ``POWERTRIP_BENCH_CHUNK_BYTES`` sets the uploaders' chunk
+size. Besides memory it reports how long the last fold took after its stream ended and the CPU
+seconds of the aggregator and the uploaders over the uploads.
 
     .venv/bin/python benchmarks/bench_upload_rss.py [--model-mib 256] [--uploads 8] [--no-naive]
 """
@@ -69,6 +73,12 @@ def weight(site: int) -> float:
 def shapes_for(model_mib: int, tensors: int) -> dict[str, tuple[int, ...]]:
     n = model_mib * MiB // 4 // tensors
     return {f"layer{j}.weight": (n // 1024, 1024) for j in range(tensors)}
+
+
+def cpu_s() -> float:
+    """User + system CPU seconds of this process so far (all its threads)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 def expected_value(uploads: int) -> float:
@@ -168,7 +178,19 @@ def serve(mode: str, model_mib: int, tensors: int, uploads: int, timeout_s: floa
     )
     executor.params = params
     executor.collector = collector
+    # When each verified stream was handed over and when its commit (the fold, in order)
+    # returned: splits an upload's time into the stream and the fold after it.
+    folds: list[tuple[float, float]] = []
+    commit = collector.commit
+
+    def timed_commit(site: int, rx: Any, weight: float) -> None:
+        t0 = time.time()
+        commit(site, rx, weight)
+        folds.append((t0, time.time()))
+
+    collector.commit = timed_commit  # type: ignore[method-assign]
     reset_peak()
+    cpu0 = cpu_s()
     print(json.dumps({"port": port}), flush=True)
 
     complete = collector.wait(timeout_s)
@@ -183,6 +205,7 @@ def serve(mode: str, model_mib: int, tensors: int, uploads: int, timeout_s: floa
         new = collector.apply(params)
         accepted, failed = len(collector.kept), dict(collector.failed)
     peak = kib("VmHWM", exact)
+    cpu = cpu_s() - cpu0
     t_done = time.time()
     server.stop(None)
 
@@ -200,9 +223,11 @@ def serve(mode: str, model_mib: int, tensors: int, uploads: int, timeout_s: floa
                 "rss_pre_mib": rss_pre / 1024,
                 "rss_post_mib": rss_post / 1024,
                 "peak_mib": peak / 1024,
+                "cpu_s": cpu,
                 "model_mib": sum(a.nbytes for a in params.values()) / MiB,
                 "commit_s": t_done - t_commit,
                 "t_done": t_done,
+                "commits": folds,
                 "correct": uniform and max_err <= 1e-6 * abs(want) and accepted == uploads,
                 "value": sorted(values),
                 "expected": want,
@@ -242,16 +267,19 @@ class LazyDelta(Mapping[str, LazyFull]):
         return len(self._shapes)
 
 
-def client(port: int, sites: list[int], model_mib: int, tensors: int, timeout_s: float) -> None:
+def client(
+    port: int, sites: list[int], model_mib: int, tensors: int, timeout_s: float, prebuilt: bool
+) -> None:
     """Uploader child: one thread and one channel per site; starts on "go" from stdin."""
     import grpc
 
-    from powertrip.v1 import aggregator_pb2_grpc
     from services.common.config import ServiceConfig
     from services.common.grpc_client import make_channel
     from services.common.tensor_stream import DEFAULT_CHUNK_BYTES
     from services.worker.sites_host import SiteUpdate
     from services.worker.uploader import GrpcUploader
+
+    chunk_bytes = int(os.environ.get("POWERTRIP_BENCH_CHUNK_BYTES", DEFAULT_CHUNK_BYTES))
 
     cfg = ServiceConfig(insecure=True)  # the wire path alone: loopback, no TLS
     shapes = shapes_for(model_mib, tensors)
@@ -259,13 +287,20 @@ def client(port: int, sites: list[int], model_mib: int, tensors: int, timeout_s:
     for ch in channels:
         grpc.channel_ready_future(ch).result(timeout=30)
     results: dict[int, dict[str, Any]] = {}
+    # One upload measures the rate: its delta exists before "go", as a worker's does. Several
+    # measure memory: lazy constants keep the uploader processes small.
+    deltas: dict[int, Mapping[str, Any]] = {
+        s: {n: np.full(shape, delta_value(s), np.float32) for n, shape in shapes.items()}
+        if prebuilt
+        else LazyDelta(shapes, delta_value(s))
+        for s in sites
+    }
 
     def upload(site: int, channel: grpc.Channel) -> None:
-        stub = aggregator_pb2_grpc.AggregatorServiceStub(channel)
-        send = GrpcUploader(stub, f"worker-{site}", DEFAULT_CHUNK_BYTES)
+        send = GrpcUploader(channel, f"worker-{site}", chunk_bytes)
         update = SiteUpdate(
             site=site,
-            delta=LazyDelta(shapes, delta_value(site)),  # type: ignore[arg-type]
+            delta=deltas[site],  # type: ignore[arg-type]
             num_samples=weight(site),
             train_seconds=0.0,
         )
@@ -279,6 +314,7 @@ def client(port: int, sites: list[int], model_mib: int, tensors: int, timeout_s:
 
     print("ready", flush=True)
     sys.stdin.readline()
+    cpu0 = cpu_s()
     threads = [
         threading.Thread(target=upload, args=(s, ch)) for s, ch in zip(sites, channels, strict=True)
     ]
@@ -288,8 +324,9 @@ def client(port: int, sites: list[int], model_mib: int, tensors: int, timeout_s:
         t.join()
     for ch in channels:
         ch.close()
+    cpu = cpu_s() - cpu0
     rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"uploads": results, "peak_rss_mib": rss_mib}), flush=True)
+    print(json.dumps({"uploads": results, "peak_rss_mib": rss_mib, "cpu_s": cpu}), flush=True)
 
 
 # --- orchestration ----------------------------------------------------------------------------
@@ -340,7 +377,11 @@ def run_round(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     result["errors"] = {s: u["error"] for s, u in uploads.items() if u["error"]}
     result["upload_s"] = max(u["end"] for u in uploads.values()) - t_go
     result["wall_s"] = result["t_done"] - t_go
+    # the last stream's end to the last commit's return: the fold an upload waits for
+    result["fold_s"] = max(e for _, e in result["commits"]) - max(s for s, _ in result["commits"])
     result["client_peak_mib"] = max(r["peak_rss_mib"] for r in reports)
+    # CPU seconds over the uploads (less sensitive to a shared machine than wall time)
+    result["client_cpu_s"] = sum(r["cpu_s"] for r in reports)
     return result
 
 
@@ -366,7 +407,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.client is not None:
         sites = [int(s) for s in args.sites.split(",")]
-        client(args.client, sites, args.model_mib, args.tensors, args.timeout)
+        client(args.client, sites, args.model_mib, args.tensors, args.timeout, args.uploads == 1)
         return 0
 
     m, k = args.model_mib, args.uploads
@@ -396,7 +437,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         ok = ok and good
         detail = "correct" if r["correct"] else f"WRONG: {r['value']} vs {r['expected']}"
         print(
-            f"{'':<11}uploads done in {r['upload_s']:.1f} s, commit {r['commit_s']:.2f} s; "
+            f"{'':<11}uploads done in {r['upload_s']:.1f} s (last fold {r['fold_s']:.2f} s), "
+            f"commit {r['commit_s']:.2f} s, CPU {r['cpu_s']:.1f} s aggregator / "
+            f"{r['client_cpu_s']:.1f} s uploaders; "
             f"RSS before model {r['rss_pre_mib']:.0f} MiB, after {r['rss_post_mib']:.0f} MiB, "
             f"peak {r['peak_mib']:.0f} MiB; uploader peak {r['client_peak_mib']:.0f} MiB; "
             f"model {detail} ({r['accepted']}/{k} folded)"

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19powertrip/v1/common.proto\x12\x0cpowertrip.v1\"8\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\r\n\x05\x64type\x18\x03 \x01(\t\"T\n\x12TensorStreamHeader\x12)\n\x07tensors\x18\x01 \x03(\x0b\x32\x18.powertrip.v1.TensorSpec\x12\x13\n\x0btotal_bytes\x18\x02 \x01(\x04\"1\n\x0bTensorChunk\x12\x14\n\x0coffset_bytes\x18\x01 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"%\n\x13TensorStreamTrailer\x12\x0e\n\x06sha256\x18\x01 \x01(\t\"\xb3\x02\n\x0bSiteProfile\x12\x0f\n\x07site_id\x18\x01 \x01(\t\x12\x16\n\x0e\x64istance_miles\x18\x02 \x01(\x01\x12\x16\n\x0epower_fraction\x18\x03 \x01(\x01\x12 \n\x18modelled_latency_seconds\x18\x04 \x01(\x01\x12+\n#modelled_bandwidth_bytes_per_second\x18\x05 \x01(\x01\x12\x13\n\x0brtt_seconds\x18\x06 \x01(\x01\x12\"\n\x1a\x62\x61ndwidth_bytes_per_second\x18\x07 \x01(\x01\x12\x1b\n\x13measured_at_seconds\x18\x08 \x01(\x01\x12\x14\n\x0cpower_source\x18\t \x01(\t\x12\x0e\n\x06region\x18\n \x01(\t\x12\x18\n\x10\x63\x61rbon_intensity\x18\x0b \x01(\x01\"\x1f\n\nStreamRows\x12\x11\n\tpositions\x18\x01 \x03(\x03\"\xf4\x02\n\tRoundSpec\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x10\n\x08run_seed\x18\x02 \x01(\x04\x12\x10\n\x08site_ids\x18\x03 \x03(\t\x12\x18\n\x10\x64\x65\x61\x64line_seconds\x18\x04 \x01(\x01\x12\x15\n\rpace_by_power\x18\x05 \x01(\x08\x12\x42\n\x0epower_fraction\x18\x06 \x03(\x0b\x32*.powertrip.v1.RoundSpec.PowerFractionEntry\x12<\n\x0bstream_rows\x18\x07 \x03(\x0b\x32\'.powertrip.v1.RoundSpec.StreamRowsEntry\x1a\x34\n\x12PowerFractionEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1aK\n\x0fStreamRowsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\'\n\x05value\x18\x02 \x01(\x0b\x32\x18.powertrip.v1.StreamRows:\x02\x38\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19powertrip/v1/common.proto\x12\x0cpowertrip.v1\"8\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\r\n\x05\x64type\x18\x03 \x01(\t\"T\n\x12TensorStreamHeader\x12)\n\x07tensors\x18\x01 \x03(\x0b\x32\x18.powertrip.v1.TensorSpec\x12\x13\n\x0btotal_bytes\x18\x02 \x01(\x04\"1\n\x0bTensorChunk\x12\x14\n\x0coffset_bytes\x18\x01 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"5\n\x13TensorStreamTrailer\x12\x10\n\x08xxh3_128\x18\x02 \x01(\tJ\x04\x08\x01\x10\x02R\x06sha256\"\xb3\x02\n\x0bSiteProfile\x12\x0f\n\x07site_id\x18\x01 \x01(\t\x12\x16\n\x0e\x64istance_miles\x18\x02 \x01(\x01\x12\x16\n\x0epower_fraction\x18\x03 \x01(\x01\x12 \n\x18modelled_latency_seconds\x18\x04 \x01(\x01\x12+\n#modelled_bandwidth_bytes_per_second\x18\x05 \x01(\x01\x12\x13\n\x0brtt_seconds\x18\x06 \x01(\x01\x12\"\n\x1a\x62\x61ndwidth_bytes_per_second\x18\x07 \x01(\x01\x12\x1b\n\x13measured_at_seconds\x18\x08 \x01(\x01\x12\x14\n\x0cpower_source\x18\t \x01(\t\x12\x0e\n\x06region\x18\n \x01(\t\x12\x18\n\x10\x63\x61rbon_intensity\x18\x0b \x01(\x01\"\x1f\n\nStreamRows\x12\x11\n\tpositions\x18\x01 \x03(\x03\"\xf4\x02\n\tRoundSpec\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x10\n\x08run_seed\x18\x02 \x01(\x04\x12\x10\n\x08site_ids\x18\x03 \x03(\t\x12\x18\n\x10\x64\x65\x61\x64line_seconds\x18\x04 \x01(\x01\x12\x15\n\rpace_by_power\x18\x05 \x01(\x08\x12\x42\n\x0epower_fraction\x18\x06 \x03(\x0b\x32*.powertrip.v1.RoundSpec.PowerFractionEntry\x12<\n\x0bstream_rows\x18\x07 \x03(\x0b\x32\'.powertrip.v1.RoundSpec.StreamRowsEntry\x1a\x34\n\x12PowerFractionEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1aK\n\x0fStreamRowsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\'\n\x05value\x18\x02 \x01(\x0b\x32\x18.powertrip.v1.StreamRows:\x02\x38\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,15 +42,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TENSORCHUNK']._serialized_start=187
   _globals['_TENSORCHUNK']._serialized_end=236
   _globals['_TENSORSTREAMTRAILER']._serialized_start=238
-  _globals['_TENSORSTREAMTRAILER']._serialized_end=275
-  _globals['_SITEPROFILE']._serialized_start=278
-  _globals['_SITEPROFILE']._serialized_end=585
-  _globals['_STREAMROWS']._serialized_start=587
-  _globals['_STREAMROWS']._serialized_end=618
-  _globals['_ROUNDSPEC']._serialized_start=621
-  _globals['_ROUNDSPEC']._serialized_end=993
-  _globals['_ROUNDSPEC_POWERFRACTIONENTRY']._serialized_start=864
-  _globals['_ROUNDSPEC_POWERFRACTIONENTRY']._serialized_end=916
-  _globals['_ROUNDSPEC_STREAMROWSENTRY']._serialized_start=918
-  _globals['_ROUNDSPEC_STREAMROWSENTRY']._serialized_end=993
+  _globals['_TENSORSTREAMTRAILER']._serialized_end=291
+  _globals['_SITEPROFILE']._serialized_start=294
+  _globals['_SITEPROFILE']._serialized_end=601
+  _globals['_STREAMROWS']._serialized_start=603
+  _globals['_STREAMROWS']._serialized_end=634
+  _globals['_ROUNDSPEC']._serialized_start=637
+  _globals['_ROUNDSPEC']._serialized_end=1009
+  _globals['_ROUNDSPEC_POWERFRACTIONENTRY']._serialized_start=880
+  _globals['_ROUNDSPEC_POWERFRACTIONENTRY']._serialized_end=932
+  _globals['_ROUNDSPEC_STREAMROWSENTRY']._serialized_start=934
+  _globals['_ROUNDSPEC_STREAMROWSENTRY']._serialized_end=1009
 # @@protoc_insertion_point(module_scope)

@@ -33,10 +33,10 @@ class TensorChunk(_message.Message):
     def __init__(self, offset_bytes: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class TensorStreamTrailer(_message.Message):
-    __slots__ = ("sha256",)
-    SHA256_FIELD_NUMBER: _ClassVar[int]
-    sha256: str
-    def __init__(self, sha256: _Optional[str] = ...) -> None: ...
+    __slots__ = ("xxh3_128",)
+    XXH3_128_FIELD_NUMBER: _ClassVar[int]
+    xxh3_128: str
+    def __init__(self, xxh3_128: _Optional[str] = ...) -> None: ...
 
 class SiteProfile(_message.Message):
     __slots__ = ("site_id", "distance_miles", "power_fraction", "modelled_latency_seconds", "modelled_bandwidth_bytes_per_second", "rtt_seconds", "bandwidth_bytes_per_second", "measured_at_seconds", "power_source", "region", "carbon_intensity")

@@ -5,6 +5,12 @@ spool and fold buffers of concurrent uploads come from per-thread arenas that ke
 resident; on 8 concurrent 256 MiB uploads that alone took the aggregator from about 2.2x to
 3.5x the model size (benchmarks/bench_upload_rss.py). Pinning the threshold keeps such buffers
 in mmap, returned to the kernel on free.
+
+Pinning the threshold also fixes glibc's trim threshold at its 128 KiB default, so every free of
+a sub-MiB chunk buffer at the top of a heap gave its pages back and the next chunk faulted them
+in again (~2 GB/s on a 2-core VM instead of ~14): ``pin_mmap_threshold`` keeps up to
+``trim_bytes`` free at the top of each heap instead (a single 256 MiB upload needed ~30 % less
+aggregator CPU, 8 concurrent ones peaked the same; benchmarks/README.md, upload).
 """
 
 from __future__ import annotations
@@ -15,14 +21,17 @@ import logging
 
 logger = logging.getLogger(__name__)
 M_MMAP_THRESHOLD = -3  # mallopt parameter number (malloc.h)
+M_TRIM_THRESHOLD = -1
 
 
-def pin_mmap_threshold(nbytes: int = 1 << 20) -> bool:
-    """Serve allocations of ``nbytes`` or more by mmap; False where glibc is not in use."""
+def pin_mmap_threshold(nbytes: int = 1 << 20, trim_bytes: int = 4 << 20) -> bool:
+    """Serve allocations of ``nbytes`` or more by mmap, and keep up to ``trim_bytes`` free at
+    the top of a heap before returning it; False where glibc is not in use."""
     name = ctypes.util.find_library("c")
     try:
         libc = ctypes.CDLL(name) if name else None
         ok = bool(libc and libc.mallopt(M_MMAP_THRESHOLD, nbytes))
+        ok = ok and bool(libc.mallopt(M_TRIM_THRESHOLD, trim_bytes))
     except (OSError, AttributeError):
         ok = False
     if not ok:

@@ -44,8 +44,9 @@ def main() -> int:
 
     torch.set_num_threads(cfg.train_threads)
     metrics_port = start_metrics_server(cfg.metrics_port, cfg.bind_host)
-    stub = aggregator_pb2_grpc.AggregatorServiceStub(make_channel(cfg.aggregator_addr, cfg))
-    runner = RoundRunner(GrpcUploader(stub, cfg.worker_id, DEFAULT_CHUNK_BYTES))
+    channel = make_channel(cfg.aggregator_addr, cfg)
+    stub = aggregator_pb2_grpc.AggregatorServiceStub(channel)
+    runner = RoundRunner(GrpcUploader(channel, cfg.worker_id, DEFAULT_CHUNK_BYTES))
     servicer = WorkerServicer(runner, cfg.site_indices)
     server, port, health = build_server(
         [lambda s: worker_pb2_grpc.add_WorkerServiceServicer_to_server(servicer, s)],

@@ -183,10 +183,10 @@ def test_a_stream_with_a_wrong_checksum_is_rejected(stub, run):
     update = SiteUpdate(0, delta(run, 0.5), 10.0, 0.1)
     msgs = list(update_messages("w-a", ROUND, update, 4096))
     msgs[-1] = aggregator_pb2.SubmitUpdateRequest(
-        trailer=replace_trailer(msgs[-1].trailer, "0" * 64)
+        trailer=replace_trailer(msgs[-1].trailer, "0" * 32)
     )
     got, details = code_of(lambda: s.SubmitUpdate(iter(msgs), timeout=10))
-    assert got == C.INVALID_ARGUMENT and "SHA-256" in details
+    assert got == C.INVALID_ARGUMENT and "checksum" in details
     # a dropped chunk is caught by its offset
     msgs = list(update_messages("w-a", ROUND, replace(update, site=1), 4096))
     del msgs[3]
@@ -198,5 +198,5 @@ def test_a_stream_with_a_wrong_checksum_is_rejected(stub, run):
 def replace_trailer(trailer, digest):
     out = type(trailer)()
     out.CopyFrom(trailer)
-    out.sha256 = digest
+    out.xxh3_128 = digest
     return out

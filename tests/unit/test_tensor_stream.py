@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
+import xxhash
 
-from powertrip.v1 import common_pb2
-from services.common.tensor_stream import StreamError, TensorStreamReceiver, encode, specs_of
+from powertrip.robust import make_aggregator
+from powertrip.v1 import aggregator_pb2, common_pb2
+from services.common.tensor_stream import (
+    StreamError,
+    TensorStreamReceiver,
+    encode,
+    specs_of,
+    wrap_tensor_stream,
+)
+from services.worker.uploader import tensor_wire, update_messages, update_wire
 
 
 def params():
@@ -77,12 +88,29 @@ def test_broken_chunk_sequences_are_rejected(mutate, reason):
     assert exc.value.reason == reason
 
 
+@pytest.mark.reliability("R12")
+@pytest.mark.parametrize("chunk", [1, 3, 5, 7, 16])
+@pytest.mark.parametrize(("tensor", "index"), [("a", (0, 0)), ("a", (6, 2)), ("b", 4)])
+def test_a_non_finite_value_anywhere_is_caught_whatever_the_chunk_boundaries(chunk, tensor, index):
+    p = params()
+    p[tensor][index] = np.inf
+    with pytest.raises(StreamError, match=f"'{tensor}' contains NaN or Inf"):
+        receive(encode(p, chunk))
+
+
+def test_the_trailer_carries_the_xxh3_128_of_the_chunk_bytes_in_order():
+    parts = list(encode(params(), 16))
+    data = b"".join(m.data for m in parts[1:-1])
+    assert parts[-1].xxh3_128 == xxhash.xxh3_128(data).hexdigest()
+
+
 @pytest.mark.reliability("R9")
 def test_a_corrupted_chunk_fails_the_checksum():
     parts = list(encode(params(), 16))
     parts[2] = common_pb2.TensorChunk(offset_bytes=16, data=bytes(16))  # 2nd chunk zeroed
-    with pytest.raises(StreamError, match="SHA-256"):
+    with pytest.raises(StreamError, match="checksum") as exc:
         receive(parts)
+    assert exc.value.reason == "checksum"
 
 
 def test_expected_specs_pin_names_shapes_and_dtypes():
@@ -115,3 +143,55 @@ def test_a_large_stream_spills_to_disk_and_reads_back_exactly():
     assert rx._spool._rolled  # on disk, not in memory
     assert np.array_equal(rx.arrays()["w"], p["w"])
     rx.close()
+
+
+def test_pieces_are_views_of_one_reused_buffer_so_a_keeper_must_copy():
+    p = {"w": np.arange(64, dtype=np.float32)}
+    rx = receive(encode(p, 16))
+    kept = [values for _, _, values in rx.pieces(piece_bytes=32)]
+    assert np.shares_memory(kept[0], kept[1])  # the documented contract: valid until the next
+    copied = np.concatenate([values.copy() for _, _, values in rx.pieces(piece_bytes=32)])
+    assert np.array_equal(copied, p["w"]) and np.array_equal(rx.arrays()["w"], p["w"])
+
+
+@pytest.mark.reliability("R13")
+def test_a_robust_rule_fed_streamed_pieces_keeps_every_update_exactly():
+    rng = np.random.default_rng(1)
+    template = {"w": np.zeros((6, 5), np.float32), "b": np.zeros(7, np.float32)}
+    updates = [
+        {k: rng.standard_normal(v.shape).astype(np.float32) for k, v in template.items()}
+        for _ in range(3)
+    ]
+    streamed, direct = make_aggregator("median", template), make_aggregator("median", template)
+    for u in updates:
+        streamed.add_pieces(receive(encode(u, 12)).pieces(piece_bytes=8), 1.0)
+        direct.add(u, 1.0)
+    got, want = streamed.mean_delta(), direct.mean_delta()
+    assert all(np.array_equal(got[k], want[k]) for k in template)
+
+
+def wide_params():
+    p = params()
+    p["wide"] = np.linspace(-1, 1, 40_000, dtype=np.float32)  # offsets need 3-byte varints
+    return p
+
+
+@pytest.mark.parametrize("chunk", [5, 100, 4096, 1 << 20])
+def test_hand_built_upload_bytes_equal_what_protobuf_serializes(chunk):
+    p = wide_params()
+    want = [
+        m.SerializeToString()
+        for m in wrap_tensor_stream(encode(p, chunk), aggregator_pb2.SubmitUpdateRequest)
+    ]
+    got = list(tensor_wire(p, chunk))
+    assert got == want
+    parsed = [aggregator_pb2.SubmitUpdateRequest.FromString(b) for b in got]
+    rx = TensorStreamReceiver()
+    rx.consume(parsed)
+    assert all(np.array_equal(rx.arrays()[k], p[k]) for k in p)
+
+
+def test_the_uploader_wire_stream_is_update_messages_serialized():
+    update = SimpleNamespace(site=3, delta=wide_params(), num_samples=12.5, train_seconds=0.25)
+    want = [m.SerializeToString() for m in update_messages("w-3", 7, update, 4096)]
+    assert list(update_wire("w-3", 7, update, 4096)) == want
