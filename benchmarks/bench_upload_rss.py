@@ -166,7 +166,7 @@ def serve(mode: str, model_mib: int, tensors: int, uploads: int, timeout_s: floa
         for n, shape in shapes_for(model_mib, tensors).items()
     }
     # The default policy projects updates on the last global delta: the aggregator keeps its
-    # strided sketch (at most fedavg.SKETCH_MAX coordinates), as GrpcRoundExecutor does.
+    # strided sketch (at most fold_inputs.SKETCH_MAX coordinates), as GrpcRoundExecutor does.
     stride = sketch_stride(params)
     direction = {n: np.full(-(-a.size // stride), 1e-3, np.float32) for n, a in params.items()}
     rss_post = status_kib("VmRSS")

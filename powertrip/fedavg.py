@@ -12,77 +12,25 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-#: A model as numpy arrays by parameter name: what FedAvg folds and what travels on the wire
-#: (``TorchParams`` in ``powertrip.learning.device`` is the same model as torch tensors).
-NumpyParams = dict[str, NDArray[np.floating]]
+from powertrip.fold_inputs import (
+    NumpyParams,
+    UpdateRejected,
+    delta_sketch,
+    rows_valid,
+    sketch_stride,
+    unit_direction,
+    validate_update,
+)
 
-#: at most this many coordinates of the direction are kept (4 MiB of float32): the projections
-#: are exact below it and a strided sample above it, so a 256 MiB model's direction costs 4 MiB
-SKETCH_MAX = 1 << 20
-
-
-def sketch_stride(template: NumpyParams) -> int:
-    """Every ``stride``-th coordinate of each flattened tensor forms the direction sketch."""
-    total = sum(int(np.prod(np.shape(a), dtype=np.int64)) for a in template.values())
-    return max(1, -(-total // SKETCH_MAX))
-
-
-def delta_sketch(
-    new: NumpyParams, old: NumpyParams, stride: int
-) -> dict[str, NDArray[np.floating]]:
-    """The strided coordinates of new - old (the last global delta), without a full copy."""
-    return {
-        k: np.asarray(new[k]).reshape(-1)[::stride] - np.asarray(old[k]).reshape(-1)[::stride]
-        for k in new
-    }
-
-
-class UpdateRejected(ValueError):
-    """An update that must not reach the global model; ``reason`` is a bounded metric label."""
-
-    def __init__(self, reason: str, message: str):
-        super().__init__(message)
-        self.reason = reason
-
-
-def validate_update(
-    spec: dict[str, tuple[tuple[int, ...], np.dtype]], delta: NumpyParams, weight: float
-) -> None:
-    """Raise UpdateRejected naming the first problem with an update against the model's
-    (shape, dtype) ``spec``: shared by every aggregation rule, so all refuse alike."""
-    if not np.isfinite(weight) or weight <= 0:
-        raise UpdateRejected("bad_weight", f"update weight must be finite and > 0, got {weight}")
-    missing = spec.keys() - delta.keys()
-    extra = delta.keys() - spec.keys()
-    if missing or extra:
-        raise UpdateRejected(
-            "tensor_set",
-            f"update tensors differ from the model: missing {sorted(missing)}, "
-            f"unexpected {sorted(extra)}",
-        )
-    for name, (shape, dtype) in spec.items():
-        a = delta[name]
-        if a.shape != shape:
-            raise UpdateRejected("shape", f"tensor {name!r} has shape {a.shape}, expected {shape}")
-        if a.dtype != dtype:
-            raise UpdateRejected("dtype", f"tensor {name!r} has dtype {a.dtype}, expected {dtype}")
-        if not all_finite(a):
-            raise UpdateRejected("non_finite", f"tensor {name!r} contains NaN or Inf")
-
-
-def unit_direction(
-    spec: dict[str, tuple[tuple[int, ...], np.dtype]], direction: NumpyParams, stride: int
-) -> tuple[dict[str, NDArray] | None, float]:
-    """Check a ``delta_sketch`` against the model's ``spec``; (flat sketch, its norm), or
-    (None, 0.0) for a zero or broken direction (no projection then)."""
-    sizes = {n: -(-int(np.prod(shape, dtype=np.int64)) // stride) for n, (shape, _) in spec.items()}
-    if direction.keys() != spec.keys() or any(np.size(direction[n]) != sizes[n] for n in sizes):
-        raise ValueError("direction tensors must match the update template")
-    norm_sq = sum(float(np.vdot(v, v)) for v in direction.values())
-    if not (np.isfinite(norm_sq) and norm_sq > 0):
-        return None, 0.0
-    return {n: np.asarray(v).reshape(-1) for n, v in direction.items()}, float(np.sqrt(norm_sq))
-
+__all__ = [  # the rules and, for callers' convenience, what an update is checked against
+    "FOLD_BLOCK",
+    "NumpyParams",
+    "StreamingFedAvg",
+    "UpdateFold",
+    "UpdateRejected",
+    "delta_sketch",
+    "sketch_stride",
+]
 
 #: elements per block of the fold's multiply-add: the ``weight * delta`` temporary stays in cache
 #: (1 MiB of float32) instead of being a model-sized array written to memory and read back
@@ -106,26 +54,6 @@ def _add_scaled(acc: NDArray, a: NDArray, weight: float) -> float:
         acc[i:j] += block
         sq += float(np.vdot(a[i:j], a[i:j]))
     return sq
-
-
-def all_finite(a: NDArray) -> bool:
-    """Whether every value is finite, in one read: a NaN or an infinity makes the sum of squares
-    non-finite; only when that sum overflows on finite values is every value checked."""
-    if a.dtype.kind != "f":
-        return True
-    return bool(np.isfinite(np.vdot(a.reshape(-1), a.reshape(-1)))) or bool(np.isfinite(a).all())
-
-
-def _rows_valid(spec: dict[str, tuple[tuple[int, ...], np.dtype]], stacked: NumpyParams,
-                w: NDArray) -> bool:  # fmt: skip
-    """``validate_update`` for every row in one pass per tensor (True: all rows pass)."""
-    if stacked.keys() != spec.keys() or not np.isfinite(w).all() or (w <= 0).any():
-        return False
-    return all(
-        a.shape == (w.size, *shape) and a.dtype == dtype and all_finite(a)
-        for name, (shape, dtype) in spec.items()
-        for a in [stacked[name]]
-    )
 
 
 def _add_rows_scaled(acc: NDArray, rows: NDArray, weights: NDArray) -> None:
@@ -179,6 +107,9 @@ class UpdateFold:
 
     def add_pieces(self, pieces: Iterable[tuple[str, int, NDArray]], weight: float) -> None:
         raise NotImplementedError
+
+    def prefault(self) -> None:
+        """Make the rule's buffers resident now rather than at the first fold (no-op here)."""
 
 
 class StreamingFedAvg(UpdateFold):
@@ -257,7 +188,7 @@ class StreamingFedAvg(UpdateFold):
         rounding (tests/unit/test_fedavg_rows.py). A float64 accumulator keeps the exact
         row-by-row additions."""
         w = np.asarray(weights, dtype=np.float64)
-        if not _rows_valid(self._spec, stacked, w):  # then name the first bad row, as ``add``
+        if not rows_valid(self._spec, stacked, w):  # then name the first bad row, as ``add``
             for j, weight in enumerate(w.tolist()):
                 validate_update(self._spec, {n: a[j] for n, a in stacked.items()}, weight)
         if w.size == 0:
@@ -278,6 +209,15 @@ class StreamingFedAvg(UpdateFold):
                 proj += sampled @ u[name][: sampled.shape[1]]
         for weight, s, p in zip(w.tolist(), sq.tolist(), proj.tolist(), strict=True):
             self._fold_scalars(weight, s, p)
+
+    def prefault(self) -> None:
+        """Write the accumulator's pages now: the kernel maps a fresh allocation on first write
+        (~0.05-0.3 s per 256 MiB, more when it must assemble huge pages), which would otherwise
+        stall the first update's fold. The aggregator calls it in the background while the
+        round's sites train. Does nothing once an update is folded (it writes zeros)."""
+        if self.count == 0:
+            for acc in self._sum.values():
+                acc.fill(0)
 
     def mean_delta(self) -> dict[str, NDArray[np.floating]]:
         if self.count == 0:

@@ -150,6 +150,17 @@ class RoundCollector(RoundGate):
         self._half_sites = {s for j, s in enumerate(self.selected) if j % 2 == 0}
         self._ready: dict[int, tuple[TensorStreamReceiver, float]] = {}
         self._next = 0  # position in ``selected`` of the next update to fold
+        # The accumulators' pages are faulted in while the sites train, not by the first fold
+        # (which must wait for it: both write the same buffers).
+        self._prefault = threading.Thread(
+            target=self._prefault_buffers, name=f"round-{round}-prefault", daemon=True
+        )
+        self._prefault.start()
+
+    def _prefault_buffers(self) -> None:
+        self.agg.prefault()
+        if self.half is not None:
+            self.half.prefault()
 
     def _delivered(self, site: int) -> bool:
         return site in self._ready or site in self._folded
@@ -167,6 +178,7 @@ class RoundCollector(RoundGate):
             s = self.selected[self._next]
             if s in self._ready:
                 rx, weight = self._ready.pop(s)
+                self._prefault.join()
                 try:
                     self.agg.add_pieces(rx.pieces(), weight)
                     if self.half is not None and s in self._half_sites:

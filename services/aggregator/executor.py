@@ -283,7 +283,7 @@ class GrpcRoundExecutor:
     def resume_direction(self, previous: NumpyParams) -> None:
         """Set the last global delta from the model before the current one (after a restart,
         from the fallback checkpoint), so the next round projects as in an uninterrupted run.
-        Only a strided sketch is kept (``fedavg.SKETCH_MAX``), never a model-sized copy."""
+        Only a strided sketch is kept (``fold_inputs.SKETCH_MAX``), never a model-sized copy."""
         self._direction = delta_sketch(self.params, previous, sketch_stride(self.params))
 
     def close(self) -> None:

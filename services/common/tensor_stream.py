@@ -138,7 +138,7 @@ class TensorStreamReceiver:
         expected: list[TensorSpec] | None = None,
         max_total_bytes: int = 8 << 30,
         max_chunk_bytes: int = 4 * MiB,
-        spool_bytes: int = 8 * MiB,
+        spool_bytes: int = 1 * MiB,  # in memory up to here: each concurrent stream's share
     ) -> None:
         self._expected = expected
         self._max_total = max_total_bytes

@@ -177,3 +177,33 @@ def test_a_second_stream_of_a_delivered_site_is_refused_and_released():
         deliver(col, s)
     col.close()
     assert col.accepted == SELECTED
+
+
+def test_the_first_fold_waits_for_the_accumulator_prefault(monkeypatch):
+    """The prefault writes zeros into the sums: a fold that did not wait for it would be lost."""
+    import time
+
+    def slow(self):  # a prefault that is still writing zeros when the first update arrives
+        if self.count == 0:
+            time.sleep(0.3)
+            for acc in self._sum.values():
+                acc.fill(0)
+
+    monkeypatch.setattr(StreamingFedAvg, "prefault", slow)
+    col = RoundCollector(1, SELECTED, TEMPLATE)
+    for s in SELECTED:
+        deliver(col, s)
+    col._prefault.join()  # whatever it wrote is in the sums now
+    ref = StreamingFedAvg(TEMPLATE)
+    for s in SELECTED:
+        ref.add(update(s), float(s))
+    got, want = col.agg.apply(TEMPLATE), ref.apply(TEMPLATE)
+    assert all(np.array_equal(got[k], want[k]) for k in TEMPLATE)
+
+
+def test_a_prefault_after_an_update_is_folded_changes_nothing():
+    agg = StreamingFedAvg(TEMPLATE)
+    agg.add(update(1), 2.0)
+    before = {k: v.copy() for k, v in agg.mean_delta().items()}
+    agg.prefault()
+    assert all(np.array_equal(agg.mean_delta()[k], before[k]) for k in TEMPLATE)

@@ -342,8 +342,9 @@ def test_a_large_model_projects_on_a_strided_sketch_of_the_direction(monkeypatch
     """Above SKETCH_MAX coordinates only every stride-th one is kept: projections are those of
     the updates restricted to the sketch, however the update arrives in slices."""
     import powertrip.fedavg as fedavg
+    import powertrip.fold_inputs as fold_inputs
 
-    monkeypatch.setattr(fedavg, "SKETCH_MAX", 4)
+    monkeypatch.setattr(fold_inputs, "SKETCH_MAX", 4)
     rng = np.random.default_rng(0)
     tmpl = {"w": np.zeros((3, 5), np.float32), "b": np.zeros(7, np.float32)}  # 22 -> stride 6
     assert fedavg.sketch_stride(tmpl) == 6
