@@ -17,7 +17,6 @@ gathers only as many batch rows as its fullest site has, so padding costs no com
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -26,6 +25,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
+from powertrip.learning.batches import LocalTrainingConfig, round_batches, site_schedule
 from powertrip.learning.compiled_step import CompiledSteps
 from powertrip.learning.device import (
     TorchParams,
@@ -39,21 +39,6 @@ from powertrip.learning.site_loop import batched_training_blocker, train_sites_i
 from powertrip.learning.stacked import StackedChain, stacked_chain
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class LocalTrainingConfig:
-    lr: float
-    batch_size: int
-    local_epochs: int = 1
-    max_local_steps: int | None = None  # cap per round, for very large partitions
-    shuffle: bool = True  # False: batches in the given row order (the elastic data cursor's)
-
-    def __post_init__(self) -> None:
-        if self.lr <= 0 or self.batch_size < 1 or self.local_epochs < 1:
-            raise ValueError("learning rate, batch size and local epochs must be positive")
-        if self.max_local_steps is not None and self.max_local_steps < 1:
-            raise ValueError("max_local_steps must be >= 1 when set")
 
 
 @dataclass(frozen=True)
@@ -142,18 +127,7 @@ class SiteTrainer:
     # -- batches --------------------------------------------------------------------------------
     def _site_schedule(self, n: int, seed: int) -> np.ndarray:
         """[steps, B] sample positions (-1 = padding) for one site's local epochs."""
-        b = self.config.batch_size
-        rng = np.random.default_rng(seed)
-        per_epoch = math.ceil(n / b)
-        rows = []
-        for _ in range(self.config.local_epochs):
-            perm = np.full(per_epoch * b, -1, dtype=np.int64)
-            perm[:n] = rng.permutation(n) if self.config.shuffle else np.arange(n)
-            rows.append(perm.reshape(per_epoch, b))
-        sched = np.concatenate(rows)
-        if self.config.max_local_steps is not None:
-            sched = sched[: self.config.max_local_steps]
-        return sched
+        return site_schedule(self.config, n, seed)
 
     def train(
         self,
@@ -206,33 +180,11 @@ class SiteTrainer:
 
     def _train_rows(self, global_params, x, y, site_indices, seeds) -> SiteUpdates:
         k = len(site_indices)
-        schedules = [
-            self._site_schedule(len(idx), s) for idx, s in zip(site_indices, seeds, strict=True)
-        ]
-        steps = np.array([s.shape[0] for s in schedules])
-        # Longest first: at step s the sites still training are a prefix, so the vmapped batch
-        # shrinks as sites finish instead of computing masked steps for them (Dirichlet
-        # partitions differ in size by 10x and more).
-        order = np.argsort(-steps, kind="stable")
-        active = [int((steps > s).sum()) for s in range(int(steps.max()))]
-        b = self.config.batch_size
         rows = self._compiled.rows(k) if self._compiled else k  # compiled: bucketed, padded
-        gather = np.zeros((len(active), rows, b), dtype=np.int64)
-        mask = np.zeros((len(active), rows, b), dtype=np.float32)
-        for pos, j in enumerate(order):
-            idx = np.asarray(site_indices[j], dtype=np.int64)
-            sched = schedules[j]
-            valid = sched >= 0
-            gather[: sched.shape[0], pos] = np.where(valid, idx[np.clip(sched, 0, None)], 0)
-            mask[: sched.shape[0], pos] = valid
-        # Valid rows are a prefix of every batch (padding only ends a site's last batch): an
-        # eager step gathers just the fullest active site's rows (compiled shapes stay fixed).
-        counts = mask.sum(2).astype(np.int64)
-        widths = [int(counts[s, :a].max()) for s, a in enumerate(active)]
-        if self._compiled is not None:
-            widths = [b] * len(active)
-        gather_t = tensor(gather, self.device)
-        mask_t = tensor(mask, self.device)
+        plan = round_batches(self.config, site_indices, seeds, rows, self._compiled is not None)
+        steps, order, active, widths = plan.steps, plan.order, plan.active, plan.widths
+        gather_t = tensor(plan.gather, self.device)
+        mask_t = tensor(plan.mask, self.device)
         x, y = self.resident(x), self.resident(y)  # no copy when built resident
 
         params = {

@@ -28,7 +28,7 @@ from powertrip.robust import Aggregation
 from powertrip.sites import site_id
 from services.common.errors import Duplicate, StaleRound
 from services.common.fault_points import fault_point
-from services.common.tensor_stream import TensorStreamReceiver
+from services.common.tensor_receiver import TensorStreamReceiver
 
 
 class RoundGate:

@@ -29,13 +29,8 @@ from services.aggregator.collector import RoundCollector, RoundGate
 from services.aggregator.registry import WorkerRegistry
 from services.common.config import ServiceConfig
 from services.common.grpc_client import make_channel
-from services.common.tensor_stream import (
-    DEFAULT_CHUNK_BYTES,
-    TensorStreamReceiver,
-    encode,
-    specs_of,
-    wrap_tensor_stream,
-)
+from services.common.tensor_receiver import TensorStreamReceiver
+from services.common.tensor_stream import DEFAULT_CHUNK_BYTES, encode, specs_of, wrap_tensor_stream
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,8 @@ from powertrip.sites import site_id, site_index
 from powertrip.v1 import worker_pb2, worker_pb2_grpc
 from services.common.errors import BadRequest, Busy, NotFound, translate_errors
 from services.common.identity import AGGREGATOR, PROFILER, require_role
-from services.common.tensor_stream import StreamError, TensorStreamReceiver
+from services.common.tensor_receiver import TensorStreamReceiver
+from services.common.tensor_stream import StreamError
 from services.worker import metrics
 from services.worker.runner import RoundJob, RoundRunner
 

@@ -19,7 +19,8 @@ from services.aggregator.executor import EncodedModel, GrpcRoundExecutor
 from services.aggregator.registry import WorkerRegistry
 from services.common.config import ServiceConfig
 from services.common.grpc_server import build_server
-from services.common.tensor_stream import TensorStreamReceiver, encode, wrap_tensor_stream
+from services.common.tensor_receiver import TensorStreamReceiver
+from services.common.tensor_stream import encode, wrap_tensor_stream
 
 CFG = ServiceConfig(insecure=True)
 WORKERS = {"w0": [0, 1], "w1": [2], "w2": [3, 4], "w3": [5]}

@@ -12,7 +12,8 @@ from powertrip.journal import JournalEntry
 from powertrip.rounds import RoundOutcome
 from services.aggregator.collector import RoundCollector, RoundGate
 from services.common.errors import Duplicate, StaleRound
-from services.common.tensor_stream import TensorStreamReceiver, encode, specs_of
+from services.common.tensor_receiver import TensorStreamReceiver
+from services.common.tensor_stream import encode, specs_of
 
 TEMPLATE = {"w": np.zeros((4, 3), np.float32), "b": np.zeros(3, np.float32)}
 SELECTED = [5, 2, 9]

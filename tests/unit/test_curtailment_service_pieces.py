@@ -13,7 +13,8 @@ from services.aggregator.curtail_run import CurtailmentRun
 from services.common.config import ConfigError, load_config
 from services.common.errors import Duplicate, StaleRound
 from services.common.grpc_server import build_server
-from services.common.tensor_stream import TensorStreamReceiver, encode
+from services.common.tensor_receiver import TensorStreamReceiver
+from services.common.tensor_stream import encode
 from services.profiler.catalogue import SiteCatalogue
 from services.profiler.config import ProfilerConfig
 from services.profiler.feed import CarbonFeed

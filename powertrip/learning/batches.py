@@ -1,0 +1,91 @@
+"""Which samples each site trains on, step by step: the local SGD schedule of a round.
+
+A site's batches depend only on its own partition, the run's training settings and its seed
+(never on the other sites of the round), so the batched trainer, the per-site fallback and a
+worker training one site all take the same steps. ``round_batches`` lays the round's sites out
+for one batched step at a time: longest schedules first, so the sites still training at step
+``s`` are a prefix (the batch shrinks as sites finish), and each step only as wide as its
+fullest site (padding rows cost no compute).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["LocalTrainingConfig", "RoundBatches", "round_batches", "site_schedule"]
+
+
+@dataclass(frozen=True)
+class LocalTrainingConfig:
+    lr: float
+    batch_size: int
+    local_epochs: int = 1
+    max_local_steps: int | None = None  # cap per round, for very large partitions
+    shuffle: bool = True  # False: batches in the given row order (the elastic data cursor's)
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0 or self.batch_size < 1 or self.local_epochs < 1:
+            raise ValueError("learning rate, batch size and local epochs must be positive")
+        if self.max_local_steps is not None and self.max_local_steps < 1:
+            raise ValueError("max_local_steps must be >= 1 when set")
+
+
+def site_schedule(config: LocalTrainingConfig, n: int, seed: int) -> np.ndarray:
+    """[steps, B] positions in a site's partition of ``n`` samples (-1 = padding)."""
+    b = config.batch_size
+    rng = np.random.default_rng(seed)
+    per_epoch = math.ceil(n / b)
+    rows = []
+    for _ in range(config.local_epochs):
+        perm = np.full(per_epoch * b, -1, dtype=np.int64)
+        perm[:n] = rng.permutation(n) if config.shuffle else np.arange(n)
+        rows.append(perm.reshape(per_epoch, b))
+    sched = np.concatenate(rows)
+    if config.max_local_steps is not None:
+        sched = sched[: config.max_local_steps]
+    return sched
+
+
+@dataclass(frozen=True)
+class RoundBatches:
+    steps: np.ndarray  # [k] steps per site, in the order the sites were given
+    order: np.ndarray  # batch row -> given site (longest schedule first)
+    active: list[int]  # sites still training at each step (a prefix of the rows)
+    gather: np.ndarray  # [steps, rows, B] sample indices into the training set
+    mask: np.ndarray  # [steps, rows, B] 1.0 for a real sample, 0.0 for padding
+    widths: list[int]  # columns of ``gather`` each step needs (its fullest site's samples)
+
+
+def round_batches(
+    config: LocalTrainingConfig,
+    site_indices: Sequence[np.ndarray],
+    seeds: Sequence[int],
+    rows: int,
+    fixed_width: bool = False,
+) -> RoundBatches:
+    """Every step of the round for ``rows`` batch rows (>= the number of sites: a compiled step
+    pads to a bucket); ``fixed_width`` keeps every step at the full batch size (fixed shapes)."""
+    schedules = [
+        site_schedule(config, len(idx), s) for idx, s in zip(site_indices, seeds, strict=True)
+    ]
+    steps = np.array([s.shape[0] for s in schedules])
+    # Dirichlet partitions differ in size by 10x and more: finished sites leave the batch.
+    order = np.argsort(-steps, kind="stable")
+    active = [int((steps > s).sum()) for s in range(int(steps.max()))]
+    b = config.batch_size
+    gather = np.zeros((len(active), rows, b), dtype=np.int64)
+    mask = np.zeros((len(active), rows, b), dtype=np.float32)
+    for pos, j in enumerate(order):
+        idx = np.asarray(site_indices[j], dtype=np.int64)
+        sched = schedules[j]
+        valid = sched >= 0
+        gather[: sched.shape[0], pos] = np.where(valid, idx[np.clip(sched, 0, None)], 0)
+        mask[: sched.shape[0], pos] = valid
+    # Valid rows are a prefix of every batch (padding only ends a site's last batch).
+    counts = mask.sum(2).astype(np.int64)
+    widths = [b if fixed_width else int(counts[s, :a].max()) for s, a in enumerate(active)]
+    return RoundBatches(steps, order, active, gather, mask, widths)

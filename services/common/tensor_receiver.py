@@ -1,0 +1,230 @@
+"""The receiving end of a tensor stream (``tensor_stream``): checks each chunk as it arrives
+(offset continuity, size, finite values, carrying a partial element across chunk boundaries) and
+spools it, in memory while small and on disk beyond ``spool_bytes``, so a stream that dies
+half-way or fails its checksum leaves nothing behind, and memory stays bounded whatever the
+model size or the number of concurrent senders. ``pieces()`` replays a verified stream.
+"""
+
+from __future__ import annotations
+
+import mmap
+import tempfile
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from powertrip.v1 import common_pb2
+from services.common.tensor_stream import (
+    ALLOWED_DTYPES,
+    FINITE_BLOCK,
+    MiB,
+    StreamError,
+    TensorSpec,
+    new_digest,
+)
+
+__all__ = ["TensorStreamReceiver"]
+
+
+class TensorStreamReceiver:
+    """Validates and spools one incoming stream; ``pieces()`` replays it once it is complete.
+
+    ``expected`` pins the tensor set, shapes and dtypes (an update must match the model); without
+    it any allowed spec up to ``max_total_bytes`` is accepted (a worker receiving the model).
+    """
+
+    def __init__(
+        self,
+        expected: list[TensorSpec] | None = None,
+        max_total_bytes: int = 8 << 30,
+        max_chunk_bytes: int = 4 * MiB,
+        spool_bytes: int = 1 * MiB,  # in memory up to here: each concurrent stream's share
+    ) -> None:
+        self._expected = expected
+        self._max_total = max_total_bytes
+        self._max_chunk = max_chunk_bytes
+        # Closed by close()/__exit__: the spool outlives this call by design.
+        self._spool = tempfile.SpooledTemporaryFile(max_size=spool_bytes)  # noqa: SIM115
+        self._digest = new_digest()
+        self.specs: list[TensorSpec] = []
+        self.total_bytes = 0
+        self.received = 0
+        self.complete = False
+        self._bounds: list[tuple[int, int, np.dtype]] = []  # (start, end, dtype) per tensor
+        self._carry = b""  # the start of an element split across two chunks
+        self._mask = np.empty(FINITE_BLOCK, dtype=bool)  # isfinite's output, reused
+
+    def close(self) -> None:
+        self._spool.close()
+
+    def __enter__(self) -> TensorStreamReceiver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def header(self, msg: common_pb2.TensorStreamHeader) -> None:
+        if self.specs:
+            raise StreamError("sequence", "a second tensor header in one stream")
+        specs = [TensorSpec(t.name, tuple(int(d) for d in t.shape), t.dtype) for t in msg.tensors]
+        if not specs:
+            raise StreamError("tensor_set", "the tensor header lists no tensors")
+        for s in specs:
+            if s.dtype not in ALLOWED_DTYPES:
+                raise StreamError("dtype", f"tensor {s.name!r} has unsupported dtype {s.dtype!r}")
+            if any(d < 0 for d in s.shape):
+                raise StreamError("shape", f"tensor {s.name!r} has a negative dimension")
+        if self._expected is not None:
+            _match(specs, self._expected)
+        total = sum(s.nbytes for s in specs)
+        if total != msg.total_bytes:
+            raise StreamError(
+                "size", f"header says {msg.total_bytes} bytes but the tensors hold {total}"
+            )
+        if total > self._max_total:
+            raise StreamError("size", f"stream of {total} bytes exceeds {self._max_total}")
+        start = 0
+        for s in specs:
+            self._bounds.append((start, start + s.nbytes, np.dtype(s.dtype).newbyteorder("<")))
+            start += s.nbytes
+        self.specs, self.total_bytes = specs, total
+
+    def chunk(self, msg: common_pb2.TensorChunk) -> None:
+        if not self.specs:
+            raise StreamError("sequence", "a chunk arrived before the tensor header")
+        if msg.offset_bytes != self.received:
+            raise StreamError(
+                "sequence",
+                f"chunk at offset {msg.offset_bytes}, expected {self.received} "
+                "(missing, duplicated or out-of-order chunk)",
+            )
+        data = msg.data
+        if not data or len(data) > self._max_chunk:
+            raise StreamError("size", f"chunk of {len(data)} bytes (limit {self._max_chunk})")
+        if self.received + len(data) > self.total_bytes:
+            raise StreamError("size", "chunks exceed the size announced in the header")
+        self._check_finite(self.received, data)
+        self._digest.update(data)
+        self._spool.write(data)
+        self.received += len(data)
+
+    def trailer(self, msg: common_pb2.TensorStreamTrailer) -> None:
+        if self.received != self.total_bytes:
+            raise StreamError(
+                "truncated", f"stream ended after {self.received} of {self.total_bytes} bytes"
+            )
+        if msg.xxh3_128 != self._digest.hexdigest():
+            raise StreamError("checksum", "XXH3-128 checksum of the received bytes does not match")
+        self.complete = True
+
+    def consume(self, messages: Iterable[Any]) -> None:
+        """Feed a request stream whose ``oneof part`` carries header / chunk / trailer."""
+        for msg in messages:
+            part = msg.WhichOneof("part")
+            if part == "header":
+                self.header(msg.header)
+            elif part == "chunk":
+                self.chunk(msg.chunk)
+            elif part == "trailer":
+                self.trailer(msg.trailer)
+            else:
+                raise StreamError("sequence", f"unexpected {part!r} inside a tensor stream")
+        if not self.complete:
+            raise StreamError("truncated", "the tensor stream ended without its trailer")
+
+    def _check_finite(self, offset: int, data: bytes) -> None:
+        """Scan the values in ``data``, carrying a partial element across chunk boundaries.
+
+        Works on memoryview slices of the chunk (no copy); only an element split across two
+        chunks is joined, a few bytes. Tensors end on element boundaries, so the carry never
+        crosses from one tensor into the next."""
+        view = memoryview(data)
+        end = offset + len(view)
+        for (lo, hi, dtype), spec in zip(self._bounds, self.specs, strict=True):
+            if hi <= offset or lo >= end:
+                continue
+            part = view[max(lo, offset) - offset : min(hi, end) - offset]
+            size = dtype.itemsize
+            if self._carry:
+                take = min(size - len(self._carry), len(part))
+                self._carry += bytes(part[:take])
+                part = part[take:]
+                if len(self._carry) < size:
+                    continue
+                self._scan(self._carry, dtype, spec.name)
+                self._carry = b""
+            usable = len(part) - len(part) % size
+            if usable < len(part):
+                self._carry = bytes(part[usable:])
+            if usable:
+                self._scan(part[:usable], dtype, spec.name)
+
+    def _scan(self, buf: bytes | memoryview, dtype: np.dtype, name: str) -> None:
+        if dtype.kind != "f":
+            return
+        values = np.frombuffer(buf, dtype=dtype)
+        for i in range(0, values.size, FINITE_BLOCK):
+            block = values[i : i + FINITE_BLOCK]
+            if not np.isfinite(block, out=self._mask[: block.size]).all():
+                raise StreamError("non_finite", f"tensor {name!r} contains NaN or Inf")
+
+    def pieces(self, piece_bytes: int = 4 * MiB) -> Iterator[tuple[str, int, NDArray]]:
+        """(tensor name, first flat element index, values) covering every tensor in order.
+
+        The values are a view of ONE buffer that every piece is read into (``readinto``, no
+        fresh multi-MiB allocation, hence no mmap/munmap and page faults per piece): a piece is
+        valid until the next one is asked for. A caller that keeps values must copy them (the
+        FedAvg fold adds them into its sums, a robust rule copies them into its own update,
+        ``arrays()`` into the result).
+        """
+        if not self.complete:
+            raise RuntimeError("stream is not complete")
+        self._spool.seek(0)
+        # A page-aligned anonymous map, not a bytearray: reading the spool into a malloc'd
+        # multi-MiB buffer ran at ~2.6 GB/s on the benchmark VM, into this one at ~15 GB/s.
+        # Unmapped when the last view of it goes.
+        buf = memoryview(mmap.mmap(-1, max(piece_bytes, 16)))
+        for (lo, hi, dtype), spec in zip(self._bounds, self.specs, strict=True):
+            step = max(dtype.itemsize, piece_bytes - piece_bytes % dtype.itemsize)
+            pos = lo
+            while pos < hi:
+                n = min(step, hi - pos)
+                if self._spool.readinto(buf[:n]) != n:
+                    raise RuntimeError("the spool is shorter than the stream it holds")
+                values = np.frombuffer(buf[:n], dtype=dtype)
+                yield (
+                    spec.name,
+                    (pos - lo) // dtype.itemsize,
+                    values.astype(dtype.newbyteorder("="), copy=False),
+                )
+                pos += n
+            if lo == hi:
+                yield spec.name, 0, np.empty(0, dtype=dtype)
+
+    def arrays(self) -> dict[str, NDArray]:
+        """The whole stream as arrays (for a model the receiver must hold anyway)."""
+        out = {s.name: np.empty(s.shape, dtype=np.dtype(s.dtype)) for s in self.specs}
+        for name, start, values in self.pieces():
+            flat = out[name].reshape(-1)
+            flat[start : start + values.size] = values
+        return out
+
+
+def _match(got: list[TensorSpec], expected: list[TensorSpec]) -> None:
+    want = {s.name: s for s in expected}
+    names = {s.name for s in got}
+    if names != want.keys() or len(got) != len(expected):
+        missing = sorted(want.keys() - names)
+        extra = sorted(names - want.keys())
+        raise StreamError(
+            "tensor_set",
+            f"update tensors differ from the model: missing {missing}, unexpected {extra}",
+        )
+    for s in got:
+        w = want[s.name]
+        if s.shape != w.shape:
+            raise StreamError("shape", f"tensor {s.name!r} has shape {s.shape}, expected {w.shape}")
+        if s.dtype != w.dtype:
+            raise StreamError("dtype", f"tensor {s.name!r} has dtype {s.dtype}, expected {w.dtype}")
