@@ -263,7 +263,11 @@ def test_a_paced_emulated_run_fills_every_panel_and_ends_as_an_unpaced_one(tmp_p
 
 
 def test_a_wall_clock_run_fills_every_panel(tmp_path):
-    plan = ClusterPlan(**SMALL, clock="wall", log_dir=tmp_path / "logs",
+    # Target 0.8 (~15 rounds) instead of SMALL's 0.5 (~6): a rate() needs two scrapes, 1 s
+    # apart, around a round's observation, and since training got faster 0.5 could be reached
+    # ~5 s after the start, before Prometheus had scraped the round histograms twice.
+    run = {**SMALL, "target": 0.8, "max_rounds": 40}
+    plan = ClusterPlan(**run, clock="wall", log_dir=tmp_path / "logs",
                        checkpoint_dir=tmp_path / "checkpoints")  # fmt: skip
     with scraped_cluster(plan, tmp_path) as (cluster, prom):
         status = watch_every_panel(cluster, prom, "powertrip")
