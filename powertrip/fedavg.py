@@ -56,23 +56,6 @@ def _add_scaled(acc: NDArray, a: NDArray, weight: float) -> float:
     return sq
 
 
-def _add_rows_scaled(acc: NDArray, rows: NDArray, weights: NDArray) -> None:
-    """``acc += w_0 * rows[0]``, then ``+= w_1 * rows[1]``, ... per column block: one multiply
-    for the block's rows, then the additions one row after the other in that order (numpy's
-    own reductions may sum pairwise), in ``acc``'s dtype; a weight rounds to the rows' dtype as
-    ``_add_scaled``'s Python float does."""
-    k, n = rows.shape
-    w = weights.astype(np.result_type(rows.dtype, 1.0))[:, None]
-    cols = max(1, min(n, FOLD_BLOCK // k))
-    scratch = np.empty((k, cols), dtype=w.dtype)
-    for i in range(0, n, cols):
-        j = min(i + cols, n)
-        block, target = scratch[:, : j - i], acc[i:j]
-        np.multiply(rows[:, i:j], w, out=block)
-        for row in block:
-            target += row
-
-
 class UpdateFold:
     """What every aggregation rule shares: the model's tensor spec, the checks an update must
     pass, and the unit direction (``delta_sketch`` of the last global delta) updates project on.
@@ -186,7 +169,12 @@ class StreamingFedAvg(UpdateFold):
         one batched product each, instead of a Python loop over the sites. The sums are BLAS's
         reduction, not the row-by-row order: equal to adding each row in turn within float32
         rounding (tests/unit/test_fedavg_rows.py). A float64 accumulator keeps the exact
-        row-by-row additions."""
+        row-by-row additions (``UpdateFold.add_rows``)."""
+        if any(
+            self._sum[n].dtype != np.asarray(a).dtype for n, a in stacked.items() if n in self._sum
+        ):
+            super().add_rows(stacked, weights)
+            return
         w = np.asarray(weights, dtype=np.float64)
         if not rows_valid(self._spec, stacked, w):  # then name the first bad row, as ``add``
             for j, weight in enumerate(w.tolist()):
@@ -198,11 +186,8 @@ class StreamingFedAvg(UpdateFold):
         u = self._direction
         for name in self._spec:
             rows = np.asarray(stacked[name]).reshape(w.size, -1)
-            acc = self._sum[name].reshape(-1)
-            if acc.dtype == rows.dtype:
-                acc += w.astype(rows.dtype) @ rows
-            else:
-                _add_rows_scaled(acc, rows, w)
+            acc = self._sum[name].reshape(-1)  # a view: the accumulator is contiguous
+            acc += w.astype(rows.dtype) @ rows
             sq += np.einsum("ij,ij->i", rows, rows)
             if u is not None:
                 sampled = rows[:, :: self.stride]

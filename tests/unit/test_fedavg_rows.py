@@ -106,14 +106,14 @@ def test_every_other_row_as_a_strided_view_folds_like_those_rows_copied():
         close(view.mean_delta()[n], copied.mean_delta()[n], stacked[n])
 
 
-def test_a_column_block_smaller_than_a_tensor_changes_no_bit(monkeypatch):
+def test_a_fold_block_smaller_than_a_tensor_changes_no_bit(monkeypatch):
     import powertrip.fedavg as fedavg
 
     stacked = stacked_round(30, seed=13)
     weights = np.arange(1.0, 31.0)
     whole = StreamingFedAvg(template(), accumulate_dtype=np.float64)
     whole.add_rows(stacked, weights)
-    monkeypatch.setattr(fedavg, "FOLD_BLOCK", 64)  # 2 columns per block at 30 rows
+    monkeypatch.setattr(fedavg, "FOLD_BLOCK", 64)  # tensors of up to 2,400 values: many blocks
     blocked = StreamingFedAvg(template(), accumulate_dtype=np.float64)
     blocked.add_rows(stacked, weights)
     assert all(same_bits(whole._sum[n], blocked._sum[n]) for n in SHAPES)
