@@ -151,11 +151,10 @@ class GrpcRoundExecutor:
     def encoded(self, params: NumpyParams) -> EncodedModel:
         """``params`` encoded for broadcast, once per round: the first worker's stream encodes
         (the others wait on the lock), every later one reuses the same messages. A new model
-        replaces the old encoding (dropped before the new one is built), so at most one round's
-        encoding is held."""
+        replaces the old encoding (encodings are lazy: nothing is built until a stream reads),
+        so at most one round's encoding is held."""
         with self._encode_lock:
             if self._encoded is None or self._encoded.params is not params:
-                self._encoded = None
                 self._encoded = EncodedModel(params)
             return self._encoded
 

@@ -35,7 +35,7 @@ POINTS = {
     "checkpoint-commit": "checkpoint.save",
     # the worker's uploader: the update's header and first chunk handed to gRPC (and given a
     # moment to leave), the rest of the stream not: the aggregator sees a stream cut mid-way
-    "upload": "uploader.update_messages",
+    "upload": "uploader.update_wire",
 }
 
 _armed: dict[str, int] | None = None

@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from powertrip.fold_inputs import all_finite
 from powertrip.v1 import common_pb2
 from services.common.tensor_stream import (
     ALLOWED_DTYPES,
-    FINITE_BLOCK,
     MiB,
     StreamError,
     TensorSpec,
@@ -54,7 +54,6 @@ class TensorStreamReceiver:
         self.complete = False
         self._bounds: list[tuple[int, int, np.dtype]] = []  # (start, end, dtype) per tensor
         self._carry = b""  # the start of an element split across two chunks
-        self._mask = np.empty(FINITE_BLOCK, dtype=bool)  # isfinite's output, reused
 
     def close(self) -> None:
         self._spool.close()
@@ -162,13 +161,8 @@ class TensorStreamReceiver:
                 self._scan(part[:usable], dtype, spec.name)
 
     def _scan(self, buf: bytes | memoryview, dtype: np.dtype, name: str) -> None:
-        if dtype.kind != "f":
-            return
-        values = np.frombuffer(buf, dtype=dtype)
-        for i in range(0, values.size, FINITE_BLOCK):
-            block = values[i : i + FINITE_BLOCK]
-            if not np.isfinite(block, out=self._mask[: block.size]).all():
-                raise StreamError("non_finite", f"tensor {name!r} contains NaN or Inf")
+        if not all_finite(np.frombuffer(buf, dtype=dtype)):  # FedAvg's own check, one read
+            raise StreamError("non_finite", f"tensor {name!r} contains NaN or Inf")
 
     def pieces(self, piece_bytes: int = 4 * MiB) -> Iterator[tuple[str, int, NDArray]]:
         """(tensor name, first flat element index, values) covering every tensor in order.

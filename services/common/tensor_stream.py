@@ -31,7 +31,6 @@ MiB = 1 << 20
 # 2 MiB chunks and peaked lower under 8 concurrent uploads (benchmarks/README.md, upload).
 DEFAULT_CHUNK_BYTES = 512 << 10
 ALLOWED_DTYPES = ("float16", "float32", "float64", "int32", "int64")
-FINITE_BLOCK = 1 << 16  # elements per isfinite() call: a small reused mask, no big temporary
 
 
 def new_digest() -> Any:

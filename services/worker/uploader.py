@@ -77,13 +77,12 @@ def _update_header(
 def update_messages(
     worker_id: str, round_index: int, update: SiteUpdate, chunk_bytes: int
 ) -> Iterator[aggregator_pb2.SubmitUpdateRequest]:
+    """The reference stream through protobuf (tests compare ``update_wire`` with it, and tamper
+    with its messages); the worker sends ``update_wire``."""
     yield aggregator_pb2.SubmitUpdateRequest(update=_update_header(worker_id, round_index, update))
-    for i, message in enumerate(
-        wrap_tensor_stream(encode(update.delta, chunk_bytes), aggregator_pb2.SubmitUpdateRequest)
-    ):
-        yield message
-        if i == 1:  # the stream's header and first chunk are out
-            fault_point("upload", round_index, settle_s=0.3)
+    yield from wrap_tensor_stream(
+        encode(update.delta, chunk_bytes), aggregator_pb2.SubmitUpdateRequest
+    )
 
 
 def tensor_wire(params: Mapping[str, NDArray], chunk_bytes: int) -> Iterator[bytes]:
