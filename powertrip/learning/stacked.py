@@ -61,9 +61,8 @@ class _Workspace:
 class StackedChain:
     """A model's forward as a chain of layers, trained for S sites at once."""
 
-    def __init__(self, layers: Sequence[Layer], params: Sequence[str], label: str) -> None:
+    def __init__(self, layers: Sequence[Layer], label: str) -> None:
         self.layers = tuple(layers)
-        self.param_names = frozenset(params)
         self.label = label  # said in the trainer's log line
         self._ws = _Workspace()
 
@@ -108,17 +107,11 @@ class StackedChain:
             params[name].sub_(g, alpha=lr)
         return loss
 
-    def grad_and_loss(
-        self, params: TorchParams, x: torch.Tensor, y: torch.Tensor, m: torch.Tensor
-    ) -> tuple[TorchParams, torch.Tensor]:
-        """Each site's gradient of its masked mean cross-entropy, and that loss."""
-        grads, loss = self._grad_and_loss(params, x, y, m)
-        return {name: g.clone() for name, g in grads.items()}, loss
-
     def _grad_and_loss(
         self, params: TorchParams, x: torch.Tensor, y: torch.Tensor, m: torch.Tensor
     ) -> tuple[TorchParams, torch.Tensor]:
-        """``grad_and_loss`` with gradients in the workspace (valid until the next call)."""
+        """Each site's gradient of its masked mean cross-entropy (in the workspace: valid until
+        the next call), and that loss."""
         s, b = y.shape
         h, layout = x.reshape(s, b, *x.shape[2:]), "bf"
         if isinstance(self.layers[0], Conv1dLayer):
@@ -262,5 +255,4 @@ def stacked_chain(model: nn.Module) -> StackedChain | None:
     layers = chain_layers(model)
     if layers is None:
         return None
-    names = [n for n, _ in model.named_parameters()]
-    return StackedChain(layers, names, type(model).__name__)
+    return StackedChain(layers, type(model).__name__)

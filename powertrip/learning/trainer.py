@@ -192,11 +192,11 @@ class SiteTrainer:
             for name, p in global_params.items()
         }
         loss_sum = torch.zeros(rows, device=self.device)
-        lr = self.config.lr
         with torch.no_grad():
             if self._compiled is not None:
                 self._compiled.run(params, x, y, gather_t, mask_t, active, loss_sum)
             elif self._stacked is not None and self._stacked.accepts(x, y):
+                lr = self.config.lr
                 self._stacked.run(params, x, y, gather_t, mask_t, active, widths, lr, loss_sum)
             else:
                 self._eager_steps(params, x, y, gather_t, mask_t, active, widths, loss_sum)
