@@ -119,6 +119,7 @@ def test_a_blackholed_site_is_left_out_then_back_within_seconds_of_the_link_comi
             "site-001 selected and delivering again",
         )
         rejoined = time.monotonic() - up_at
+        window_s = time.monotonic() - dark_at  # dark, then until it delivers again
         attempts = [
             ln
             for ln in worker_log.read_text().splitlines()[lines_before:]
@@ -128,7 +129,8 @@ def test_a_blackholed_site_is_left_out_then_back_within_seconds_of_the_link_comi
     print(
         f"\n[R3] offline {offline:.2f} s after link down (lease {LEASE_S} s); {len(during)} rounds "
         f"while dark; alive {back:.2f} s and delivering {rejoined:.2f} s after link up; "
-        f"{len(attempts)} retry/heartbeat log lines in {DARK_S:.0f} s dark"
+        f"{len(attempts)} retry/heartbeat log lines in the {window_s:.1f} s from link down to "
+        "delivering again"
     )
     assert offline <= LEASE_S + 1.0
     assert len(during) >= 1  # the others went on
@@ -137,4 +139,8 @@ def test_a_blackholed_site_is_left_out_then_back_within_seconds_of_the_link_comi
     # reconnect within the backoff cap (gRPC jitters it by up to 20 %), one heartbeat and 1.5 s
     # of slack for a loaded runner: seconds, not gRPC's default reconnect cap of 2 minutes
     assert back <= BACKOFF_CAP_S * 1.2 + HB_S + 1.5
-    assert len(attempts) <= 1.5 * DARK_S  # jittered backoff, not a busy loop
+    # jittered backoff, not a busy loop: full jitter capped at BACKOFF_CAP_S waits 1.5 s on
+    # average once capped, but single waits can be ~0 (CI saw 10 attempts in 10.6 s); a mean gap
+    # of at least 0.5 s over the window is ~6 standard deviations from flaky, and a retry loop
+    # without backoff would log hundreds
+    assert len(attempts) <= window_s / 0.5 + 2

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from powertrip.v1 import aggregator_pb2
-from services.cli.launcher import ClusterPlan, LocalCluster
+from services.cli.launcher import ClusterPlan, LocalCluster, Service
 from services.cli.up import write_scrape_config
 
 pytestmark = [
@@ -179,8 +179,29 @@ class Prometheus:
             stderr=(tmp_path / "prometheus.log").open("w"),
         )
 
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        """Until the HTTP API answers: a SIGHUP before Prometheus handles it would end it, and a
+        config loaded late would miss the first rounds of a short run."""
+        end = time.monotonic() + timeout_s
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/-/ready", timeout=2):
+                    return
+            except OSError:
+                assert self.process.poll() is None, "prometheus exited at start"
+                assert time.monotonic() < end, f"prometheus not ready within {timeout_s} s"
+                time.sleep(0.2)
+
     def reload(self) -> None:
         self.process.send_signal(signal.SIGHUP)
+
+    def wait_scraped(self, service: Service, timeout_s: float = 30.0) -> None:
+        """Until ``service``'s metrics endpoint has been scraped once (its ``up`` series is 1)."""
+        target = service.metrics_url.split("//", 1)[1].split("/", 1)[0]
+        end = time.monotonic() + timeout_s
+        while not any(float(r["value"][1]) == 1 for r in self.query(f'up{{instance="{target}"}}')):
+            assert time.monotonic() < end, f"{service.name} not scraped within {timeout_s} s"
+            time.sleep(0.2)
 
     def query(self, promql: str) -> list[dict]:
         try:
@@ -194,16 +215,30 @@ class Prometheus:
 
 
 @contextmanager
-def scraped_cluster(plan: ClusterPlan, tmp_path: Path) -> Iterator[tuple[LocalCluster, Prometheus]]:
-    """The cluster of ``plan``, scraped every second with the config ``powertrip up`` writes."""
+def scraped_cluster(
+    plan: ClusterPlan, tmp_path: Path
+) -> Iterator[tuple[LocalCluster, Prometheus, float]]:
+    """The cluster of ``plan``, scraped every second with the config ``powertrip up`` writes;
+    each service is scraped once before the next starts, so a short run (training begins as the
+    last worker registers) is watched from its first round. Also yields when the last service
+    was ready (``time.monotonic()``): when training began."""
     config = write_scrape_config(tmp_path / "prometheus.yml", [])
-    prom = Prometheus(tmp_path, config)  # starts while the services do
+    prom = Prometheus(tmp_path, config)
     try:
+        prom.wait_ready()
         with LocalCluster(plan) as cluster:
-            cluster.start()
-            write_scrape_config(config, cluster.services)
-            prom.reload()
-            yield cluster, prom
+            started: list[Service] = []
+            ready_at = [0.0]
+
+            def scrape(service: Service) -> None:
+                ready_at[0] = time.monotonic()
+                started.append(service)
+                write_scrape_config(config, started)
+                prom.reload()
+                prom.wait_scraped(service)
+
+            cluster.start(on_started=scrape)
+            yield cluster, prom, ready_at[0]
     finally:
         prom.stop()
 
@@ -251,8 +286,7 @@ def test_a_paced_emulated_run_fills_every_panel_and_ends_as_an_unpaced_one(tmp_p
     plan = ClusterPlan(
         **SMALL, pace=pace, log_dir=tmp_path / "logs", checkpoint_dir=tmp_path / "checkpoints"
     )
-    with scraped_cluster(plan, tmp_path) as (cluster, prom):
-        began = time.monotonic()  # training starts as the last worker registers
+    with scraped_cluster(plan, tmp_path) as (cluster, prom, began):
         watch_every_panel(cluster, prom, "powertrip")
         status = cluster.wait_done(timeout_s=120)
         took = time.monotonic() - began
@@ -269,7 +303,7 @@ def test_a_wall_clock_run_fills_every_panel(tmp_path):
     run = {**SMALL, "target": 0.8, "max_rounds": 40}
     plan = ClusterPlan(**run, clock="wall", log_dir=tmp_path / "logs",
                        checkpoint_dir=tmp_path / "checkpoints")  # fmt: skip
-    with scraped_cluster(plan, tmp_path) as (cluster, prom):
+    with scraped_cluster(plan, tmp_path) as (cluster, prom, _):
         status = watch_every_panel(cluster, prom, "powertrip")
     assert status.state != aggregator_pb2.RUN_STATE_FAILED, status.message
 
@@ -281,8 +315,7 @@ def test_a_curtailment_run_fills_every_panel(tmp_path):
         workers=3, sites=3, mode="curtailment", curtail_preset="curtailment-quick",
         target=0.16, pace=2500.0, log_dir=tmp_path / "logs",
     )  # fmt: skip
-    with scraped_cluster(plan, tmp_path) as (cluster, prom):
-        began = time.monotonic()
+    with scraped_cluster(plan, tmp_path) as (cluster, prom, began):
         status = watch_every_panel(cluster, prom, "curtailment")
         took = time.monotonic() - began
     assert status.state != aggregator_pb2.RUN_STATE_FAILED, status.message
