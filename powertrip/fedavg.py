@@ -16,8 +16,9 @@ from powertrip.fold_inputs import (
     NumpyParams,
     UpdateRejected,
     delta_sketch,
-    rows_valid,
+    rows_well_formed,
     sketch_stride,
+    sq_norm,
     unit_direction,
     validate_update,
 )
@@ -37,14 +38,14 @@ __all__ = [  # the rules and, for callers' convenience, what an update is checke
 FOLD_BLOCK = 1 << 18
 
 
-def _add_scaled(acc: NDArray, a: NDArray, weight: float) -> float:
-    """``acc += weight * a`` block by block, returning ``a``'s squared norm: the same
-    element-wise operations (bit for bit), about twice the bandwidth on a large tensor, and the
-    norm's dot product reads each block while it is still in cache instead of a second pass
-    over the update (benchmarks/run.py, fold section)."""
+def _add_scaled(acc: NDArray, a: NDArray, weight: float, norm: bool = True) -> float:
+    """``acc += weight * a`` block by block, returning ``a``'s squared norm (0.0 unless
+    ``norm``): the same element-wise operations (bit for bit), about twice the bandwidth on a
+    large tensor, and the norm's dot product reads each block while it is still in cache
+    instead of a second pass over the update (benchmarks/run.py, fold section)."""
     if a.size <= FOLD_BLOCK:
         acc += weight * a
-        return float(np.vdot(a, a))
+        return sq_norm(a) if norm else 0.0
     scratch = np.empty(FOLD_BLOCK, dtype=np.result_type(a.dtype, weight))
     sq = 0.0
     for i in range(0, a.size, FOLD_BLOCK):
@@ -52,7 +53,8 @@ def _add_scaled(acc: NDArray, a: NDArray, weight: float) -> float:
         block = scratch[: j - i]
         np.multiply(a[i:j], weight, out=block)
         acc[i:j] += block
-        sq += float(np.vdot(a[i:j], a[i:j]))
+        if norm:
+            sq += sq_norm(a[i:j])
     return sq
 
 
@@ -122,25 +124,38 @@ class StreamingFedAvg(UpdateFold):
         self._weighted_proj = 0.0
         self._weighted_sq_proj = 0.0
 
+    def add(self, delta: NumpyParams, weight: float) -> None:
+        """``UpdateFold.add`` with the squared norm the validation computes anyway: one read of
+        the update fewer (the fold is then one pass, as memcpy is)."""
+        norms = validate_update(self._spec, delta, weight)
+        self._fold(((name, 0, delta[name]) for name in self._spec), weight, sum(norms))
+
     def add_pieces(self, pieces: Iterable[tuple[str, int, NDArray]], weight: float) -> None:
         """Fold an update that arrives in slices: (tensor, first flat element, values).
 
         The slices must already be validated (a streamed update is checked chunk by chunk as it
-        arrives) and must cover every tensor exactly once. Slicing does not change the result:
-        the fold is element-wise, so it equals ``add`` on the whole update bit for bit.
+        arrives) and must cover every tensor exactly once. Slicing does not change the sum: the
+        fold is element-wise, so it equals ``add`` on the whole update bit for bit (the squared
+        norm is summed per slice, so it may differ from ``add``'s in the last float32 bits).
         """
+        self._fold(pieces, weight, None)
+
+    def _fold(
+        self, pieces: Iterable[tuple[str, int, NDArray]], weight: float, sq: float | None
+    ) -> None:
+        """Fold ``pieces``; the update's squared norm is ``sq``, or measured as it is folded."""
         if not np.isfinite(weight) or weight <= 0:
             raise UpdateRejected(
                 "bad_weight", f"update weight must be finite and > 0, got {weight}"
             )
         covered = dict.fromkeys(self._sum, 0)
-        sq = 0.0
+        measure, sq = sq is None, sq or 0.0
         proj = 0.0
         u = self._direction
         for name, start, values in pieces:
             flat = self._sum[name].reshape(-1)
             a = values.reshape(-1)
-            sq += _add_scaled(flat[start : start + a.size], a, weight)
+            sq += _add_scaled(flat[start : start + a.size], a, weight, measure)
             if u is not None:  # the sketched coordinates inside this piece
                 first = -start % self.stride
                 sampled = a[first :: self.stride]
@@ -150,23 +165,33 @@ class StreamingFedAvg(UpdateFold):
         short = [n for n, c in covered.items() if c != self._sum[n].size]
         if short:  # a caller bug, not a bad update: the sum is already touched
             raise RuntimeError(f"update slices did not cover tensors {short} exactly once")
-        self._fold_scalars(weight, sq, proj)
+        self._fold_scalars([weight], [sq], [proj])
 
-    def _fold_scalars(self, weight: float, sq: float, proj: float) -> None:
-        """One update's weight, squared norm and projection into the round's statistics."""
-        self.total_weight += weight
-        self._sum_sq_weights += weight * weight
-        self._weighted_sq_norm += weight * sq
-        if self._direction is not None:
-            p = proj / self._direction_norm
-            self._weighted_proj += weight * p
-            self._weighted_sq_proj += weight * p * p
-        self.count += 1
+    def _fold_scalars(
+        self, weights: Sequence[float], sqs: Sequence[float], projs: Sequence[float]
+    ) -> None:
+        """Updates' weights, squared norms and projections into the round's statistics, one
+        update after the other (the same float additions whether folded alone or as rows)."""
+        total, sum_sq_w, w_sq = self.total_weight, self._sum_sq_weights, self._weighted_sq_norm
+        w_proj, w_sq_proj = self._weighted_proj, self._weighted_sq_proj
+        norm = self._direction_norm if self._direction is not None else None
+        for weight, sq, proj in zip(weights, sqs, projs, strict=True):
+            total += weight
+            sum_sq_w += weight * weight
+            w_sq += weight * sq
+            if norm is not None:
+                p = proj / norm
+                w_proj += weight * p
+                w_sq_proj += weight * p * p
+        self.total_weight, self._sum_sq_weights, self._weighted_sq_norm = total, sum_sq_w, w_sq
+        self._weighted_proj, self._weighted_sq_proj = w_proj, w_sq_proj
+        self.count += len(weights)
 
     def add_rows(self, stacked: NumpyParams, weights: Sequence[float]) -> None:
-        """``add`` for every row at once: per tensor one validation pass, the weighted sum as
-        one matrix-vector product (``weights @ rows``) and the rows' norms and projections as
-        one batched product each, instead of a Python loop over the sites. The sums are BLAS's
+        """``add`` for every row at once: per tensor the rows' squared norms (one ``einsum``,
+        which is also the finiteness check), the weighted sum as one matrix-vector product
+        (``weights @ rows``) and the projections as one batched product, instead of a Python
+        loop over the sites. The sums are BLAS's
         reduction, not the row-by-row order: equal to adding each row in turn within float32
         rounding (tests/unit/test_fedavg_rows.py). A float64 accumulator keeps the exact
         row-by-row additions (``UpdateFold.add_rows``)."""
@@ -176,24 +201,25 @@ class StreamingFedAvg(UpdateFold):
             super().add_rows(stacked, weights)
             return
         w = np.asarray(weights, dtype=np.float64)
-        if not rows_valid(self._spec, stacked, w):  # then name the first bad row, as ``add``
-            for j, weight in enumerate(w.tolist()):
-                validate_update(self._spec, {n: a[j] for n, a in stacked.items()}, weight)
         if w.size == 0:
             return
+        formed = rows_well_formed(self._spec, stacked, w)
+        rows = {n: np.asarray(stacked[n]).reshape(w.size, -1) for n in self._spec} if formed else {}
         sq = np.zeros(w.size)
+        for r in rows.values():  # the rows' squared norms, before the sum is touched
+            sq += np.einsum("ij,ij->i", r, r)
+        if not (formed and np.isfinite(sq).all()):  # name the first bad row, as ``add`` would
+            for j, weight in enumerate(w.tolist()):  # (finite rows whose squares overflow pass)
+                validate_update(self._spec, {n: a[j] for n, a in stacked.items()}, weight)
         proj = np.zeros(w.size)
         u = self._direction
-        for name in self._spec:
-            rows = np.asarray(stacked[name]).reshape(w.size, -1)
+        for name, r in rows.items():
             acc = self._sum[name].reshape(-1)  # a view: the accumulator is contiguous
-            acc += w.astype(rows.dtype) @ rows
-            sq += np.einsum("ij,ij->i", rows, rows)
+            acc += w.astype(r.dtype) @ r
             if u is not None:
-                sampled = rows[:, :: self.stride]
+                sampled = r[:, :: self.stride]
                 proj += sampled @ u[name][: sampled.shape[1]]
-        for weight, s, p in zip(w.tolist(), sq.tolist(), proj.tolist(), strict=True):
-            self._fold_scalars(weight, s, p)
+        self._fold_scalars(w.tolist(), sq.tolist(), proj.tolist())
 
     def prefault(self) -> None:
         """Write the accumulator's pages now: the kernel maps a fresh allocation on first write

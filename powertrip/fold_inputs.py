@@ -4,6 +4,8 @@ updates are projected on (``powertrip.fedavg``, ``powertrip.robust``)."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numpy.typing import NDArray
 
@@ -13,8 +15,9 @@ __all__ = [
     "UpdateRejected",
     "all_finite",
     "delta_sketch",
-    "rows_valid",
+    "rows_well_formed",
     "sketch_stride",
+    "sq_norm",
     "unit_direction",
     "validate_update",
 ]
@@ -30,7 +33,7 @@ SKETCH_MAX = 1 << 20
 
 def sketch_stride(template: NumpyParams) -> int:
     """Every ``stride``-th coordinate of each flattened tensor forms the direction sketch."""
-    total = sum(int(np.prod(np.shape(a), dtype=np.int64)) for a in template.values())
+    total = sum(math.prod(np.shape(a)) for a in template.values())
     return max(1, -(-total // SKETCH_MAX))
 
 
@@ -54,9 +57,11 @@ class UpdateRejected(ValueError):
 
 def validate_update(
     spec: dict[str, tuple[tuple[int, ...], np.dtype]], delta: NumpyParams, weight: float
-) -> None:
+) -> list[float]:
     """Raise UpdateRejected naming the first problem with an update against the model's
-    (shape, dtype) ``spec``: shared by every aggregation rule, so all refuse alike."""
+    (shape, dtype) ``spec``: shared by every aggregation rule, so all refuse alike. Returns each
+    tensor's squared norm in ``spec`` order: the finiteness check's own sum of squares, so a
+    fold need not read the update a second time for it."""
     if not np.isfinite(weight) or weight <= 0:
         raise UpdateRejected("bad_weight", f"update weight must be finite and > 0, got {weight}")
     missing = spec.keys() - delta.keys()
@@ -67,14 +72,18 @@ def validate_update(
             f"update tensors differ from the model: missing {sorted(missing)}, "
             f"unexpected {sorted(extra)}",
         )
+    norms = []
     for name, (shape, dtype) in spec.items():
         a = delta[name]
         if a.shape != shape:
             raise UpdateRejected("shape", f"tensor {name!r} has shape {a.shape}, expected {shape}")
         if a.dtype != dtype:
             raise UpdateRejected("dtype", f"tensor {name!r} has dtype {a.dtype}, expected {dtype}")
-        if not all_finite(a):
+        sq = sq_norm(a)
+        if not all_finite(a, sq):
             raise UpdateRejected("non_finite", f"tensor {name!r} contains NaN or Inf")
+        norms.append(sq)
+    return norms
 
 
 def unit_direction(
@@ -82,7 +91,7 @@ def unit_direction(
 ) -> tuple[dict[str, NDArray] | None, float]:
     """Check a ``delta_sketch`` against the model's ``spec``; (flat sketch, its norm), or
     (None, 0.0) for a zero or broken direction (no projection then)."""
-    sizes = {n: -(-int(np.prod(shape, dtype=np.int64)) // stride) for n, (shape, _) in spec.items()}
+    sizes = {n: -(-math.prod(shape) // stride) for n, (shape, _) in spec.items()}
     if direction.keys() != spec.keys() or any(np.size(direction[n]) != sizes[n] for n in sizes):
         raise ValueError("direction tensors must match the update template")
     norm_sq = sum(float(np.vdot(v, v)) for v in direction.values())
@@ -91,21 +100,31 @@ def unit_direction(
     return {n: np.asarray(v).reshape(-1) for n, v in direction.items()}, float(np.sqrt(norm_sq))
 
 
-def all_finite(a: NDArray) -> bool:
+def sq_norm(a: NDArray) -> float:
+    """``a``'s squared norm in one read (BLAS dot product, in ``a``'s precision)."""
+    flat = a.reshape(-1)
+    return float(np.vdot(flat, flat))
+
+
+def all_finite(a: NDArray, sq: float | None = None) -> bool:
     """Whether every value is finite, in one read: a NaN or an infinity makes the sum of squares
-    non-finite; only when that sum overflows on finite values is every value checked."""
+    (``sq``: ``sq_norm(a)``, computed unless given) non-finite; only when that sum overflows on
+    finite values is every value checked."""
     if a.dtype.kind != "f":
         return True
-    return bool(np.isfinite(np.vdot(a.reshape(-1), a.reshape(-1)))) or bool(np.isfinite(a).all())
+    return bool(np.isfinite(sq_norm(a) if sq is None else sq)) or bool(np.isfinite(a).all())
 
 
-def rows_valid(spec: dict[str, tuple[tuple[int, ...], np.dtype]], stacked: NumpyParams,
-                w: NDArray) -> bool:  # fmt: skip
-    """``validate_update`` for every row in one pass per tensor (True: all rows pass)."""
-    if stacked.keys() != spec.keys() or not np.isfinite(w).all() or (w <= 0).any():
-        return False
-    return all(
-        a.shape == (w.size, *shape) and a.dtype == dtype and all_finite(a)
-        for name, (shape, dtype) in spec.items()
-        for a in [stacked[name]]
+def rows_well_formed(spec: dict[str, tuple[tuple[int, ...], np.dtype]], stacked: NumpyParams,
+                     w: NDArray) -> bool:  # fmt: skip
+    """The checks of ``validate_update`` that read no values, for every row at once (tensor
+    set, shapes, dtypes, weights); finiteness is the caller's (a fold's row norms show it)."""
+    return (
+        stacked.keys() == spec.keys()
+        and bool(np.isfinite(w).all())
+        and not (w <= 0).any()
+        and all(
+            stacked[name].shape == (w.size, *shape) and stacked[name].dtype == dtype
+            for name, (shape, dtype) in spec.items()
+        )
     )
