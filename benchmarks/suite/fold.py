@@ -1,6 +1,6 @@
 """FedAvg fold bandwidth on every path against memcpy (``np.copyto``) of the same bytes.
 
-``StreamingFedAvg.add`` (whole update, validated) and ``add_pieces`` (2 MiB slices, the
+``StreamingFedAvg.add`` (whole update, validated) and ``add_pieces`` (slices of the
 aggregator's chunk size, with the direction sketch the default policy makes it keep) on a
 float32 model of 4 tensors; the emulator's round aggregation as ``Emulator._train_round`` does
 it (every row of the stacked deltas into the FedAvg and every other row into the split-half
@@ -62,9 +62,10 @@ def streaming_rows(model_mib: int, repeats: int) -> list[Row]:
     sliced = pieces(delta)
     agg = StreamingFedAvg(template, direction=direction)
     piece_rate = nbytes / median_time(lambda: agg.add_pieces(iter(sliced), 1.0), repeats)
+    kib = DEFAULT_CHUNK_BYTES // 1024
     return [
         _row(f"fold StreamingFedAvg.add, {model_mib} MiB model", add_rate, copy),
-        _row(f"fold add_pieces (2 MiB slices + sketch), {model_mib} MiB", piece_rate, copy),
+        _row(f"fold add_pieces ({kib} KiB slices + sketch), {model_mib} MiB", piece_rate, copy),
     ]
 
 
