@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import ipaddress
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -121,9 +121,15 @@ def write_pair(out: Path, name: str, cert: bytes, key: bytes) -> None:
 
 
 def mint_cluster(
-    out: Path, workers: Sequence[str], hosts: Sequence[str] = (), days: int = 30
+    out: Path,
+    workers: Sequence[str],
+    hosts: Sequence[str] = (),
+    days: int = 30,
+    hosts_of: Mapping[str, Sequence[str]] | None = None,
 ) -> None:
-    """``ca.pem`` plus a certificate and key for every service and worker, into ``out``."""
+    """``ca.pem`` plus a certificate and key for every service and worker, into ``out``.
+    ``hosts`` go on every certificate, ``hosts_of[name]`` on ``name``'s only (the address a
+    peer dials it at, such as a worker's own link in a netns topology)."""
     for w in workers:
         validate_id(w)  # the CN is the worker id the aggregator binds: the same rules
     clash = set(workers) & set(SERVICES)
@@ -133,7 +139,8 @@ def mint_cluster(
     ca = new_ca(days=days)
     (out / "ca.pem").write_bytes(ca.pem)
     for name in (*SERVICES, *workers):
-        write_pair(out, name, *issue(ca, name, hosts, days=days))
+        own = (hosts_of or {}).get(name, ())
+        write_pair(out, name, *issue(ca, name, [*hosts, *own], days=days))
 
 
 def tls_env(out: Path, name: str) -> dict[str, str]:

@@ -144,11 +144,13 @@ class LocalCluster:
             )
         bind = {"bind_host": "0.0.0.0"} if hub_ns else {}
         if p.tls_path is not None:
-            if hub_ns is not None:  # the minted certificates name 127.0.0.1, not the veths
-                raise LaunchError(
-                    "TLS together with a netns topology is not supported yet: add --insecure"
-                )
-            mint_cluster(p.tls_path, p.worker_ids)
+            hosts_of: dict[str, list[str]] = {}
+            if worker_links is not None:  # each certificate names the addresses it is dialled at
+                hub_side = [hub_host, *(hub_addr for _, _, hub_addr in worker_links)]
+                hosts_of = {"aggregator": hub_side, "profiler": hub_side}
+                for wid, (_, addr, _) in zip(p.worker_ids, worker_links, strict=True):
+                    hosts_of[wid] = [addr]
+            mint_cluster(p.tls_path, p.worker_ids, hosts_of=hosts_of)
         prof = self._spawn(
             "profiler", "profiler", self._env("profiler", **bind), 60, hub_ns, hub_host
         )
@@ -222,11 +224,11 @@ class LocalCluster:
 
     def status(self, timeout_s: float = 5.0) -> aggregator_pb2.GetStatusResponse:
         if self._channel is None:
-            self._channel = self._operator_channel(self.aggregator.grpc_addr)
+            self._channel = self.operator_channel(self.aggregator.grpc_addr)
         stub = aggregator_pb2_grpc.AggregatorServiceStub(self._channel)
         return stub.GetStatus(aggregator_pb2.GetStatusRequest(), timeout=timeout_s)
 
-    def _operator_channel(self, address: str) -> grpc.Channel:
+    def operator_channel(self, address: str) -> grpc.Channel:
         """mTLS as ``operator``, or plaintext when the cluster runs insecure."""
         if self.plan.tls_path is None:
             return grpc.insecure_channel(address)

@@ -30,8 +30,10 @@ def test_generated_stubs_match_the_proto_sources(tmp_path):
     generated = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*.py*"))
     assert generated, "protoc produced nothing"
     stale = [str(p) for p in generated if not filecmp.cmp(tmp_path / p, REPO / p, shallow=False)]
-    regen = "cd protos && python -m grpc_tools.protoc -I. --python_out=.. --pyi_out=.. " \
+    regen = (
+        "cd protos && python -m grpc_tools.protoc -I. --python_out=.. --pyi_out=.. "
         "--grpc_python_out=.. powertrip/v1/*.proto"
+    )
     assert not stale, f"regenerate the stubs ({regen}): {stale}"
     checked_in = sorted(p.relative_to(REPO) for p in (REPO / "powertrip/v1").glob("*_pb2*"))
     assert checked_in == generated

@@ -10,7 +10,6 @@ import shutil
 import subprocess
 import urllib.request
 
-import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -49,7 +48,6 @@ def test_measured_links_follow_the_shaped_rates_and_the_run_completes(tmp_path):
         max_rounds=3,
         log_dir=tmp_path / "logs",
         netns_profile=profile,
-        insecure=True,  # the launcher's certificates name loopback, not the veth addresses
         # 8 MiB probes, and a re-measurement replaces the estimate instead of averaging
         extra_env={"POWERTRIP_PROBE_BYTES": str(8 << 20), "POWERTRIP_SMOOTHING": "1"},
     )
@@ -59,7 +57,7 @@ def test_measured_links_follow_the_shaped_rates_and_the_run_completes(tmp_path):
         prefix = cluster.topology.prefix
         profiler = next(s for s in cluster.services if s.name == "profiler")
         # measure again now that no round competes for the links or the CPU
-        with grpc.insecure_channel(profiler.grpc_addr) as ch:
+        with cluster.operator_channel(profiler.grpc_addr) as ch:  # mTLS over the veths
             fresh = profiler_pb2_grpc.ProfilerServiceStub(ch).MeasureLinks(
                 profiler_pb2.MeasureLinksRequest(), timeout=60
             )

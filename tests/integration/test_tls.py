@@ -198,6 +198,21 @@ def test_certs_mints_a_ca_and_one_private_certificate_per_service_and_worker(tmp
     assert not list(tmp_path.glob("ca.key"))  # the CA key is thrown away
 
 
+def test_a_certificate_names_its_own_addresses_and_not_its_peers(tmp_path):
+    # a netns topology: each worker is dialled at its own link address, the hub at its own
+    mint_cluster(tmp_path, ["w0", "w1"], hosts=["10.9.0.1"],
+                 hosts_of={"aggregator": ["10.0.0.254"], "w0": ["10.0.1.2"]})  # fmt: skip
+
+    def ips(name: str) -> set[str]:
+        cert = x509.load_pem_x509_certificate((tmp_path / f"{name}.pem").read_bytes())
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        return {str(ip) for ip in san.get_values_for_type(x509.IPAddress)}
+
+    assert ips("aggregator") == {"127.0.0.1", "10.9.0.1", "10.0.0.254"}
+    assert ips("w0") == {"127.0.0.1", "10.9.0.1", "10.0.1.2"}
+    assert ips("w1") == ips("profiler") == {"127.0.0.1", "10.9.0.1"}
+
+
 def test_certs_refuses_a_worker_id_that_is_a_service_name(tmp_path):
     r = CliRunner().invoke(powertrip, ["certs", "--out", str(tmp_path), "--workers", "aggregator"])
     assert r.exit_code == 2 and "collide" in r.output

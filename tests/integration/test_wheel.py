@@ -150,7 +150,7 @@ def test_powertrip_up_shapes_links_in_network_namespaces_from_anywhere(installed
     before = set(namespaces())
     done = installed.run(
         "powertrip", "up", "--workers", "2", "--sites", "4", "--clock", "wall",
-        "--netns-profile", str(profile), "--insecure",  # certificates name loopback only
+        "--netns-profile", str(profile),  # mTLS: the certificates name the veth addresses
         "--policy", "select-all", "--samples", "1000",
         "--target", "0.99", "--max-rounds", "2", "--output", "out-netns", timeout=600,
     )  # fmt: skip
