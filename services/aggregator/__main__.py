@@ -15,6 +15,7 @@ from services.aggregator.curtail_run import CurtailmentRun
 from services.aggregator.lifecycle import Run, RunState
 from services.aggregator.run import AggregatorRun
 from services.aggregator.servicer import AggregatorServicer
+from services.aggregator.worker_tracker import WorkerTracker
 from services.common.command_line import parse_service_args
 from services.common.config import ConfigError, load_config
 from services.common.fault_points import armed_faults
@@ -71,7 +72,7 @@ def main() -> int:
         except Exception as exc:  # the run goes on with modelled links
             logger.warning("profiler did not take worker %s: %s", worker_id, exc)
 
-    servicer = AggregatorServicer(run, track_quietly)
+    servicer = AggregatorServicer(run, WorkerTracker(track_quietly).track)
     server, port, health = build_server(
         [lambda s: aggregator_pb2_grpc.add_AggregatorServiceServicer_to_server(servicer, s)],
         f"{cfg.bind_host}:{cfg.grpc_port}",

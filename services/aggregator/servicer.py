@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 from collections.abc import Callable, Iterator
 
 import grpc
@@ -29,7 +28,8 @@ from services.common.tensor_stream import StreamError, specs_of
 logger = logging.getLogger(__name__)
 SERVICE = "AggregatorService"  # as metrics and refusal logs name it
 
-#: tells the profiler about a worker (worker id, address, site ids); retried by the caller
+#: tells the profiler about a worker (worker id, address, site ids); must not block, as it is
+#: called in the registration handler (``WorkerTracker.track`` queues it)
 TrackWorker = Callable[[str, str, list[str]], None]
 
 
@@ -81,11 +81,7 @@ class AggregatorServicer(aggregator_pb2_grpc.AggregatorServiceServicer):
             len(worker.sites),
         )
         if self.track_worker is not None:
-            threading.Thread(
-                target=self.track_worker,
-                args=(worker.worker_id, worker.address, [site_id(s) for s in worker.sites]),
-                daemon=True,
-            ).start()
+            self.track_worker(worker.worker_id, worker.address, [site_id(s) for s in worker.sites])
         return self._registration_reply()
 
     def _registration_reply(self) -> aggregator_pb2.RegisterWorkerResponse:
