@@ -13,6 +13,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from powertrip.fold_inputs import (
+    NORM_BLOCK,
     NumpyParams,
     UpdateRejected,
     delta_sketch,
@@ -34,8 +35,9 @@ __all__ = [  # the rules and, for callers' convenience, what an update is checke
 ]
 
 #: elements per block of the fold's multiply-add: the ``weight * delta`` temporary stays in cache
-#: (1 MiB of float32) instead of being a model-sized array written to memory and read back
-FOLD_BLOCK = 1 << 18
+#: (1 MiB of float32) instead of being a model-sized array written to memory and read back. The
+#: norm's blocks (``sq_norm``), so a norm measured while folding equals validation's.
+FOLD_BLOCK = NORM_BLOCK
 
 
 def _add_scaled(acc: NDArray, a: NDArray, weight: float, norm: bool = True) -> float:
@@ -191,10 +193,9 @@ class StreamingFedAvg(UpdateFold):
         """``add`` for every row at once: per tensor the rows' squared norms (one ``einsum``,
         which is also the finiteness check), the weighted sum as one matrix-vector product
         (``weights @ rows``) and the projections as one batched product, instead of a Python
-        loop over the sites. The sums are BLAS's
-        reduction, not the row-by-row order: equal to adding each row in turn within float32
-        rounding (tests/unit/test_fedavg_rows.py). A float64 accumulator keeps the exact
-        row-by-row additions (``UpdateFold.add_rows``)."""
+        loop over the sites. The sums are BLAS's reduction, not the row-by-row order: equal to
+        adding each row in turn within float32 rounding (tests/unit/test_fedavg_rows.py). A
+        float64 accumulator keeps the exact row-by-row additions (``UpdateFold.add_rows``)."""
         if any(
             self._sum[n].dtype != np.asarray(a).dtype for n, a in stacked.items() if n in self._sum
         ):
