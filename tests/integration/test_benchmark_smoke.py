@@ -50,3 +50,18 @@ def test_the_benchmark_runner_runs_quick(tmp_path):
         for row in section["rows"]:
             assert row["measured"] > 0 and row["verdict"] in ("PASS", "MISS", "")
     assert "| PASS" in done.stdout or "| MISS" in done.stdout  # the table was printed
+
+
+def test_the_stream_window_benchmark_shows_the_window_over_rtt_bound():
+    # one stream cannot beat window / RTT: with the relay's 50 ms, a 4 MiB window caps it at
+    # 80 MiB/s, below what the relay itself moves without a delay (~145 MiB/s here)
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "bench_stream_window.py"),
+         "--rtt-ms", "50", "--windows", "4", "--mib", "16"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [line.split() for line in done.stdout.splitlines() if line.lstrip().startswith("50 ")]
+    fixed, bdp = rows
+    assert fixed[1:4] == ["window", "4", "MiB"] and bdp[1:3] == ["gRPC", "default"]
+    assert 0 < float(fixed[4]) <= 4 / 0.050 * 1.05
