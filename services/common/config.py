@@ -50,9 +50,10 @@ class ServiceConfig(BaseModel):
     rpc_timeout_s: float = 10.0  # deadline for every short call
     max_message_mib: int = 4  # gRPC per-message limit; big tensors are chunked below it
     # Per-stream HTTP/2 receive window. Fixed instead of BDP-probed so that many concurrent
-    # uploads cannot each buffer a growing window in memory; 4 MiB still fills a 100 ms path at
-    # 300 Mbit/s.
-    stream_window_mib: int = 4
+    # uploads cannot each buffer a growing window in memory. One stream moves at most
+    # window / RTT (4 MiB: ~490 Mbit/s at 50 ms); raise it for long links, memory permitting
+    # (docs/services.md, benchmarks/bench_stream_window.py).
+    stream_window_mib: int = Field(4, ge=1)
     # Calls served at once; beyond it gRPC answers RESOURCE_EXHAUSTED at once (clients retry
     # with jitter) instead of queueing without bound behind the handler threads. 0 = no limit.
     # Keep it above the uploads a round can have in flight (one per selected site).

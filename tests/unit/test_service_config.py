@@ -34,6 +34,7 @@ def test_worker_sites_accept_ranges_and_ids():
         ({**AGG, "POWERTRIP_MODEL_SIZE": "huge"}, "POWERTRIP_MODEL_SIZE='huge'"),
         ({**AGG, "POWERTRIP_WORKLOAD": "fsdd"}, "WORKLOAD=fsdd needs POWERTRIP_DATASET_PATH"),
         ({**AGG, "POWERTRIP_WORKLOAD": "lm", "POWERTRIP_PARTITION": "natural"}, "PARTITION=iid"),
+        ({**AGG, "POWERTRIP_STREAM_WINDOW_MIB": "0"}, "POWERTRIP_STREAM_WINDOW_MIB='0'"),  # a stall
     ],
 )
 def test_bad_aggregator_settings_name_the_variable(env, message):
