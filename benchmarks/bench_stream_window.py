@@ -22,7 +22,6 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from concurrent import futures
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -30,28 +29,10 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.suite import MiB  # noqa: E402
+from benchmarks.suite.upload import METHOD, sink_server  # noqa: E402
+from services.common.tensor_stream import DEFAULT_CHUNK_BYTES as CHUNK  # noqa: E402
 from services.netem.delay_relay import DelayRelay  # noqa: E402
-
-MiB = 1 << 20
-CHUNK = 512 * 1024  # services.common.tensor_stream.DEFAULT_CHUNK_BYTES
-METHOD = "/bench.Sink/Upload"
-
-
-def _server(options: list[tuple[str, int]]) -> tuple[grpc.Server, int]:
-    def upload(requests, context: grpc.ServicerContext) -> bytes:
-        return str(sum(len(m) for m in requests)).encode()
-
-    handler = grpc.method_handlers_generic_handler(
-        "bench.Sink", {"Upload": grpc.stream_unary_rpc_method_handler(upload)}
-    )
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=4),
-        handlers=[handler],
-        options=[("grpc.max_receive_message_length", 8 * MiB), *options],
-    )
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    return server, port
 
 
 @contextmanager
@@ -80,7 +61,7 @@ def _relay(port: int, one_way_s: float) -> Iterator[int]:
 
 def upload_mib_s(options: list[tuple[str, int]], rtt_s: float, mib: int) -> float:
     """MiB/s of one ``mib`` MiB upload on a warm connection through the relay."""
-    server, port = _server(options)
+    server, port = sink_server(options)
     with _relay(port, rtt_s / 2) as relay_port:
         try:  # both ends close before the relay does, so its connections end on their own
             with grpc.insecure_channel(f"127.0.0.1:{relay_port}") as channel:

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from concurrent import futures
 from pathlib import Path
 from typing import Any
@@ -80,7 +81,11 @@ def grpc_client(port: int, mib: int) -> None:
         print(time.perf_counter() - start, int(reply.decode()), flush=True)
 
 
-def bare_grpc_seconds(mib: int) -> float:
+def sink_server(options: Sequence[tuple[str, int]] = ()) -> tuple[grpc.Server, int]:
+    """A bare grpcio server (no project code) whose ``METHOD`` counts the bytes streamed to it
+    and answers the count; extra channel ``options`` (HTTP/2 window settings) on top of an
+    8 MiB message limit. (server, port), started."""
+
     def upload(requests: Any, context: grpc.ServicerContext) -> bytes:
         total = 0
         for m in requests:
@@ -93,10 +98,15 @@ def bare_grpc_seconds(mib: int) -> float:
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=2),
         handlers=[handler],
-        options=[("grpc.max_receive_message_length", 8 * MiB)],
+        options=[("grpc.max_receive_message_length", 8 * MiB), *options],
     )
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
+    return server, port
+
+
+def bare_grpc_seconds(mib: int) -> float:
+    server, port = sink_server()
     try:
         cmd = [sys.executable, __file__, "--grpc-client", str(port), "--mib", str(mib)]
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=True).stdout
