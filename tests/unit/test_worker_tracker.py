@@ -1,13 +1,11 @@
 """The aggregator tells the profiler about registered workers from a queue, not from the
-registration handler: a notice never blocks a registration, the latest address of a worker is
-what the profiler gets, and no worker is sent twice at once."""
+registration handler: a notice never blocks a registration, and the latest address of a worker
+is what the profiler gets."""
 
 from __future__ import annotations
 
 import threading
 import time
-
-import pytest
 
 from services.aggregator.worker_tracker import WorkerTracker
 
@@ -19,19 +17,10 @@ class Recorder:
         self.calls: list[tuple[str, str, list[str]]] = []
         self.release = threading.Event()
         self.release.set()
-        self.active: set[str] = set()
-        self.overlaps: list[str] = []
-        self.lock = threading.Lock()
 
     def __call__(self, worker_id: str, address: str, sites: list[str]) -> None:
-        with self.lock:
-            if worker_id in self.active:
-                self.overlaps.append(worker_id)
-            self.active.add(worker_id)
-            self.calls.append((worker_id, address, sites))
+        self.calls.append((worker_id, address, sites))
         self.release.wait(5)
-        with self.lock:
-            self.active.discard(worker_id)
 
 
 def wait_calls(rec: Recorder, n: int) -> None:
@@ -71,21 +60,6 @@ def test_track_returns_at_once_while_the_profiler_hangs():
     assert tracker.wait_idle(5) and len(rec.calls) == 200
 
 
-def test_a_worker_is_never_sent_by_two_threads_at_once():
-    rec = Recorder()
-    rec.release.clear()
-    tracker = WorkerTracker(rec, threads=2)
-    tracker.track("w0", "a:1", [])
-    wait_calls(rec, 1)
-    tracker.track("w0", "b:1", [])  # w0 is in flight: the second thread must take w1 instead
-    tracker.track("w1", "c:1", [])
-    wait_calls(rec, 2)
-    assert rec.calls[1][0] == "w1"
-    rec.release.set()
-    assert tracker.wait_idle(5)
-    assert rec.calls[2] == ("w0", "b:1", []) and not rec.overlaps
-
-
 def test_a_failing_send_does_not_stop_the_tracker(caplog):
     sent = []
 
@@ -99,8 +73,3 @@ def test_a_failing_send_does_not_stop_the_tracker(caplog):
     tracker.track("good", "b:1", [])
     assert tracker.wait_idle(5)
     assert sent == ["good"] and "tracking worker bad failed" in caplog.text
-
-
-def test_no_sender_threads_is_refused():
-    with pytest.raises(ValueError, match="at least one"):
-        WorkerTracker(lambda *_: None, threads=0)
