@@ -43,6 +43,11 @@ ROWS: dict[str, str] = {
     "R23": "SIGTERM",
     "R24": "registration and request flood",
     "R25": "deploy-config drift",
+    "R26": "weight inflation",
+    "R27": "server impersonation",
+    "R28": "site squatting and role confusion",
+    "R29": "certificate lifecycle",
+    "R30": "journal and status growth",
 }
 
 
