@@ -16,6 +16,7 @@ from powertrip.fold_inputs import (
     NORM_BLOCK,
     NumpyParams,
     UpdateRejected,
+    check_weight,
     delta_sketch,
     rows_well_formed,
     sketch_stride,
@@ -146,10 +147,7 @@ class StreamingFedAvg(UpdateFold):
         self, pieces: Iterable[tuple[str, int, NDArray]], weight: float, sq: float | None
     ) -> None:
         """Fold ``pieces``; the update's squared norm is ``sq``, or measured as it is folded."""
-        if not np.isfinite(weight) or weight <= 0:
-            raise UpdateRejected(
-                "bad_weight", f"update weight must be finite and > 0, got {weight}"
-            )
+        check_weight(weight)
         covered = dict.fromkeys(self._sum, 0)
         measure, sq = sq is None, sq or 0.0
         proj = 0.0
@@ -279,7 +277,8 @@ class StreamingFedAvg(UpdateFold):
         for name, acc in self._sum.items():  # one tensor at a time: no model-sized temporary
             m = (acc / self.total_weight).astype(self._spec[name][1], copy=False)
             sq_of_mean += float(np.vdot(m, m))
-        k_eff = self.total_weight**2 / self._sum_sq_weights
+        # products, not ``**``: a float power raises OverflowError where a product gives inf
+        k_eff = self.total_weight * self.total_weight / self._sum_sq_weights
         return self._weighted_sq_norm / self.total_weight, sq_of_mean, k_eff
 
     def projection(self) -> tuple[float, float] | None:

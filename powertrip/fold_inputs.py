@@ -10,22 +10,31 @@ import numpy as np
 from numpy.typing import NDArray
 
 __all__ = [
+    "MAX_WEIGHT",
     "NORM_BLOCK",
     "SKETCH_MAX",
     "NumpyParams",
     "UpdateRejected",
     "all_finite",
+    "check_weight",
     "delta_sketch",
     "rows_well_formed",
     "sketch_stride",
     "sq_norm",
     "unit_direction",
     "validate_update",
+    "weight_problem",
 ]
 
 #: A model as numpy arrays by parameter name: what FedAvg folds and what travels on the wire
 #: (``TorchParams`` in ``powertrip.learning.device`` is the same model as torch tensors).
 NumpyParams = dict[str, NDArray[np.floating]]
+
+#: the largest update weight any rule folds: 2**53, the largest integer float64 holds exactly
+#: (a sample or step count beyond it is absurd). Bounding every weight keeps a round's scalars
+#: (sum of weights, sum of squared weights, weighted squared norms) finite whatever a peer sends;
+#: the aggregator service bounds a site's weight far tighter, by what it assigned the site.
+MAX_WEIGHT = float(2**53)
 
 #: values per block of a squared norm (``sq_norm``), also the fold's block (``FOLD_BLOCK``)
 NORM_BLOCK = 1 << 18
@@ -59,6 +68,26 @@ class UpdateRejected(ValueError):
         self.reason = reason
 
 
+def weight_problem(weight: float) -> str | None:
+    """Why ``weight`` cannot weight an update (non-finite, not positive, subnormal, above
+    ``MAX_WEIGHT``), or None. One rule for every fold, so all refuse alike."""
+    w = float(weight)
+    if not math.isfinite(w) or w <= 0:
+        return f"update weight must be finite and > 0, got {weight}"
+    if w < np.finfo(np.float64).tiny:
+        return f"update weight {weight} is subnormal"
+    if w > MAX_WEIGHT:
+        return f"update weight {weight:g} is above the largest count accepted ({MAX_WEIGHT:g})"
+    return None
+
+
+def check_weight(weight: float) -> None:
+    """UpdateRejected("bad_weight") unless ``weight`` is usable (``weight_problem``)."""
+    problem = weight_problem(weight)
+    if problem:
+        raise UpdateRejected("bad_weight", problem)
+
+
 def validate_update(
     spec: dict[str, tuple[tuple[int, ...], np.dtype]], delta: NumpyParams, weight: float
 ) -> list[float]:
@@ -66,8 +95,7 @@ def validate_update(
     (shape, dtype) ``spec``: shared by every aggregation rule, so all refuse alike. Returns each
     tensor's squared norm in ``spec`` order: the finiteness check's own sum of squares, so a
     fold need not read the update a second time for it."""
-    if not np.isfinite(weight) or weight <= 0:
-        raise UpdateRejected("bad_weight", f"update weight must be finite and > 0, got {weight}")
+    check_weight(weight)
     missing = spec.keys() - delta.keys()
     extra = delta.keys() - spec.keys()
     if missing or extra:
@@ -133,8 +161,7 @@ def rows_well_formed(spec: dict[str, tuple[tuple[int, ...], np.dtype]], stacked:
     set, shapes, dtypes, weights); finiteness is the caller's (a fold's row norms show it)."""
     return (
         stacked.keys() == spec.keys()
-        and bool(np.isfinite(w).all())
-        and not (w <= 0).any()
+        and all(weight_problem(x) is None for x in w.tolist())
         and all(
             stacked[name].shape == (w.size, *shape) and stacked[name].dtype == dtype
             for name, (shape, dtype) in spec.items()

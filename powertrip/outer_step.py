@@ -11,6 +11,8 @@ from collections.abc import Mapping
 import numpy as np
 from numpy.typing import NDArray
 
+from powertrip.fold_inputs import UpdateRejected
+
 Arrays = Mapping[str, NDArray[np.floating]]
 
 
@@ -27,15 +29,22 @@ class NesterovOuter:
     def step(
         self, previous: Arrays, averaged: Arrays, commit: bool = True
     ) -> dict[str, NDArray[np.floating]]:
-        """The new global model; ``commit=False`` previews it without advancing the momentum."""
+        """The new global model; ``commit=False`` previews it without advancing the momentum.
+
+        A step that would make the model or the momentum non-finite (finite inputs can still
+        overflow float32 through ``lr * momentum``) is refused, UpdateRejected("non_finite"),
+        and the momentum is left as it was: the round is refused, not the run poisoned."""
         before = self._m or {k: np.zeros_like(v) for k, v in previous.items()}
         momentum: dict[str, NDArray[np.floating]] = {}
         out = {}
         for k, w_prev in previous.items():
-            delta = w_prev - averaged[k]
-            momentum[k] = self.momentum * before[k] + delta
-            step = self.lr * (self.momentum * momentum[k] + delta)
-            out[k] = (w_prev - step).astype(w_prev.dtype, copy=False)
+            with np.errstate(over="ignore", invalid="ignore"):  # checked right below
+                delta = w_prev - averaged[k]
+                momentum[k] = self.momentum * before[k] + delta
+                step = self.lr * (self.momentum * momentum[k] + delta)
+                out[k] = (w_prev - step).astype(w_prev.dtype, copy=False)
+            if not (np.isfinite(out[k]).all() and np.isfinite(momentum[k]).all()):
+                raise UpdateRejected("non_finite", f"outer step makes {k!r} non-finite")
         if commit:
             self._m = momentum
         return out

@@ -39,6 +39,7 @@ from powertrip.fedavg import (
     UpdateFold,
     UpdateRejected,
 )
+from powertrip.fold_inputs import check_weight
 
 if TYPE_CHECKING:
     from powertrip.experiment import ExperimentConfig
@@ -118,10 +119,7 @@ class RobustAggregator(UpdateFold):
     def add_pieces(self, pieces: Iterable[tuple[str, int, NDArray]], weight: float) -> None:
         """Keep an update that arrives in already-validated slices (tensor, first element,
         values) covering every tensor once; clipped once it is whole."""
-        if not np.isfinite(weight) or weight <= 0:
-            raise UpdateRejected(
-                "bad_weight", f"update weight must be finite and > 0, got {weight}"
-            )
+        check_weight(weight)
         if self._result is not None:
             raise RuntimeError("the round is already aggregated")
         flat = np.empty(self._size, dtype=self._dtype)

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from powertrip.fold_inputs import weight_problem
 from powertrip.robust import Aggregation
 from powertrip.sites import site_id
 from services.common.errors import Duplicate, StaleRound
@@ -32,11 +33,22 @@ from services.common.tensor_receiver import TensorStreamReceiver
 
 
 class RoundGate:
-    """Who may submit to one open round, which sites are still owed, and when it is over."""
+    """Who may submit to one open round, which sites are still owed, and when it is over.
 
-    def __init__(self, round_index: int, selected: Sequence[int]) -> None:
+    ``allowance`` is the most weight each site may claim this round, from what the aggregator
+    itself assigned it (its partition's samples, or its steps): a peer's count is a claim, not
+    a fact, and one inflated weight would otherwise set the global model (reliability R26).
+    """
+
+    def __init__(
+        self,
+        round_index: int,
+        selected: Sequence[int],
+        allowance: Mapping[int, float] | None = None,
+    ) -> None:
         self.round = round_index
         self.selected = [int(s) for s in selected]
+        self.allowance = allowance
         self.failed: dict[int, str] = {}
         self.closed = False
         self._expected = set(self.selected)
@@ -78,6 +90,23 @@ class RoundGate:
             # A rejected stream may be sent again whole while the round is open.
             self.failed.pop(site, None)
             self._in_flight.add(site)
+
+    def weight_problem(self, site: int, weight: float) -> str | None:
+        """Why ``site`` may not weight its update ``weight`` this round, or None: a count of at
+        least 1 and at most what the round assigned the site (any finite, normal, bounded
+        weight when no allowance is known)."""
+        problem = weight_problem(weight)
+        if problem is not None or self.allowance is None:
+            return problem
+        most = self.allowance.get(site)
+        if most is None:
+            return f"{site_id(site)} has no assignment in round {self.round}"
+        if not 1 <= weight <= most:
+            return (
+                f"{site_id(site)} claims a weight of {weight:g}; round {self.round} assigned "
+                f"it {most:g}, so at least 1 and at most {most:g} is accepted"
+            )
+        return None
 
     def commit(self, site: int, rx: TensorStreamReceiver, weight: float) -> None:
         """Take a verified update (and ownership of ``rx``)."""
@@ -140,8 +169,9 @@ class RoundCollector(RoundGate):
         split_half: bool = False,
         direction: Mapping[str, NDArray] | None = None,  # last global delta, for projections
         aggregation: Aggregation | None = None,  # the run's rule; FedAvg when None
+        allowance: Mapping[int, float] | None = None,  # most weight per site (RoundGate)
     ) -> None:
-        super().__init__(round, selected)
+        super().__init__(round, selected, allowance)
         rule = aggregation or Aggregation()
         self.agg = rule.make(template, direction=direction)  # type: ignore[arg-type]
         self.half = rule.make(template) if split_half else None  # type: ignore[arg-type]
@@ -202,8 +232,13 @@ class DeltaInbox(RoundGate):
     the collector, so the servicer feeds either. Memory: one model per site of the sub-round.
     """
 
-    def __init__(self, round_index: int, sites: Sequence[int]) -> None:
-        super().__init__(round_index, sites)
+    def __init__(
+        self,
+        round_index: int,
+        sites: Sequence[int],
+        allowance: Mapping[int, float] | None = None,
+    ) -> None:
+        super().__init__(round_index, sites, allowance)
         self.deltas: dict[int, dict[str, NDArray[np.float32]]] = {}
         self.weights: dict[int, float] = {}
 

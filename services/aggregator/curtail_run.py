@@ -70,7 +70,8 @@ class GrpcLearner(FoldingLearner):
         self.sub_rounds += 1
         n = self.sub_rounds
         arrays = to_numpy(params)
-        inbox = DeltaInbox(n, sites)
+        given = {s: math.ceil(len(r) / self.batch_size) for s, r in zip(sites, rows, strict=True)}
+        inbox = DeltaInbox(n, sites, given)  # a site's weight is at most the steps it was given
         tx = self.transport
         tx.params, tx.collector = arrays, inbox  # the servicer checks updates against these
         by_site = dict(zip(sites, rows, strict=True))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -109,8 +109,12 @@ class GrpcRoundExecutor:
         initial: tuple[float, float] | None = None,
         aggregation: Aggregation | None = None,
         min_contributions: int = 1,
+        site_weights: Sequence[float] | None = None,
     ) -> None:
         self.registry = registry
+        # per site, the FedAvg weight the run assigned it (its partition's samples): the most
+        # a worker may claim for that site's update (RoundGate.weight_problem)
+        self.site_weights = site_weights
         self.min_contributions = min_contributions  # quorum: fewer accepted updates fail a round
         self.failure: tuple[int, str] | None = None  # (round, reason) of the last failed round
         self.aggregation = aggregation  # the run's rule (powertrip.robust); None: FedAvg
@@ -144,7 +148,8 @@ class GrpcRoundExecutor:
             if cached is None or cached[0] != worker.address:  # new or re-registered elsewhere
                 if cached is not None:
                     cached[1].close()
-                cached = (worker.address, make_channel(worker.address, self.channel_cfg))
+                channel = make_channel(worker.address, self.channel_cfg, worker_id)
+                cached = (worker.address, channel)
                 self._channels[worker_id] = cached
         return worker_pb2_grpc.WorkerServiceStub(cached[1])
 
@@ -219,6 +224,26 @@ class GrpcRoundExecutor:
             if exc.code() is grpc.StatusCode.UNAVAILABLE:  # dead, not slow: out until it beats
                 self.registry.unreachable(worker_id)
 
+    def open_round(
+        self, round_index: int, selected: Sequence[int], split_half: bool = False
+    ) -> RoundCollector:
+        """The collector of a new round, open to the servicer: the run's rule, the direction
+        to project on, and each selected site's weight allowance (what the run assigned it)."""
+        sites = [int(s) for s in selected]
+        allowance = None
+        if self.site_weights is not None:
+            allowance = {s: float(self.site_weights[s]) for s in sites}
+        self.collector = RoundCollector(
+            round_index,
+            sites,
+            self.params,
+            split_half,
+            self._direction if self.track_direction else None,
+            self.aggregation,
+            allowance,
+        )
+        return self.collector
+
     @metrics.ROUND_WALL.time()
     def execute(
         self,
@@ -231,16 +256,7 @@ class GrpcRoundExecutor:
             logger.warning("round %d: no selected site is alive; model unchanged", round_index)
             self.failure = (round_index, "no_site_alive")
             return None
-        direction = self._direction if self.track_direction else None
-        collector = RoundCollector(
-            round_index,
-            [int(s) for s in selected],
-            self.params,
-            split_half,
-            direction,
-            self.aggregation,
-        )
-        self.collector = collector
+        collector = self.open_round(round_index, selected, split_half)
         groups, orphans = self.registry.group(collector.selected)
         for s in orphans:
             collector.fail(s, "unhosted")

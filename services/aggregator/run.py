@@ -117,6 +117,7 @@ class AggregatorRun(RunLifecycle):
             channel_cfg=cfg,
             aggregation=Aggregation.of(exp),
             min_contributions=cfg.min_contributions,
+            site_weights=[len(p) for p in fed.partitions],
         )
         # Restarts replay the journal through the round loop, so the policy resumes exactly.
         self.journaled = JournaledExecutor(self.executor, journal, initial)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Iterator
 
 import grpc
@@ -13,13 +12,15 @@ from powertrip.v1 import aggregator_pb2, aggregator_pb2_grpc
 from services.aggregator import metrics
 from services.aggregator.executor import CountedReceiver
 from services.aggregator.lifecycle import Run
-from services.common.allow_list import AllowList
+from services.aggregator.site_owners import SiteOwners
+from services.common.allow_list import AllowList, all_of
 from services.common.errors import BadRequest, NotFound, StaleRound, translate_errors
 from services.common.identity import (
     AGGREGATOR,
     OPERATOR,
     PROFILER,
     check_worker,
+    deny,
     require_id,
     require_role,
 )
@@ -45,7 +46,21 @@ class AggregatorServicer(aggregator_pb2_grpc.AggregatorServiceServicer):
         self.run = run
         self.track_worker = track_worker
         cfg = run.cfg
-        self.allow = AllowList(cfg.allowed_worker_ids, getattr(cfg, "allowed_workers_file", None))
+        self.allow_list = AllowList(
+            cfg.allowed_worker_ids, getattr(cfg, "allowed_workers_file", None)
+        )
+        self.owners = SiteOwners(
+            getattr(cfg, "site_owners", None),
+            getattr(cfg, "site_owners_file", None),
+            run.registry.num_sites,
+        )
+        # the owners map admits only the workers it names, besides the allow-list's own rule
+        self.allow = all_of(self.allow_list, self.owners.verdict)
+        if getattr(cfg, "tls", False) and not self.owners.active:
+            logger.warning(
+                "sites are first-come: set POWERTRIP_SITE_OWNERS to bind them to worker "
+                "identities (any worker certificate can claim any free site)"
+            )
 
     def _check(self, context: grpc.ServicerContext, worker_id: str, method: str) -> None:
         check_worker(context, worker_id, self.allow, SERVICE, method)
@@ -61,15 +76,19 @@ class AggregatorServicer(aggregator_pb2_grpc.AggregatorServiceServicer):
     def RegisterWorker(  # noqa: N802 - gRPC method name
         self, request: aggregator_pb2.RegisterWorkerRequest, context: grpc.ServicerContext
     ) -> aggregator_pb2.RegisterWorkerResponse:
-        self._check(context, request.worker_id, "RegisterWorker")
+        # the allow-list only: off the owners map, the refusal below names the sites
+        check_worker(context, request.worker_id, self.allow_list, SERVICE, "RegisterWorker")
         for s in request.site_ids:
             require_id(SERVICE, "RegisterWorker", s, "site id")
         try:
             sites = [site_index(s) for s in request.site_ids]
         except ValueError as exc:
             raise BadRequest(str(exc)) from None
+        refusal = self.owners.refusal(request.worker_id, sites)
+        if refusal is not None:
+            raise deny(SERVICE, "RegisterWorker", "site_not_assigned", refusal)
         worker, changed = self.run.registry.register(
-            request.worker_id, request.address, sites, request.ready
+            request.worker_id, request.address, sites, request.ready, self.owners.active
         )
         metrics.REGISTERED_SITES.set(self.run.registry.site_count)
         if not changed:  # a heartbeat from a worker we know
@@ -123,11 +142,12 @@ class AggregatorServicer(aggregator_pb2_grpc.AggregatorServiceServicer):
         expected = specs_of(self.run.executor.params)
         rx = CountedReceiver(expected)  # powertrip_update_streams_open while it lives
         try:
+            # the weight is checked against what this round assigned the site before a byte of
+            # the update is read (R26)
+            bad_weight = collector.weight_problem(site, head.num_samples)
+            if bad_weight is not None:
+                raise StreamError("bad_weight", bad_weight)
             rx.consume(request_iterator)
-            if not (math.isfinite(head.num_samples) and head.num_samples > 0):
-                raise StreamError(
-                    "bad_weight", f"num_samples must be finite and > 0, got {head.num_samples}"
-                )
         except StreamError as exc:
             rx.close()
             collector.fail(site, exc.reason)

@@ -145,7 +145,7 @@ def test_bad_updates_are_rejected_and_the_round_continues_with_the_others(stub, 
             "dtype",
         ),
         ("not its worker", {"site": 2, "worker": "w-a"}, C.INVALID_ARGUMENT, "hosted by"),
-        ("zero weight", {"site": 0, "samples": 0.0}, C.INVALID_ARGUMENT, "num_samples"),
+        ("zero weight", {"site": 0, "samples": 0.0}, C.INVALID_ARGUMENT, "weight"),
         ("infinite weight", {"site": 0, "samples": float("inf")}, C.INVALID_ARGUMENT, "finite"),
     ]
     for what, kwargs, code, words in bad:
