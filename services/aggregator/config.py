@@ -96,6 +96,12 @@ class AggregatorConfig(ServiceConfig, CurtailSettings, DeviceSettings):
     # holder of a certificate from the CA, under its own name).
     allowed_workers: str | None = None
     allowed_workers_file: str | None = None  # one id per line; re-read on change
+    # Which sites each worker id may host, "w0=0-3;w1=4-7" (site lists as in POWERTRIP_SITES),
+    # or a file of "w0: 0-3" lines re-read on change; one or the other. A claim of a site not
+    # assigned to the claimant is refused, and only the workers named may join. Unset: sites
+    # are first-come (docs/site-ownership.md).
+    site_owners: str | None = None
+    site_owners_file: str | None = None
 
     @property
     def lease_s(self) -> float:
@@ -144,6 +150,34 @@ class AggregatorConfig(ServiceConfig, CurtailSettings, DeviceSettings):
                 "POWERTRIP_WORKLOAD=lm has no labels to split by: POWERTRIP_PARTITION=iid"
             )
         return self
+
+    @field_validator("site_owners", "site_owners_file", mode="before")
+    @classmethod
+    def _empty_owners_is_unset(cls, v: object) -> object:
+        return v or None
+
+    @model_validator(mode="after")
+    def _site_owners_are_valid(self) -> AggregatorConfig:
+        # At start, sites checked against the run's size: a typo is exit 2 naming the entry,
+        # not a worker refused later. (A bad later edit of the file keeps the last good map.)
+        if self.site_owners or self.site_owners_file:
+            from services.aggregator.site_owners import SiteOwners  # lazily: it imports grpc
+
+            SiteOwners(self.site_owners, self.site_owners_file, self._run_sites())
+        return self
+
+    def _run_sites(self) -> int | None:
+        """The run's site count, where the settings alone tell it."""
+        if self.num_sites:
+            return self.num_sites
+        try:
+            if self.mode == "curtailment":
+                c = self.curtailment()
+                return len(c.regions) * c.sites_per_region if c.regions else None
+            lm_iid = "iid" if self.workload == "lm" else None
+            return self._build(self.partition or lm_iid).num_sites
+        except ValueError:  # the run's own checks report it
+            return None
 
     @model_validator(mode="after")
     def _curtailment_runs_on_the_emulated_clock(self) -> AggregatorConfig:

@@ -51,12 +51,20 @@ class WorkerRegistry:
         self._lock = threading.Lock()
 
     def register(
-        self, worker_id: str, address: str, sites: Sequence[int], ready: bool = True
+        self,
+        worker_id: str,
+        address: str,
+        sites: Sequence[int],
+        ready: bool = True,
+        entitled: bool = False,
     ) -> tuple[Worker, bool]:
         """Add or replace a worker (a restarted worker re-registers under its id).
 
         Returns (worker, changed): workers re-register periodically as a heartbeat, so that an
         aggregator restarted from a checkpoint finds them again; ``changed`` is False for those.
+        A site another worker holds is Duplicate, unless that worker's lease has run out (the
+        squatter went away) or the claimant is ``entitled`` (the site owners map assigns it
+        the sites): then the site moves, so the rightful worker is never locked out.
         """
         if not worker_id or not address:
             raise BadRequest("registration needs worker_id and address")
@@ -66,11 +74,18 @@ class WorkerRegistry:
         if outside:
             raise NotFound(f"sites {outside} are not in this run ({self.num_sites} sites)")
         with self._lock:
+            now = self._clock()
+            moved: dict[int, str] = {}
             for s in sites:
                 owner = self._site_owner.get(s)
-                if owner is not None and owner != worker_id:
+                if owner is None or owner == worker_id:
+                    continue
+                if not entitled and self._alive(owner, now):
                     raise Duplicate(f"{site_id(s)} is already hosted by worker {owner!r}")
-            self._last_seen[worker_id] = self._clock()  # any registration renews the lease
+                moved[s] = owner
+            for s, owner in moved.items():
+                self._release(s, owner, worker_id, entitled)
+            self._last_seen[worker_id] = now  # any registration renews the lease
             if worker_id in self._offline:
                 self._offline.discard(worker_id)
                 logger.info("worker %s is back (heartbeat received)", worker_id)
@@ -87,6 +102,20 @@ class WorkerRegistry:
                 self._site_owner[s] = worker_id
             self._publish()
             return worker, True
+
+    def _release(self, site: int, owner: str, to: str, entitled: bool) -> None:
+        """Take ``site`` from ``owner`` (under the lock); a worker left with no site is gone."""
+        old = self._workers[owner]
+        rest = tuple(s for s in old.sites if s != site)
+        del self._site_owner[site]
+        if rest:
+            self._workers[owner] = replace(old, sites=rest)
+        else:
+            del self._workers[owner]
+            self._last_seen.pop(owner, None)
+            self._offline.discard(owner)
+        why = "assigned to it" if entitled else f"{owner!r}'s lease ran out"
+        logger.warning("%s moves from worker %r to %r (%s)", site_id(site), owner, to, why)
 
     # -- leases --------------------------------------------------------------------------
     def _alive(self, worker_id: str, now: float) -> bool:

@@ -82,6 +82,12 @@ class ClusterPlan:
         bounds = [round(i * self.sites / self.workers) for i in range(self.workers + 1)]
         return [f"{bounds[i]}-{bounds[i + 1] - 1}" for i in range(self.workers)]
 
+    def site_owners(self) -> str:
+        """The aggregator's POWERTRIP_SITE_OWNERS: each worker bound to its ``site_ranges``, so
+        no other certificate can claim them first (docs/site-ownership.md)."""
+        pairs = zip(self.worker_ids, self.site_ranges(), strict=True)
+        return ";".join(f"{wid}={sites}" for wid, sites in pairs)
+
 
 class LocalCluster:
     def __init__(self, plan: ClusterPlan) -> None:
@@ -174,6 +180,7 @@ class LocalCluster:
             round_deadline_s=p.round_deadline_s,
             checkpoint_dir=p.checkpoint_dir or "",
             registration_timeout_s=300,
+            site_owners=p.site_owners(),
             device=p.device,
             **bind,
         )

@@ -103,7 +103,9 @@ def check_worker(
 ) -> None:
     """Raise unless the caller may act as ``claimed_id``.
 
-    Over TLS the certificate CN must equal the claim. ``admitted`` is the allow-list: a
+    A service identity (``SERVICES``) never hosts sites, as the certificate's CN or as the
+    claim: ``wrong_role``, so a leaked operator certificate cannot join a run as a worker. Over
+    TLS the certificate CN must equal the claim. ``admitted`` is the allow-list: a
     collection of ids, or a function returning None (admitted) or the refusal reason
     (``not_allowed`` / ``revoked``, see ``AllowList.verdict``). Plaintext servers skip the
     certificate check (nothing to read) but still apply the allow-list and the id rules.
@@ -113,6 +115,9 @@ def check_worker(
         raise BadRequest(f"{method} needs a worker_id")
     require_id(service, method, claimed_id)
     cn = caller_identity(context)
+    role = cn if cn in SERVICES else claimed_id if claimed_id in SERVICES else None
+    if role is not None:
+        raise deny(service, method, "wrong_role", f"the {role} identity cannot host sites")
     if cn is not None and cn != claimed_id:
         raise deny(
             service,

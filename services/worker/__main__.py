@@ -6,6 +6,10 @@ import logging
 import sys
 import threading
 import time
+from collections.abc import Callable
+from typing import TypeGuard
+
+import grpc
 
 from powertrip.curtailment.config import CurtailmentConfig
 from powertrip.experiment import ExperimentConfig
@@ -28,6 +32,51 @@ from services.worker.uploader import GrpcUploader
 
 logger = logging.getLogger("services.worker")
 SERVICE = "powertrip.v1.WorkerService"
+#: registration refusals a worker waits out instead of exiting: a supervisor restarting it would
+#: change nothing, while the operator may fix the site owners map or a squatter may go away
+REFUSED = (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.ALREADY_EXISTS)
+
+
+class RefusalLog:
+    """Logs each distinct refusal once (a refused worker retries every few seconds, for hours)."""
+
+    def __init__(self, limit: int = 64) -> None:
+        self.seen: set[str] = set()
+        self.limit = limit
+
+    def __call__(self, what: str, exc: grpc.RpcError, retry_s: float) -> None:
+        message = f"{exc.code().name}: {exc.details()}"
+        if message in self.seen:
+            return
+        if len(self.seen) >= self.limit:
+            self.seen.clear()
+        self.seen.add(message)
+        logger.error(
+            "%s refused by the aggregator (%s); retrying every %g s", what, message, retry_s
+        )
+
+
+def refused(exc: BaseException) -> TypeGuard[grpc.RpcError]:
+    return isinstance(exc, grpc.RpcError) and exc.code() in REFUSED
+
+
+def join(
+    register: Callable[[bool], aggregator_pb2.RegisterWorkerResponse], ready: bool, retry_s: float
+) -> aggregator_pb2.RegisterWorkerResponse:
+    """Register, waiting out refusals (one line each) without exiting; other errors raise."""
+    log = RefusalLog()
+    while True:
+        try:
+            reply = register(ready)
+        except grpc.RpcError as exc:
+            if not refused(exc):
+                raise
+            log("registration", exc, retry_s)
+            time.sleep(retry_s)
+            continue
+        if log.seen:
+            logger.info("registration accepted after %d refusal message(s)", len(log.seen))
+        return reply
 
 
 def main() -> int:
@@ -69,15 +118,15 @@ def main() -> int:
             timeout=cfg.rpc_timeout_s,
         )
 
-    try:
-        reply = register(ready=False)  # the run configuration first; rounds wait for ready
+    try:  # refused: NOT_SERVING (serve() not reached) and retrying, so no restart loop
+        reply = join(register, False, cfg.heartbeat_s)  # the run config first; rounds wait
         if reply.mode == "curtailment":
             curtail = CurtailmentConfig.model_validate_json(reply.curtail_config_json)
             runner.start(StreamHost(curtail, cfg.site_indices, device))
         else:
             run_cfg = ExperimentConfig.model_validate_json(reply.run_config_json)
             runner.start(SitesHost(run_cfg, reply.run_seed, cfg.site_indices, device))
-        register(ready=True)
+        join(register, True, cfg.heartbeat_s)
     except Exception as exc:
         logger.error("cannot join the run at %s: %s", cfg.aggregator_addr, exc)
         server.stop(grace=None)
@@ -86,11 +135,16 @@ def main() -> int:
     stopping = threading.Event()
 
     def heartbeat() -> None:
+        refusals = RefusalLog()
         while not stopping.wait(cfg.heartbeat_s):
             try:
                 register()
+                refusals.seen.clear()
             except Exception as exc:  # keep beating: the aggregator may come back
-                logger.warning("heartbeat to %s failed: %s", cfg.aggregator_addr, exc)
+                if refused(exc):  # revoked, or its sites reassigned: once, not every beat
+                    refusals("heartbeat", exc, cfg.heartbeat_s)
+                else:
+                    logger.warning("heartbeat to %s failed: %s", cfg.aggregator_addr, exc)
 
     threading.Thread(target=heartbeat, name="heartbeat", daemon=True).start()
 
