@@ -24,6 +24,9 @@ from services.cli.launcher import ClusterPlan, LaunchError, LocalCluster
 from services.cli.service_process import Service
 
 AT_LEAST_1 = click.IntRange(min=1)
+#: each local worker is a process holding torch (~0.3 GB): beyond this a laptop or CI box swaps
+#: long before the run starts, and minting a certificate per worker would take minutes first
+MAX_LOCAL_WORKERS = 256
 POSITIVE = click.FloatRange(0, min_open=True)
 ACCURACY = click.FloatRange(0, 1, min_open=True)  # (0, 1]
 
@@ -61,7 +64,14 @@ def write_scrape_config(path: Path, services: Iterable[Service]) -> Path:
 
 
 @click.command()
-@click.option("--workers", type=AT_LEAST_1, default=3, show_default=True, help="Worker processes.")
+@click.option(
+    "--workers",
+    type=click.IntRange(1, MAX_LOCAL_WORKERS),
+    default=3,
+    show_default=True,
+    help=f"Worker processes on this machine (at most {MAX_LOCAL_WORKERS}: each is a Python "
+    "process with its own torch; checked before any certificate is minted).",
+)
 @click.option(
     "--sites", type=AT_LEAST_1, default=12, show_default=True, help="Sites, split over workers."
 )

@@ -115,6 +115,8 @@ def test_curtail_refuses_values_that_never_end(args, flag, tmp_path):
         (["--target", "0"], "--target"),
         (["--timeout", "-1"], "--timeout"),
         (["--workers", "0"], "--workers"),
+        # a machine's worth of processes at most: nothing is minted for 100,000 first
+        (["--workers", "100000", "--sites", "100000"], "--workers"),
         (["--k-star", "0"], "--k-star"),
         (["--samples", "10"], "--samples"),
         (["--curtail-preset", "nope"], "--curtail-preset"),
