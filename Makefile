@@ -60,3 +60,15 @@ certs: $(VENV)/.installed
 	$(VENV)/bin/powertrip certs --out certs --workers $(COMPOSE_WORKERS) \
 	  --host powertrip-aggregator --host powertrip-profiler
 	chmod 700 certs && chmod 644 certs/*.key
+
+# Grafana's admin password for compose.yaml (a compose file secret; Grafana has no anonymous
+# access): a random one in ./secrets (git-ignored), kept if it already exists. Compose
+# bind-mounts the file as it is, so it is readable by Grafana's UID 472 (0644) inside a folder
+# only you can open (0700). Grafana reads it when it first creates its database: after a change,
+# `docker compose down -v` (drops the dashboards' state too) or reset it in Grafana.
+.PHONY: grafana-secret
+grafana-secret:
+	mkdir -p secrets && chmod 700 secrets
+	[ -s secrets/grafana-admin-password ] || (umask 022 && openssl rand -base64 24 \
+	  > secrets/grafana-admin-password)
+	chmod 644 secrets/grafana-admin-password
