@@ -24,7 +24,7 @@ TORCH_INDEX := $(if $(NVIDIA_DRIVER),$(shell [ $(NVIDIA_DRIVER) -lt 580 ] \
 endif
 OUTPUT ?= results/quick
 
-.PHONY: experiment test lint clean certs
+.PHONY: experiment test lint clean certs certs-renew certs-modes
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -50,16 +50,24 @@ test: $(VENV)/.installed-extras
 clean:
 	rm -rf $(VENV) results
 
-# Certificates for compose.yaml's mutual TLS (deploy/README.md "Security"): a fresh throw-away CA
-# and one pair per service in ./certs (git-ignored), named after the services' identities; the
-# names the services dial are on every certificate. Re-run to rotate, then restart the stack.
-# Compose bind-mounts the files as they are, so the keys are made readable by the containers'
+# Certificates for compose.yaml's mutual TLS (deploy/README.md "Security"): the cluster's CA
+# (ca.pem, and ca.key that signs: it stays here, owner-only, and is mounted nowhere) and one pair
+# per identity in ./certs (git-ignored). Peers are verified by identity name, so no host names
+# are needed. Re-running adds missing workers; `make certs-renew` re-issues every pair from the
+# same CA, and the running services pick the new files up without a restart. Compose
+# bind-mounts the files as they are, so the services' keys are made readable by the containers'
 # UID 10001 (0644) and the folder private to you (0700).
 COMPOSE_WORKERS ?= worker-eu-west,worker-us-east,worker-ap-south
 certs: $(VENV)/.installed
-	$(VENV)/bin/powertrip certs --out certs --workers $(COMPOSE_WORKERS) \
-	  --host powertrip-aggregator --host powertrip-profiler
-	chmod 700 certs && chmod 644 certs/*.key
+	$(VENV)/bin/powertrip certs --out certs --workers $(COMPOSE_WORKERS)
+	$(MAKE) --no-print-directory certs-modes
+
+certs-renew: $(VENV)/.installed
+	$(VENV)/bin/powertrip certs --out certs --renew
+	$(MAKE) --no-print-directory certs-modes
+
+certs-modes:
+	chmod 700 certs && chmod 644 certs/*.key && chmod 600 certs/ca.key
 
 # Grafana's admin password for compose.yaml (a compose file secret; Grafana has no anonymous
 # access): a random one in ./secrets (git-ignored), kept if it already exists. Compose

@@ -21,6 +21,7 @@ from services.common.config import ConfigError, load_config
 from services.common.fault_points import armed_faults
 from services.common.grpc_client import make_channel, retry_idempotent
 from services.common.grpc_server import build_server, serve
+from services.common.identity import PROFILER
 from services.common.logging import configure
 from services.common.memory import pin_mmap_threshold
 from services.common.metrics import start_metrics_server
@@ -57,7 +58,7 @@ def main() -> int:
     except NoUsableCheckpoint as exc:  # a crash loop would not fix it: say so once, exit
         logger.error("%s", exc)
         return 3
-    profiler = profiler_pb2_grpc.ProfilerServiceStub(make_channel(cfg.profiler_addr, cfg))
+    profiler = profiler_pb2_grpc.ProfilerServiceStub(make_channel(cfg.profiler_addr, cfg, PROFILER))
 
     @retry_idempotent(max_seconds=60)
     def track_worker(worker_id: str, address: str, sites: list[str]) -> None:

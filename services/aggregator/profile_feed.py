@@ -36,6 +36,7 @@ from powertrip.v1 import profiler_pb2, profiler_pb2_grpc
 from services.aggregator import metrics
 from services.aggregator.config import AggregatorConfig
 from services.common.grpc_client import make_channel, retry_idempotent
+from services.common.identity import PROFILER
 from services.common.wire import from_availability_reply
 
 logger = logging.getLogger(__name__)
@@ -56,7 +57,8 @@ class ProfileFeed:
     ) -> None:
         self.cfg = cfg
         self.num_sites = num_sites
-        self._stub = profiler_pb2_grpc.ProfilerServiceStub(make_channel(cfg.profiler_addr, cfg))
+        channel = make_channel(cfg.profiler_addr, cfg, PROFILER)
+        self._stub = profiler_pb2_grpc.ProfilerServiceStub(channel)
         self._stop = stop or threading.Event()
         self._clock = clock
         self._last: SiteProfile | None = None

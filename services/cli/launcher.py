@@ -23,6 +23,7 @@ from services.cli.netns_topology import Topology
 from services.cli.service_process import LaunchError, Service, start_service
 from services.common.config import ServiceConfig, load_config
 from services.common.grpc_client import make_channel
+from services.common.identity import AGGREGATOR
 
 __all__ = ["ClusterPlan", "LaunchError", "LocalCluster", "Service"]
 
@@ -149,14 +150,8 @@ class LocalCluster:
                 self.topology.sites,
             )
         bind = {"bind_host": "0.0.0.0"} if hub_ns else {}
-        if p.tls_path is not None:
-            hosts_of: dict[str, list[str]] = {}
-            if worker_links is not None:  # each certificate names the addresses it is dialled at
-                hub_side = [hub_host, *(hub_addr for _, _, hub_addr in worker_links)]
-                hosts_of = {"aggregator": hub_side, "profiler": hub_side}
-                for wid, (_, addr, _) in zip(p.worker_ids, worker_links, strict=True):
-                    hosts_of[wid] = [addr]
-            mint_cluster(p.tls_path, p.worker_ids, hosts_of=hosts_of)
+        if p.tls_path is not None:  # peers are verified by identity name, not by address
+            mint_cluster(p.tls_path, p.worker_ids)
         prof = self._spawn(
             "profiler", "profiler", self._env("profiler", **bind), 60, hub_ns, hub_host
         )
@@ -240,7 +235,7 @@ class LocalCluster:
         if self.plan.tls_path is None:
             return grpc.insecure_channel(address)
         cfg = load_config(ServiceConfig, tls_env(self.plan.tls_path, "operator"))
-        return make_channel(address, cfg)
+        return make_channel(address, cfg, AGGREGATOR)
 
     def wait_done(
         self,

@@ -103,6 +103,7 @@ class ServiceConfig(BaseModel):
             for n in names:
                 if not Path(getattr(self, n)).is_file():
                     raise ValueError(f"{env_name(n)}={getattr(self, n)!r}: no such file")
+            _usable_certificate(self.tls_cert_path, self.tls_key_path, self.tls_ca_path)
         elif not self.insecure:
             raise ValueError(NO_TLS)
         return self
@@ -110,6 +111,17 @@ class ServiceConfig(BaseModel):
     @property
     def tls(self) -> bool:
         return self.tls_cert_path is not None
+
+
+def _usable_certificate(cert: str | None, key: str | None, ca: str | None) -> None:
+    """An expired, not yet valid (clock skew), foreign-CA or mismatched certificate fails at
+    start with one line, rather than as "Socket closed" at the peer's first handshake."""
+    from services.common.cert_check import local_problem  # lazily: cryptography
+
+    assert cert and key and ca
+    problem = local_problem(cert, key, ca)
+    if problem:
+        raise ValueError(f"{env_name('tls_cert_path')}={cert!r}: {problem}")
 
 
 C = TypeVar("C", bound=ServiceConfig)

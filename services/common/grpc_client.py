@@ -19,18 +19,36 @@ from tenacity import (
 
 from services.common.config import ServiceConfig
 from services.common.grpc_options import BACKOFF_CAP_S, client_options
-from services.common.tls import channel_credentials
+from services.common.tls_channel import IdentityChannel, TlsRefused
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-def make_channel(address: str, cfg: ServiceConfig) -> grpc.Channel:
-    """A channel with the shared options; mutual TLS when ``cfg`` has TLS settings."""
-    creds = channel_credentials(cfg)
-    if creds is None:
+def make_channel(
+    address: str, cfg: ServiceConfig, server_identity: str | None = None
+) -> grpc.Channel:
+    """A channel with the shared options; mutual TLS when ``cfg`` has TLS settings.
+
+    Over TLS the server must prove it is ``server_identity`` (``identity.AGGREGATOR``,
+    ``PROFILER`` or a worker id), whatever ``address`` says: any certificate of the cluster's CA
+    would otherwise pass for any peer. The channel follows rotated certificate files and names
+    the reason of a refused handshake (``tls_channel``). Plaintext channels check nothing, so
+    only they may leave ``server_identity`` out.
+    """
+    if not cfg.tls:
         return grpc.insecure_channel(address, options=client_options(cfg))
-    return grpc.secure_channel(address, creds, options=client_options(cfg))
+    if not server_identity:
+        raise ValueError(f"a TLS channel to {address} needs the identity the server must prove")
+    assert cfg.tls_cert_path and cfg.tls_key_path and cfg.tls_ca_path
+    return IdentityChannel(
+        address,
+        server_identity,
+        cfg.tls_cert_path,
+        cfg.tls_key_path,
+        cfg.tls_ca_path,
+        client_options(cfg),
+    )
 
 
 #: what a server over its POWERTRIP_MAX_CONCURRENT_RPCS answers (grpcio's own text): busy, not
@@ -42,15 +60,16 @@ def is_unavailable(exc: BaseException) -> bool:
     """Transient, worth a retry: UNAVAILABLE, or a server at its concurrency limit.
 
     A failed TLS handshake is also UNAVAILABLE but will fail the same way every time (wrong CA,
-    expired certificate), so it is not retried, like Flower's ``_should_giveup_fn``. (A server
-    rejecting *our* certificate shows only as "Socket closed", which cannot be told from a
-    transient drop, so that case is still retried.)"""
-    if not isinstance(exc, grpc.RpcError):
+    expired certificate, a server that is not who we dialled), so it is not retried, like
+    Flower's ``_should_giveup_fn``. A server rejecting *our* certificate shows in gRPC only as
+    "Socket closed"; ``make_channel``'s channels diagnose that and raise ``TlsRefused``."""
+    if not isinstance(exc, grpc.RpcError) or isinstance(exc, TlsRefused):
         return False
     details = ((exc.details() if hasattr(exc, "details") else "") or "").lower()
     if exc.code() is grpc.StatusCode.RESOURCE_EXHAUSTED:
         return CONCURRENCY_LIMIT in details
-    return exc.code() is grpc.StatusCode.UNAVAILABLE and "handshake failed" not in details
+    permanent = ("handshake failed", "verification check failed")
+    return exc.code() is grpc.StatusCode.UNAVAILABLE and not any(p in details for p in permanent)
 
 
 def retry_idempotent(

@@ -67,7 +67,7 @@ class LinkProber:
             old = self._workers.pop(worker_id, None)
             if old is not None:
                 old.channel.close()
-            channel = make_channel(address, self._channel_cfg)
+            channel = make_channel(address, self._channel_cfg, worker_id)
             self._workers[worker_id] = TrackedWorker(
                 address,
                 sites,

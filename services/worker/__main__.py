@@ -20,6 +20,7 @@ from services.common.config import ConfigError, load_config
 from services.common.fault_points import armed_faults
 from services.common.grpc_client import make_channel, retry_idempotent
 from services.common.grpc_server import build_server, serve
+from services.common.identity import AGGREGATOR
 from services.common.logging import configure
 from services.common.metrics import start_metrics_server
 from services.common.tensor_stream import DEFAULT_CHUNK_BYTES
@@ -93,7 +94,7 @@ def main() -> int:
 
     torch.set_num_threads(cfg.train_threads)
     metrics_port = start_metrics_server(cfg.metrics_port, cfg.bind_host)
-    channel = make_channel(cfg.aggregator_addr, cfg)
+    channel = make_channel(cfg.aggregator_addr, cfg, AGGREGATOR)
     stub = aggregator_pb2_grpc.AggregatorServiceStub(channel)
     runner = RoundRunner(GrpcUploader(channel, cfg.worker_id, DEFAULT_CHUNK_BYTES))
     servicer = WorkerServicer(runner, cfg.site_indices)

@@ -108,7 +108,8 @@ def bench(tmp_path_factory):
 def operator_channel(b: Bench, address: str) -> grpc.Channel:
     tls_dir = b.cluster.plan.tls_dir
     assert tls_dir is not None
-    return make_channel(address, load_config(ServiceConfig, tls_env(tls_dir, "operator")))
+    cfg = load_config(ServiceConfig, tls_env(tls_dir, "operator"))
+    return make_channel(address, cfg, "aggregator")
 
 
 def watch_readiness(b: Bench, log_from: int, seen: dict) -> threading.Thread:

@@ -38,6 +38,7 @@ from services.common.config import ConfigError, ServiceConfig, load_config
 from services.common.errors import NotFound
 from services.common.grpc_client import make_channel
 from services.common.grpc_server import build_server, set_serving
+from services.common.identity import AGGREGATOR, PROFILER
 from services.profiler.catalogue import SiteCatalogue
 from services.profiler.config import ProfilerConfig
 from services.profiler.servicer import LinkProber, ProfilerServicer
@@ -66,8 +67,9 @@ def serve(register, cfg: ServiceConfig, names=()) -> tuple[grpc.Server, str]:
     return server, f"127.0.0.1:{port}"
 
 
-def channel(address: str, pki: Path, name: str) -> grpc.Channel:
-    return make_channel(address, load_config(ServiceConfig, tls_env(pki, name)))
+def channel(address: str, pki: Path, name: str, server: str) -> grpc.Channel:
+    """A channel presenting ``name``'s certificate to a server that must prove it is ``server``."""
+    return make_channel(address, load_config(ServiceConfig, tls_env(pki, name)), server)
 
 
 def refusal(call) -> tuple[grpc.StatusCode, str]:
@@ -112,7 +114,7 @@ def aggregator(pki, allow_file):
 
 
 def agg_stub(address: str, pki: Path, name: str) -> aggregator_pb2_grpc.AggregatorServiceStub:
-    return aggregator_pb2_grpc.AggregatorServiceStub(channel(address, pki, name))
+    return aggregator_pb2_grpc.AggregatorServiceStub(channel(address, pki, name, AGGREGATOR))
 
 
 def register(stub, worker_id: str, sites: list[str]) -> aggregator_pb2.RegisterWorkerResponse:
@@ -194,13 +196,13 @@ def test_a_worker_certificate_claiming_another_worker_registers_and_submits_noth
 @pytest.mark.reliability("R15")
 def test_only_the_aggregator_may_start_a_round_on_a_worker(worker, pki):
     address, runner = worker
-    as_w1 = worker_pb2_grpc.WorkerServiceStub(channel(address, pki, "w1"))
+    as_w1 = worker_pb2_grpc.WorkerServiceStub(channel(address, pki, "w1", "w0"))
     n = denied("WorkerService", "StartRound", "wrong_role")
     code, details = refusal(lambda: as_w1.StartRound(round_stream(["site-000"]), timeout=5))
     assert code == C.PERMISSION_DENIED and "'w1'" in details
     assert denied("WorkerService", "StartRound", "wrong_role") == n + 1
     assert runner._pending is None and runner.completed_rounds == 0  # nothing queued
-    as_aggregator = worker_pb2_grpc.WorkerServiceStub(channel(address, pki, "aggregator"))
+    as_aggregator = worker_pb2_grpc.WorkerServiceStub(channel(address, pki, "aggregator", "w0"))
     code, _ = refusal(lambda: as_aggregator.StartRound(round_stream(["site-000"]), timeout=5))
     assert code == C.RESOURCE_EXHAUSTED  # past the identity check: the sites are not loaded
 
@@ -210,9 +212,9 @@ def test_only_the_aggregator_and_the_profiler_may_probe_a_worker(worker, pki):
     address, _ = worker
     ping = worker_pb2.PingRequest(payload=b"x")
     for name in ("aggregator", "profiler"):
-        stub = worker_pb2_grpc.WorkerServiceStub(channel(address, pki, name))
+        stub = worker_pb2_grpc.WorkerServiceStub(channel(address, pki, name, "w0"))
         assert stub.Ping(ping, timeout=5).payload == b"x"
-    as_w1 = worker_pb2_grpc.WorkerServiceStub(channel(address, pki, "w1"))
+    as_w1 = worker_pb2_grpc.WorkerServiceStub(channel(address, pki, "w1", "w0"))
     assert refusal(lambda: as_w1.Ping(ping, timeout=5))[0] == C.PERMISSION_DENIED
     probe = worker_pb2.ProbeBandwidthRequest(total_bytes=1 << 16)
     assert refusal(lambda: list(as_w1.ProbeBandwidth(probe, timeout=5)))[0] == C.PERMISSION_DENIED
@@ -221,7 +223,7 @@ def test_only_the_aggregator_and_the_profiler_may_probe_a_worker(worker, pki):
 @pytest.mark.reliability("R15")
 def test_a_worker_certificate_cannot_make_the_profiler_probe(profiler, pki):
     address, prober = profiler
-    as_w1 = profiler_pb2_grpc.ProfilerServiceStub(channel(address, pki, "w1"))
+    as_w1 = profiler_pb2_grpc.ProfilerServiceStub(channel(address, pki, "w1", PROFILER))
     for worker_ids in ([], ["w0"]):  # empty = "probe everyone"
         code, _ = refusal(
             lambda ids=worker_ids: as_w1.MeasureLinks(
@@ -233,7 +235,9 @@ def test_a_worker_certificate_cannot_make_the_profiler_probe(profiler, pki):
     track = profiler_pb2.TrackWorkerRequest(worker_id="w1", address="127.0.0.1:9")
     assert refusal(lambda: as_w1.TrackWorker(track, timeout=5))[0] == C.PERMISSION_DENIED
     assert not prober.is_tracked("w1")
-    as_aggregator = profiler_pb2_grpc.ProfilerServiceStub(channel(address, pki, "aggregator"))
+    as_aggregator = profiler_pb2_grpc.ProfilerServiceStub(
+        channel(address, pki, "aggregator", PROFILER)
+    )
     as_aggregator.MeasureLinks(profiler_pb2.MeasureLinksRequest(worker_ids=["w0"]), timeout=10)
     assert prober.link("w0").probes == 1  # the same call from the aggregator probes
 
@@ -242,9 +246,9 @@ def test_profiles_are_readable_by_the_operator_and_tracked_workers_only(profiler
     address, _ = profiler
     request = profiler_pb2.GetSiteProfilesRequest(time_seconds=0)
     for name in ("aggregator", "operator", "w0"):  # w0 is tracked
-        stub = profiler_pb2_grpc.ProfilerServiceStub(channel(address, pki, name))
+        stub = profiler_pb2_grpc.ProfilerServiceStub(channel(address, pki, name, PROFILER))
         assert len(stub.GetSiteProfiles(request, timeout=5).sites) == 6
-    as_w2 = profiler_pb2_grpc.ProfilerServiceStub(channel(address, pki, "w2"))
+    as_w2 = profiler_pb2_grpc.ProfilerServiceStub(channel(address, pki, "w2", PROFILER))
     assert refusal(lambda: as_w2.GetSiteProfiles(request, timeout=5))[0] == C.PERMISSION_DENIED
 
 
@@ -341,7 +345,7 @@ def test_a_malformed_worker_id_is_invalid_and_registers_nothing(aggregator, pki,
 
 def test_a_malformed_id_is_refused_by_track_worker_certs_and_worker_config(profiler, pki):
     address, prober = profiler
-    stub = profiler_pb2_grpc.ProfilerServiceStub(channel(address, pki, "aggregator"))
+    stub = profiler_pb2_grpc.ProfilerServiceStub(channel(address, pki, "aggregator", PROFILER))
     track = profiler_pb2.TrackWorkerRequest(worker_id="w\n1", address="127.0.0.1:9")
     assert refusal(lambda: stub.TrackWorker(track, timeout=5))[0] == C.INVALID_ARGUMENT
     assert not prober.is_tracked("w\n1")
