@@ -41,10 +41,11 @@ DATASET_COMPONENT = K8S / "components" / "dataset"
 DATASET_ENV = DATASET_COMPONENT / "dataset.env"
 DATASET_VARIANT = REPO / "deploy" / "variants" / "dataset"
 COMPOSE_DATASET = REPO / "compose.dataset.yaml"
-# Mutual TLS is on by default; plaintext only through an explicit variant / override, and
-# cert-manager (Certificates + csi-driver) as the production way to get the certificates.
+# Mutual TLS is on by default, with certificates from cert-manager (Certificates + csi-driver);
+# plaintext only through an explicit variant / override; static Secrets (one StatefulSet per
+# worker, so one key per pod) for clusters without cert-manager.
 INSECURE_VARIANT = REPO / "deploy" / "variants" / "insecure"
-CERT_MANAGER_VARIANT = REPO / "deploy" / "variants" / "cert-manager"
+STATIC_TLS_VARIANT = REPO / "deploy" / "variants" / "static-tls"
 COMPOSE_INSECURE = REPO / "compose.insecure.yaml"
 #: Every way to deploy: kustomization root, and compose files in ``-f`` order.
 K8S_VARIANTS = {
@@ -53,7 +54,7 @@ K8S_VARIANTS = {
     "gpu": GPU_VARIANT,
     "dataset": DATASET_VARIANT,
     "insecure": INSECURE_VARIANT,
-    "cert-manager": CERT_MANAGER_VARIANT,
+    "static-tls": STATIC_TLS_VARIANT,
 }
 COMPOSE_VARIANTS = {
     "default": (COMPOSE,),
@@ -134,22 +135,62 @@ def strategic_merge(base: Any, patch: Any) -> Any:
     return patch
 
 
+def label_selector_matches(selector: str, labels: dict[str, str]) -> bool:
+    """A patch target's ``labelSelector``: comma-separated ``k=v``, ``k`` and ``!k`` terms."""
+    for term in filter(None, (s.strip() for s in selector.split(","))):
+        key, eq, value = term.partition("=")
+        if term.startswith("!"):
+            ok = term[1:] not in labels
+        else:
+            ok = key in labels and (not eq or labels[key] == value)
+        if not ok:
+            return False
+    return True
+
+
+def patch_hits(doc: dict[str, Any], target: dict[str, Any]) -> bool:
+    group = doc["apiVersion"].rpartition("/")[0]
+    return (
+        target.get("kind", doc["kind"]) == doc["kind"]
+        and target.get("name", doc["metadata"]["name"]) == doc["metadata"]["name"]
+        and target.get("group", group) == group
+        and label_selector_matches(
+            target.get("labelSelector", ""), doc["metadata"].get("labels", {})
+        )
+    )
+
+
+def add_labels(doc: dict[str, Any], pairs: dict[str, str], selectors: bool) -> None:
+    """kustomize ``labels``: on the object; with includeSelectors, also on a workload's selector
+    and pod template."""
+    doc["metadata"]["labels"] = {**doc["metadata"].get("labels", {}), **pairs}
+    if selectors and doc["kind"] in WORKLOAD_KINDS:
+        spec = doc["spec"]
+        spec["selector"]["matchLabels"] = {**spec["selector"].get("matchLabels", {}), **pairs}
+        template = spec["template"]["metadata"]
+        template["labels"] = {**template.get("labels", {}), **pairs}
+
+
 def render_kustomize_in_python(
     root: Path = K8S, docs: list[dict[str, Any]] | None = None
 ) -> list[dict[str, Any]]:
-    """What ``kustomize build`` emits, minus transformations (names, labels, images).
+    """What ``kustomize build`` emits, minus most transformations (images, namespaces, name
+    references, labels other than a selector's).
 
     Follows resources and components (a component works on what its parent has accumulated),
-    runs configMapGenerator (create, merge, replace) and strategic-merge patches, which is all
-    the structural checks need; used when kubectl is absent.
+    runs configMapGenerator (create, merge, replace), nameSuffix, selector labels and
+    strategic-merge patches (also ``$patch: delete``), which is all the structural checks need;
+    used when kubectl is absent.
     """
     kustomization = load_yaml(root / "kustomization.yaml")
     docs = [] if docs is None else docs
+    own: list[dict[str, Any]] = []
     for entry in kustomization.get("resources", []):
         path = root / entry
-        docs += (
+        own += (
             render_kustomize_in_python(path) if path.is_dir() else load_yaml_all(path.read_text())
         )
+    docs += own
     for entry in kustomization.get("components", []):
         docs = render_kustomize_in_python(root / entry, docs)
     for gen in kustomization.get("configMapGenerator", []):
@@ -165,19 +206,27 @@ def render_kustomize_in_python(
         else:
             existing = find(docs, "ConfigMap", gen["name"])
             existing["data"] = {**existing["data"], **data} if behavior == "merge" else data
+    for entry in kustomization.get("labels", []):
+        if entry.get("includeSelectors"):
+            for doc in docs:
+                add_labels(doc, entry["pairs"], selectors=True)
     for entry in kustomization.get("patches", []):
         patch = yaml.safe_load(
             entry["patch"] if "patch" in entry else (root / entry["path"]).read_text()
         )
         target = entry.get("target", {"kind": patch["kind"], "name": patch["metadata"]["name"]})
-        hits = [
-            i
-            for i, d in enumerate(docs)
-            if d["kind"] == target["kind"] and d["metadata"]["name"] == target["name"]
-        ]
+        hits = [i for i, d in enumerate(docs) if patch_hits(d, target)]
         assert hits, f"{root}: patch target {target} not found"
+        if patch.get("$patch") == "delete":
+            docs = [d for i, d in enumerate(docs) if i not in hits]
+            continue
+        patch["metadata"].pop("name", None)  # the target names what it patches
         for i in hits:
             docs[i] = strategic_merge(docs[i], patch)
+    # After the patches, which name resources as this kustomization loaded them.
+    if suffix := kustomization.get("nameSuffix"):
+        for doc in docs:
+            doc["metadata"]["name"] += suffix
     return docs
 
 
@@ -244,22 +293,35 @@ def _stand_in_dir() -> tempfile.TemporaryDirectory:
     return tempfile.TemporaryDirectory(prefix="powertrip-tls-stand-ins-")
 
 
+@functools.cache
+def _stand_in_pki() -> Path:
+    """A throw-away CA and one pair it signed (the loaders check that they match, not the
+    name): ca.pem, stand-in.pem, stand-in.key."""
+    from services.cli.certs import issue, new_ca, write_pair
+
+    root = Path(_stand_in_dir().name) / "pki"
+    root.mkdir()
+    ca = new_ca()
+    (root / "ca.pem").write_bytes(ca.pem)
+    write_pair(root, "stand-in", *issue(ca, "stand-in"))
+    return root
+
+
 def with_tls_stand_ins(env: dict[str, str]) -> dict[str, str]:
     """``env`` loadable on this machine: the TLS paths (in-container mounts, absent here) point
-    at empty stand-in files, and a ConfigMap's settings alone (TLS comes per container) get
-    stand-ins too. A config without TLS is refused unless POWERTRIP_INSECURE says otherwise, and
-    the loader checks only that the files exist, so settings checks keep working; the files
-    themselves are checked by tests/deploy/test_tls_deploys.py."""
+    at stand-in files, a matching certificate, key and CA, and a ConfigMap's settings alone (TLS
+    comes per container) get stand-ins too. A config without TLS is refused unless
+    POWERTRIP_INSECURE says otherwise, and the loader checks only that the files are a valid
+    set, so settings checks keep working; the deploys' files themselves are checked by
+    tests/deploy/test_tls_deploys.py."""
     out = dict(env)
     if not any(out.get(v) for v in TLS_VARS) and out.get("POWERTRIP_INSECURE") not in {"1"}:
         out |= {v: f"{TLS_MOUNT}/{v.lower()}" for v in TLS_VARS}
-    root = Path(_stand_in_dir().name)
+    pki = _stand_in_pki()
+    files = dict(zip(TLS_VARS, ("stand-in.pem", "stand-in.key", "ca.pem"), strict=True))
     for var in TLS_VARS:
         if out.get(var):
-            stand_in = root / var / Path(out[var]).name
-            stand_in.parent.mkdir(exist_ok=True)
-            stand_in.touch()
-            out[var] = str(stand_in)
+            out[var] = str(pki / files[var])
     return out
 
 
@@ -279,6 +341,69 @@ def pod_spec(workload: dict[str, Any]) -> dict[str, Any]:
 
 def pod_labels(workload: dict[str, Any]) -> dict[str, str]:
     return workload["spec"]["template"]["metadata"].get("labels", {})
+
+
+def workloads(docs: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    """Every workload whose pods are ``name`` (their app.kubernetes.io/name label): one, except
+    the workers of deploy/variants/static-tls, one StatefulSet per worker."""
+    hits = [
+        d
+        for d in docs
+        if d["kind"] in WORKLOAD_KINDS
+        and d["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"] == name
+    ]
+    assert hits, f"no workload runs {name} pods"
+    return sorted(hits, key=lambda d: d["metadata"]["name"])
+
+
+def pod_names(w: dict[str, Any]) -> list[str]:
+    """The names of a StatefulSet's pods (NAME-ordinal)."""
+    return [f"{w['metadata']['name']}-{n}" for n in range(w["spec"]["replicas"])]
+
+
+def expand_k8s_refs(text: str, env: dict[str, str]) -> str:
+    """Kubernetes $(VAR) expansion in env values and args; unknown references stay as they are."""
+    return re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), text)
+
+
+def field_ref(w: dict[str, Any], pod_name: str, path: str) -> str:
+    """A downward-API fieldRef for one pod: its name, or a label of its template."""
+    if path == "metadata.name":
+        return pod_name
+    label = re.fullmatch(r"metadata\.labels\['([^']+)'\]", path)
+    assert label, f"fieldRef {path} not modelled"
+    return w["spec"]["template"]["metadata"]["labels"][label.group(1)]
+
+
+def container_env(w: dict[str, Any], pod_name: str, base: dict[str, str] | None = None) -> dict:
+    """The single container's env for one pod, as Kubernetes expands it (fieldRefs, $(VAR))."""
+    (c,) = pod_spec(w)["containers"]
+    env = dict(base or {})
+    for var in c.get("env", []):
+        if "valueFrom" in var:
+            env[var["name"]] = field_ref(w, pod_name, var["valueFrom"]["fieldRef"]["fieldPath"])
+        else:
+            env[var["name"]] = expand_k8s_refs(var["value"], env)
+    return env
+
+
+def parse_sites(spec: str) -> set[int]:
+    """A POWERTRIP_SITES value ("0-3", "0,2,5-6") as site indices."""
+    sites: set[int] = set()
+    for part in spec.split(","):
+        lo, _, hi = part.partition("-")
+        sites.update(range(int(lo), int(hi or lo) + 1))
+    return sites
+
+
+def parse_site_owners(value: str) -> dict[str, set[int]]:
+    """POWERTRIP_SITE_OWNERS ("w0=0-3;w1=4-7") as worker id -> sites."""
+    owners: dict[str, set[int]] = {}
+    for entry in filter(None, (e.strip() for e in value.split(";"))):
+        worker, sep, sites = entry.partition("=")
+        assert sep and worker.strip() not in owners, f"bad POWERTRIP_SITE_OWNERS entry {entry!r}"
+        owners[worker.strip()] = parse_sites(sites.strip())
+    return owners
 
 
 def find(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:

@@ -31,7 +31,9 @@ from tests.deploy.support import (
     with_tls_stand_ins,
 )
 
-PER_CONTAINER = {"POWERTRIP_SITES", *TLS_VARS}  # set per container, not shared
+# Set per container, not shared: the sites by worker, and the owners map by worker identity
+# (compose names workers by hostname, k8s by pod name).
+PER_CONTAINER = {"POWERTRIP_SITES", "POWERTRIP_SITE_OWNERS", *TLS_VARS}
 
 
 def load(service: str, env: dict[str, str]) -> Any:

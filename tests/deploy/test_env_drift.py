@@ -18,7 +18,6 @@ from tests.deploy.support import (
     ENV_PREFIX,
     SERVICES,
     SHARED_ENV,
-    WORKLOAD_KINDS,
     all_env_vars,
     compose_env_files,
     compose_service_env,
@@ -29,6 +28,7 @@ from tests.deploy.support import (
     read_env_file,
     service_of_command,
     with_tls_stand_ins,
+    workloads,
 )
 
 COMPOSE_SERVICES = {
@@ -140,8 +140,9 @@ def test_compose_env_is_valid_config_for_every_service(compose):
 
 def k8s_env(k8s: list[dict[str, Any]], name: str) -> tuple[set[str], set[str]]:
     """(variables from ConfigMaps via envFrom, variables set on the container or by its
-    command, e.g. the worker's ``export POWERTRIP_SITES=...``)."""
-    (w,) = [d for d in k8s if d["kind"] in WORKLOAD_KINDS and d["metadata"]["name"] == name]
+    command, e.g. the worker's ``export POWERTRIP_SITES=...``), for the pods ``name`` (the
+    first worker StatefulSet of static-tls: the others differ only in their Secret)."""
+    w = workloads(k8s, name)[0]
     (c,) = pod_spec(w)["containers"]
     from_maps: set[str] = set()
     for ref in c.get("envFrom", []):
@@ -167,7 +168,7 @@ def test_k8s_workload_gets_every_required_variable(k8s, name):
 
 @pytest.mark.parametrize("name", ["powertrip-aggregator", "powertrip-profiler"])
 def test_k8s_config_is_valid_config_for_the_service(k8s, name):
-    (w,) = [d for d in k8s if d["kind"] in WORKLOAD_KINDS and d["metadata"]["name"] == name]
+    (w,) = workloads(k8s, name)
     (c,) = pod_spec(w)["containers"]
     env = {
         k: v

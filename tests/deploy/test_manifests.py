@@ -1,6 +1,8 @@
 """Every Kubernetes variant passes the static deploy checks (probes, requests and limits, a
-restricted securityContext, default-deny NetworkPolicy, safe PDBs): the default one (deploy/k8s),
-the opt-in curtailment mode (deploy/variants/curtailment) and GPU workers (deploy/variants/gpu).
+restricted securityContext, default-deny NetworkPolicy, safe PDBs): the default one (deploy/k8s)
+and every overlay in deploy/variants (curtailment, GPU workers, a dataset, plaintext, static TLS
+Secrets). In static-tls the workers are one StatefulSet per worker (powertrip-worker-N), each
+checked like the default's one.
 
 No cluster needed. The checks run on ``kubectl kustomize <variant>`` when kubectl is installed,
 else on a plain-Python render of the same kustomization; only the tool-specific tests skip.
@@ -24,16 +26,22 @@ from tests.deploy.support import (
     REPO,
     WORKLOAD_KINDS,
     config_map_data,
+    container_env,
     dockerfile_user,
+    expand_k8s_refs,
     find,
     kustomizations,
     load_yaml,
+    parse_site_owners,
+    parse_sites,
     pod_labels,
+    pod_names,
     pod_spec,
     render_kustomize_in_python,
     selector_matches,
     service_of_command,
     tool,
+    workloads,
 )
 
 K8S_VERSION = "1.32.0"  # oldest minor we support: native gRPC probes are GA since 1.27
@@ -44,9 +52,8 @@ WORKLOADS = (*SERVICE_WORKLOADS, "powertrip-prometheus", "powertrip-grafana")
 
 
 def workload(docs: list[dict[str, Any]], name: str) -> dict[str, Any]:
-    hits = [d for d in docs if d["kind"] in WORKLOAD_KINDS and d["metadata"]["name"] == name]
-    assert len(hits) == 1, f"expected one workload named {name}, found {len(hits)}"
-    return hits[0]
+    """The one workload of pod kind ``name`` (the first worker StatefulSet in static-tls)."""
+    return workloads(docs, name)[0]
 
 
 def containers(w: dict[str, Any]) -> list[dict[str, Any]]:
@@ -85,10 +92,16 @@ def test_kustomize_builds_the_same_objects_as_the_python_render(kustomize_build,
     # ... with the same settings: the ConfigMap merge and the patches are modelled, not skipped.
     assert config_map_data(kustomize_build) == config_map_data(python)
     for name in SERVICE_WORKLOADS:
-        ours, theirs = workload(python, name), workload(kustomize_build, name)
-        assert ours["spec"]["replicas"] == theirs["spec"]["replicas"], name
-        by_name = [{e["name"]: e for e in containers(w)[0].get("env", [])} for w in (ours, theirs)]
-        assert by_name[0] == by_name[1], name  # order aside: kustomize puts patched ones first
+        for ours, theirs in zip(
+            workloads(python, name), workloads(kustomize_build, name), strict=True
+        ):
+            assert ours["spec"]["replicas"] == theirs["spec"]["replicas"], name
+            by_name = [
+                {e["name"]: e for e in containers(w)[0].get("env", [])} for w in (ours, theirs)
+            ]
+            assert by_name[0] == by_name[1], name  # order aside: kustomize puts patched ones first
+            volumes = [{v["name"]: v for v in pod_spec(w)["volumes"]} for w in (ours, theirs)]
+            assert volumes[0] == volumes[1], name
 
 
 def test_variant_passes_the_kubernetes_schema(k8s):
@@ -138,14 +151,14 @@ def test_every_object_and_pod_is_labelled_part_of_powertrip(kustomize_build):
 
 def test_variant_runs_exactly_the_checked_workloads(k8s):
     # A new workload must be added to WORKLOADS, which puts it under every check below.
-    assert sorted(d["metadata"]["name"] for d in k8s if d["kind"] in WORKLOAD_KINDS) == sorted(
-        WORKLOADS
-    )
+    kinds = [pod_labels(d)["app.kubernetes.io/name"] for d in k8s if d["kind"] in WORKLOAD_KINDS]
+    assert set(kinds) == set(WORKLOADS)
+    assert all(len(workloads(k8s, n)) == 1 for n in WORKLOADS if n != "powertrip-worker")
 
 
 @pytest.mark.parametrize("name", WORKLOADS)
 def test_workload_has_readiness_and_liveness_probes(k8s, name):
-    for c in containers(workload(k8s, name)):
+    for c in (c for w in workloads(k8s, name) for c in containers(w)):
         for probe in ("readinessProbe", "livenessProbe"):
             assert probe in c, f"{name}/{c['name']} has no {probe}"
             if runs_powertrip_image(c):  # grpc.health.v1 on the health port: kubelet has no
@@ -154,65 +167,65 @@ def test_workload_has_readiness_and_liveness_probes(k8s, name):
 
 @pytest.mark.parametrize("name", WORKLOADS)
 def test_workload_sets_cpu_and_memory_requests_and_limits(k8s, name):
-    for c in containers(workload(k8s, name)):
+    for c in (c for w in workloads(k8s, name) for c in containers(w)):
         for bound in ("requests", "limits"):
             assert set(c["resources"][bound]) >= {"cpu", "memory"}, f"{name}/{c['name']}"
 
 
 @pytest.mark.parametrize("name", WORKLOADS)
 def test_workload_runs_with_the_restricted_security_context(k8s, name):
-    w = workload(k8s, name)
-    spec = pod_spec(w)
-    assert not any(spec.get(k) for k in ("hostNetwork", "hostPID", "hostIPC"))
-    for c in containers(w):
-        assert effective_security(w, c, "runAsNonRoot") is True
-        uid = effective_security(w, c, "runAsUser")
-        assert isinstance(uid, int) and uid > 0, "a numeric non-root UID lets kubelet verify it"
-        assert effective_security(w, c, "seccompProfile") == {"type": "RuntimeDefault"}
-        sc = c["securityContext"]
-        assert sc["allowPrivilegeEscalation"] is False
-        assert sc["capabilities"]["drop"] == ["ALL"] and not sc["capabilities"].get("add")
-        assert sc["readOnlyRootFilesystem"] is True
-        assert not sc.get("privileged")
+    for w in workloads(k8s, name):
+        spec = pod_spec(w)
+        assert not any(spec.get(k) for k in ("hostNetwork", "hostPID", "hostIPC"))
+        for c in containers(w):
+            assert effective_security(w, c, "runAsNonRoot") is True
+            uid = effective_security(w, c, "runAsUser")
+            assert isinstance(uid, int) and uid > 0, "a numeric non-root UID lets kubelet verify it"
+            assert effective_security(w, c, "seccompProfile") == {"type": "RuntimeDefault"}
+            sc = c["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False
+            assert sc["capabilities"]["drop"] == ["ALL"] and not sc["capabilities"].get("add")
+            assert sc["readOnlyRootFilesystem"] is True
+            assert not sc.get("privileged")
 
 
 @pytest.mark.parametrize("name", WORKLOADS)
 def test_workload_gets_a_writable_tmp_on_an_empty_dir(k8s, name):
-    w = workload(k8s, name)
-    volumes = {v["name"]: v for v in pod_spec(w).get("volumes", [])}
-    for c in containers(w):
-        tmp = [m for m in c.get("volumeMounts", []) if m["mountPath"] == "/tmp"]
-        assert tmp and "emptyDir" in volumes[tmp[0]["name"]], f"{name}/{c['name']}"
+    for w in workloads(k8s, name):
+        volumes = {v["name"]: v for v in pod_spec(w).get("volumes", [])}
+        for c in containers(w):
+            tmp = [m for m in c.get("volumeMounts", []) if m["mountPath"] == "/tmp"]
+            assert tmp and "emptyDir" in volumes[tmp[0]["name"]], f"{name}/{c['name']}"
 
 
 @pytest.mark.parametrize("name", WORKLOADS)
 def test_workload_gets_no_service_links_and_no_api_token(k8s, name):
     # Service links would inject POWERTRIP_AGGREGATOR_PORT=tcp://... and similar variables into
     # the namespace the config loader reads; no workload talks to the Kubernetes API.
-    spec = pod_spec(workload(k8s, name))
-    assert spec["enableServiceLinks"] is False
-    assert spec["automountServiceAccountToken"] is False
+    for spec in (pod_spec(w) for w in workloads(k8s, name)):
+        assert spec["enableServiceLinks"] is False
+        assert spec["automountServiceAccountToken"] is False
 
 
 @pytest.mark.parametrize("name", SERVICE_WORKLOADS)
 def test_service_pods_run_as_the_image_user(k8s, name):
-    w = workload(k8s, name)
     uid, gid = dockerfile_user()
-    for c in containers(w):
-        assert runs_powertrip_image(c)
-        assert effective_security(w, c, "runAsUser") == uid
-        assert effective_security(w, c, "runAsGroup") == gid
+    for w in workloads(k8s, name):
+        for c in containers(w):
+            assert runs_powertrip_image(c)
+            assert effective_security(w, c, "runAsUser") == uid
+            assert effective_security(w, c, "runAsGroup") == gid
 
 
 @pytest.mark.parametrize("name", SERVICE_WORKLOADS)
 def test_service_pods_expose_grpc_and_metrics_and_ask_to_be_scraped(k8s, name):
-    w = workload(k8s, name)
-    annotations = w["spec"]["template"]["metadata"]["annotations"]
-    assert annotations["prometheus.io/scrape"] == "true"
-    assert annotations["prometheus.io/port"] == str(METRICS_PORT)
-    (c,) = containers(w)
-    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-    assert ports == {"grpc": GRPC_PORT, "metrics": METRICS_PORT, "health": HEALTH_PORT}
+    for w in workloads(k8s, name):
+        annotations = w["spec"]["template"]["metadata"]["annotations"]
+        assert annotations["prometheus.io/scrape"] == "true"
+        assert annotations["prometheus.io/port"] == str(METRICS_PORT)
+        (c,) = containers(w)
+        ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+        assert ports == {"grpc": GRPC_PORT, "metrics": METRICS_PORT, "health": HEALTH_PORT}
 
 
 # --------------------------------------------------------------------------------------------
@@ -227,7 +240,8 @@ def test_every_service_selects_a_workload_and_its_named_ports(k8s):
             if w["kind"] in WORKLOAD_KINDS
             and selector_matches({"matchLabels": svc["spec"]["selector"]}, pod_labels(w))
         ]
-        assert len(pods) == 1, f"Service {svc['metadata']['name']} selects {len(pods)} workloads"
+        kinds = {pod_labels(w)["app.kubernetes.io/name"] for w in pods}
+        assert len(kinds) == 1, f"Service {svc['metadata']['name']} selects {len(pods)} workloads"
         ports = {p.get("name") for c in containers(pods[0]) for p in c.get("ports", [])}
         ports |= {p["containerPort"] for c in containers(pods[0]) for p in c.get("ports", [])}
         for port in svc["spec"]["ports"]:
@@ -235,8 +249,8 @@ def test_every_service_selects_a_workload_and_its_named_ports(k8s):
 
 
 def test_worker_service_is_headless_and_publishes_registering_pods(k8s):
-    sts = workload(k8s, "powertrip-worker")
-    svc = find(k8s, "Service", sts["spec"]["serviceName"])
+    (service_name,) = {sts["spec"]["serviceName"] for sts in workloads(k8s, "powertrip-worker")}
+    svc = find(k8s, "Service", service_name)
     assert svc["spec"]["clusterIP"] == "None"  # one DNS record per pod
     # The aggregator and profiler dial a worker's advertised name before the worker is ready.
     assert svc["spec"]["publishNotReadyAddresses"] is True
@@ -259,7 +273,7 @@ def test_every_config_map_reference_resolves(k8s):
 def test_env_references_name_variables_defined_before_them(k8s, name):
     # Kubernetes expands $(VAR) only from variables listed earlier; a later one stays literal
     # (a patch that reorders env can break POWERTRIP_ADVERTISE_HOST=$(POD_NAME)...).
-    for c in containers(workload(k8s, name)):
+    for c in (c for w in workloads(k8s, name) for c in containers(w)):
         defined: set[str] = set()
         for var in c.get("env", []):
             refs = set(re.findall(r"\$\((\w+)\)", var.get("value", "")))
@@ -283,31 +297,19 @@ def test_aggregator_checkpoints_on_a_persistent_volume(k8s):
 def test_each_service_workload_runs_its_console_script_from_the_wheel(k8s, name):
     """Console scripts, not ``python -m``: they import the installed package whatever the
     container's working directory holds."""
-    (c,) = containers(workload(k8s, name))
+    (c,) = containers(workload(k8s, name))  # the per-worker copies share the command
     assert service_of_command([*c["command"], *c.get("args", [])]) == name.split("-")[1]
     scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
     assert name in scripts
 
 
-def expand_k8s_refs(text: str, env: dict[str, str]) -> str:
-    """Kubernetes $(VAR) expansion in env values and args; unknown references stay as they are."""
-    return re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), text)
-
-
 def worker_pod_env(
-    sts: dict[str, Any], config: dict[str, str], ordinal: int, tmp_path: Path
+    sts: dict[str, Any], config: dict[str, str], pod_name: str, tmp_path: Path
 ) -> dict[str, str]:
-    """Run the worker container's command for pod ``ordinal`` with a stand-in
+    """Run the worker container's command for pod ``pod_name`` with a stand-in
     ``powertrip-worker`` that prints the environment the real worker would start with."""
     (c,) = containers(sts)
-    pod_name = f"{sts['metadata']['name']}-{ordinal}"
-    env = dict(config)  # what envFrom powertrip-config provides
-    for var in c.get("env", []):
-        if "valueFrom" in var:
-            assert var["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
-            env[var["name"]] = pod_name
-        else:
-            env[var["name"]] = expand_k8s_refs(var["value"], env)
+    env = container_env(sts, pod_name, config)  # config: what envFrom powertrip-config provides
     fake = tmp_path / "bin" / "powertrip-worker"
     fake.parent.mkdir(exist_ok=True)
     fake.write_text("#!/bin/sh\nenv\n")
@@ -324,35 +326,45 @@ def worker_pod_env(
     return dict(line.split("=", 1) for line in out.stdout.splitlines() if "=" in line)
 
 
-def parse_sites(spec: str) -> set[int]:
-    sites: set[int] = set()
-    for part in spec.split(","):
-        lo, _, hi = part.partition("-")
-        sites.update(range(int(lo), int(hi or lo) + 1))
-    return sites
+def worker_sites(k8s: list[dict[str, Any]], tmp_path: Path) -> dict[str, set[int]]:
+    """Worker id -> the sites its pod claims, for every worker pod of the variant."""
+    config = config_map_data(k8s)
+    claimed: dict[str, set[int]] = {}
+    for sts in workloads(k8s, "powertrip-worker"):
+        for pod in pod_names(sts):
+            env = worker_pod_env(sts, config, pod, tmp_path)
+            # The address the worker registers must be its per-pod DNS name.
+            assert env["POWERTRIP_ADVERTISE_HOST"] == f"{pod}.{sts['spec']['serviceName']}"
+            assert env["POWERTRIP_WORKER_ID"] not in claimed, "two pods share a worker id"
+            claimed[env["POWERTRIP_WORKER_ID"]] = parse_sites(env["POWERTRIP_SITES"])
+    return claimed
 
 
 @pytest.mark.skipif(tool("sh") is None, reason="no POSIX sh to run the worker command")
 def test_worker_pods_host_disjoint_sites_covering_the_run(k8s, tmp_path):
-    sts = workload(k8s, "powertrip-worker")
-    config = config_map_data(k8s)
-    num_sites = int(config["POWERTRIP_NUM_SITES"])
+    num_sites = int(config_map_data(k8s)["POWERTRIP_NUM_SITES"])
     seen: set[int] = set()
-    for ordinal in range(sts["spec"]["replicas"]):
-        env = worker_pod_env(sts, config, ordinal, tmp_path)
-        sites = parse_sites(env["POWERTRIP_SITES"])
-        assert sites and not sites & seen, f"pod {ordinal} hosts {sorted(sites)}"
+    for worker, sites in worker_sites(k8s, tmp_path).items():
+        assert sites and not sites & seen, f"{worker} hosts {sorted(sites)}"
         seen |= sites
-        # The address the worker registers must be its per-pod DNS name.
-        pod_dns = f"{sts['metadata']['name']}-{ordinal}.{sts['spec']['serviceName']}"
-        assert env["POWERTRIP_ADVERTISE_HOST"] == pod_dns
     assert seen == set(range(num_sites)), "replicas x SITES_PER_WORKER must equal NUM_SITES"
 
 
+@pytest.mark.reliability("R28")
+@pytest.mark.skipif(tool("sh") is None, reason="no POSIX sh to run the worker command")
+def test_aggregator_site_owners_are_exactly_the_sites_each_worker_pod_claims(k8s, tmp_path):
+    # The aggregator refuses a claim outside the owners map (and a worker it does not name), so
+    # a map that drifts from the pods' sites (scaled workers, another SITES_PER_WORKER) would
+    # keep the run from ever starting.
+    (aggregator,) = workloads(k8s, "powertrip-aggregator")
+    env = container_env(aggregator, "powertrip-aggregator-0")
+    assert parse_site_owners(env["POWERTRIP_SITE_OWNERS"]) == worker_sites(k8s, tmp_path)
+
+
 def test_pod_disruption_budgets_never_block_every_eviction(k8s):
-    sts = workload(k8s, "powertrip-worker")
     pdbs = [d for d in k8s if d["kind"] == "PodDisruptionBudget"]
-    assert any(selector_matches(p["spec"]["selector"], pod_labels(sts)) for p in pdbs)
+    for sts in workloads(k8s, "powertrip-worker"):
+        assert any(selector_matches(p["spec"]["selector"], pod_labels(sts)) for p in pdbs)
     for pdb in pdbs:
         spec = pdb["spec"]
         assert str(spec.get("maxUnavailable", "1")) not in {"0", "0%"}, pdb["metadata"]["name"]
