@@ -264,7 +264,9 @@ def certs(
         else:
             _mint(out, workers, days, ca_days)
     except OSError as exc:
-        raise click.BadParameter(f"cannot write {out}: {exc.strerror or exc}", "--out") from None
+        raise click.BadParameter(
+            f"cannot write {out}: {exc.strerror or exc}", param_hint="--out"
+        ) from None
     click.echo("per service: " + " ".join(f"{k}=..." for k in tls_env(out, "NAME")))
 
 
