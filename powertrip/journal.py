@@ -20,12 +20,15 @@ class JournalEntry:
     round: int
     selected: tuple[int, ...]
     outcome: RoundOutcome | None  # params dropped: the checkpoint holds the model
+    unavailable: tuple[int, ...] = ()  # the sites that were down (the mask the policy saw)
 
     def to_json(self) -> dict[str, Any]:
         o = self.outcome
+        down = {"unavailable": list(self.unavailable)} if self.unavailable else {}
         return {
             "round": self.round,
             "selected": list(self.selected),
+            **down,
             "outcome": None
             if o is None
             else {
@@ -41,21 +44,86 @@ class JournalEntry:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> JournalEntry:
-        o = data["outcome"]
-        outcome = None
-        if o is not None:
-            outcome = RoundOutcome(
-                o["accuracy"],
-                o["loss"],
-                tuple(o["dispersion"]),
-                o["contributions"],
-                o["half_loss"],
-                o["half_sites"],
-                projection=tuple(o["projection"]) if o.get("projection") else None,
-                half_accuracy=o.get("half_accuracy"),
-            )
-        return cls(int(data["round"]), tuple(data["selected"]), outcome)
+    def from_json(cls, data: object, where: str = "journal entry") -> JournalEntry:
+        """The entry ``to_json`` wrote. Every field is type-checked, never converted (a replay
+        must feed the policy exactly what it saw): TypeError naming the field (``where``, e.g.
+        ``journal.jsonl line 7``) when one is not what ``to_json`` writes, so a damaged or
+        forged checkpoint is refused at load instead of crashing the run when replayed."""
+        d = _fields(data, where, {"round", "selected", "outcome", "unavailable"})
+        for key in ("round", "selected", "outcome"):
+            if key not in d:
+                raise TypeError(f"{where} has no {key}")
+        r, sel, down = d["round"], d["selected"], d.get("unavailable", [])
+        if not _is_int(r):
+            raise TypeError(f"{where}: round is {_kind(r)}, not an integer")
+        for key, sites in (("selected", sel), ("unavailable", down)):
+            if not isinstance(sites, list) or not all(_is_int(s) for s in sites):
+                raise TypeError(f"{where}: {key} is {_kind(sites)}, not a list of site integers")
+        o = d["outcome"]
+        if o is None:
+            return cls(r, tuple(sel), None, tuple(down))
+        where = f"{where}: outcome"
+        o = _fields(o, where, set(_NUMBERS) | {"dispersion", "contributions"})
+        for key, optional in _NUMBERS.items():
+            if (
+                key != "projection"
+                and key in o
+                and not (_is_number(o[key]) or (optional and o[key] is None))
+            ):
+                raise TypeError(f"{where}.{key} is {_kind(o[key])}, not a number")
+        for key in ("accuracy", "loss", "dispersion", "contributions"):
+            if key not in o:
+                raise TypeError(f"{where} has no {key}")
+        if not _is_int(o["contributions"]):
+            raise TypeError(f"{where}.contributions is {_kind(o['contributions'])}, not an integer")
+        _numbers(o["dispersion"], f"{where}.dispersion", 3)
+        projection = o.get("projection")
+        if projection is not None:
+            _numbers(projection, f"{where}.projection", 2)
+        outcome = RoundOutcome(
+            o["accuracy"],
+            o["loss"],
+            tuple(o["dispersion"]),
+            o["contributions"],
+            o.get("half_loss"),
+            o.get("half_sites"),
+            projection=tuple(projection) if projection else None,
+            half_accuracy=o.get("half_accuracy"),
+        )
+        return cls(r, tuple(sel), outcome, tuple(down))
+
+
+#: the outcome's number fields, and whether each may be null
+_NUMBERS = {"accuracy": False, "loss": False, "half_loss": True, "half_sites": True}
+_NUMBERS |= {"half_accuracy": True, "projection": True}  # projection: a list, checked apart
+
+
+def _kind(value: object) -> str:
+    name = type(value).__name__
+    return "null" if value is None else f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _fields(data: object, where: str, allowed: set[str]) -> dict[str, Any]:
+    """``data`` as an object whose keys are among ``allowed`` (extra keys: TypeError)."""
+    if not isinstance(data, dict):
+        raise TypeError(f"{where} is {_kind(data)}, not an object")
+    extra = set(data) - allowed
+    if extra:
+        raise TypeError(f"{where} has unknown fields {sorted(extra)}")
+    return data
+
+
+def _numbers(value: object, where: str, length: int) -> None:
+    if not isinstance(value, list) or len(value) != length or not all(map(_is_number, value)):
+        raise TypeError(f"{where} is {_kind(value)}, not a list of {length} numbers")
 
 
 class JournaledExecutor:
@@ -63,7 +131,9 @@ class JournaledExecutor:
 
     Restarting from a checkpoint replays the journal through the same loop, so the policy (and
     its random stream) reaches exactly the state it had when the checkpoint was written; with
-    deterministic training the resumed run then equals an uninterrupted one.
+    deterministic training the resumed run then equals an uninterrupted one. Only what is still
+    to replay and the rounds not yet taken (``take_new``, for the journal file) are held, so
+    its memory does not grow with the run.
     """
 
     def __init__(
@@ -73,12 +143,18 @@ class JournaledExecutor:
         initial: tuple[float, float] | None = None,
     ) -> None:
         self.live = live
-        self.journal = list(journal or [])
-        self._replay = len(self.journal)
+        self._to_replay = list(journal or [])
+        self._replay = len(self._to_replay)
+        self._new: list[JournalEntry] = []
         self.initial = initial
 
     def replaying(self, round_index: int) -> bool:
         return round_index <= self._replay
+
+    def take_new(self) -> list[JournalEntry]:
+        """The rounds executed live since the last call, in order; forgotten here."""
+        new, self._new = self._new, []
+        return new
 
     def evaluate_initial(self) -> tuple[float, float]:
         if self.initial is None:
@@ -94,14 +170,16 @@ class JournaledExecutor:
     ) -> RoundOutcome | None:
         ids = tuple(int(s) for s in selected)
         if self.replaying(round_index):
-            entry = self.journal[round_index - 1]
+            entry = self._to_replay[round_index - 1]
             if entry.selected != ids:
                 raise RuntimeError(
                     f"cannot resume: round {round_index} selects {list(ids)} now but "
                     f"{list(entry.selected)} before the restart (configuration changed?)"
                 )
+            if round_index == self._replay:
+                self._to_replay = []  # replayed: not needed any more
             return entry.outcome
         outcome = self.live.execute(round_index, selected, profile, split_half)
         kept = None if outcome is None else replace(outcome, params=None)
-        self.journal.append(JournalEntry(round_index, ids, kept))
+        self._new.append(JournalEntry(round_index, ids, kept))
         return outcome

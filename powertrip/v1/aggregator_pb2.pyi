@@ -78,8 +78,12 @@ class SubmitUpdateResponse(_message.Message):
     def __init__(self, accepted: _Optional[bool] = ...) -> None: ...
 
 class GetStatusRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("max_rounds", "after_round")
+    MAX_ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    AFTER_ROUND_FIELD_NUMBER: _ClassVar[int]
+    max_rounds: int
+    after_round: int
+    def __init__(self, max_rounds: _Optional[int] = ..., after_round: _Optional[int] = ...) -> None: ...
 
 class RoundSummary(_message.Message):
     __slots__ = ("round", "clock_seconds", "duration_seconds", "selected_site_ids", "contributions", "accuracy", "loss", "outcome", "steps", "start_seconds")
@@ -106,7 +110,7 @@ class RoundSummary(_message.Message):
     def __init__(self, round: _Optional[int] = ..., clock_seconds: _Optional[float] = ..., duration_seconds: _Optional[float] = ..., selected_site_ids: _Optional[_Iterable[str]] = ..., contributions: _Optional[int] = ..., accuracy: _Optional[float] = ..., loss: _Optional[float] = ..., outcome: _Optional[str] = ..., steps: _Optional[_Iterable[int]] = ..., start_seconds: _Optional[float] = ...) -> None: ...
 
 class GetStatusResponse(_message.Message):
-    __slots__ = ("state", "round", "accuracy", "clock_seconds", "target_accuracy", "time_to_accuracy_seconds", "registered_sites", "expected_sites", "rounds", "policy", "clock", "message", "mode", "active_sites", "energy_kwh", "emissions_kg")
+    __slots__ = ("state", "round", "accuracy", "clock_seconds", "target_accuracy", "time_to_accuracy_seconds", "registered_sites", "expected_sites", "rounds", "policy", "clock", "message", "mode", "active_sites", "energy_kwh", "emissions_kg", "total_rounds", "first_round", "more_rounds")
     STATE_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     ACCURACY_FIELD_NUMBER: _ClassVar[int]
@@ -123,6 +127,9 @@ class GetStatusResponse(_message.Message):
     ACTIVE_SITES_FIELD_NUMBER: _ClassVar[int]
     ENERGY_KWH_FIELD_NUMBER: _ClassVar[int]
     EMISSIONS_KG_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    FIRST_ROUND_FIELD_NUMBER: _ClassVar[int]
+    MORE_ROUNDS_FIELD_NUMBER: _ClassVar[int]
     state: RunState
     round: int
     accuracy: float
@@ -139,4 +146,7 @@ class GetStatusResponse(_message.Message):
     active_sites: int
     energy_kwh: float
     emissions_kg: float
-    def __init__(self, state: _Optional[_Union[RunState, str]] = ..., round: _Optional[int] = ..., accuracy: _Optional[float] = ..., clock_seconds: _Optional[float] = ..., target_accuracy: _Optional[float] = ..., time_to_accuracy_seconds: _Optional[float] = ..., registered_sites: _Optional[int] = ..., expected_sites: _Optional[int] = ..., rounds: _Optional[_Iterable[_Union[RoundSummary, _Mapping]]] = ..., policy: _Optional[str] = ..., clock: _Optional[str] = ..., message: _Optional[str] = ..., mode: _Optional[str] = ..., active_sites: _Optional[int] = ..., energy_kwh: _Optional[float] = ..., emissions_kg: _Optional[float] = ...) -> None: ...
+    total_rounds: int
+    first_round: int
+    more_rounds: bool
+    def __init__(self, state: _Optional[_Union[RunState, str]] = ..., round: _Optional[int] = ..., accuracy: _Optional[float] = ..., clock_seconds: _Optional[float] = ..., target_accuracy: _Optional[float] = ..., time_to_accuracy_seconds: _Optional[float] = ..., registered_sites: _Optional[int] = ..., expected_sites: _Optional[int] = ..., rounds: _Optional[_Iterable[_Union[RoundSummary, _Mapping]]] = ..., policy: _Optional[str] = ..., clock: _Optional[str] = ..., message: _Optional[str] = ..., mode: _Optional[str] = ..., active_sites: _Optional[int] = ..., energy_kwh: _Optional[float] = ..., emissions_kg: _Optional[float] = ..., total_rounds: _Optional[int] = ..., first_round: _Optional[int] = ..., more_rounds: _Optional[bool] = ...) -> None: ...

@@ -2,23 +2,28 @@
 
 Every byte of a checkpoint is covered by a checksum: the manifest holds the model's SHA-256
 (``model_sha256``) and the SHA-256 of a canonical serialisation of its own content (``sha256``:
-format, round, model name and hash, and the run state with its journal). Writes are atomic
-(temporary file, fsync, ``os.replace``, then the directory fsynced), the manifest last: its rename
-commits the round, so a crash (SIGKILL) anywhere in ``save`` leaves the previous checkpoint
-loadable (``tests/integration/test_crash_recovery.py`` kills the aggregator there); what it
-leaves half-done (a model without a manifest, a ``*.tmp``) is pruned by the next save or deleted
-at the next start. A disk refusing a write (``save_or_report``) costs a warning, not the run.
+format, round, model name and hash, the run state). The round journal is appended to
+``journal.jsonl`` beside it (``journal_file``), the state holding a constant-size reference to
+the hash-chained prefix it commits to: a checkpoint costs the same at round 10,000 as at 10.
+Writes are durable and atomic (fsync; temporary file, ``os.replace``, directory fsync), the
+journal first and the manifest last: its rename commits the round, so a crash (SIGKILL)
+anywhere in ``save`` leaves the previous checkpoint loadable (``test_crash_recovery.py`` kills
+the aggregator there); what it leaves half-done (a model without a manifest, a ``*.tmp``,
+journal lines past the prefix) the next save or start removes. A disk refusing a write
+(``save_or_report``) costs a warning, not the run.
 
 At load a checkpoint is *rejected* — one warning naming the file and the reason, one increment of
 ``powertrip_checkpoint_rejected_total{reason}`` — when its manifest is unreadable, not JSON, not
-an object of the expected shape (keys and types), written by an older version (no self-checksum:
-``old-format``; those are not trusted, start fresh with ``POWERTRIP_START_FRESH=1``), when either
-checksum does not match, when the npz does not load with ``allow_pickle=False``, or when the
-caller's ``validate`` refuses it (model arrays or journal that do not fit the run). The next older
-one is then tried. A directory with checkpoints none of which loads raises ``NoUsableCheckpoint``
-(the aggregator refuses to start) unless ``start_fresh``; an empty one is a first start. Once
-another starting point is chosen, rejected checkpoints are renamed ``*.rejected``: kept for the
-operator, but never tried again nor pruned in place of good ones.
+an object of the expected shape (keys and types), written before manifests checksummed
+themselves (``old-format``: start fresh with ``POWERTRIP_START_FRESH=1``), when a checksum or
+its journal prefix does not verify, when the npz does not load with ``allow_pickle=False``, or
+when the caller's ``validate`` refuses it: a state field of the wrong type (TypeError:
+``malformed``), arrays or a journal that do not fit the run (``incompatible``). Format 2
+manifests (the journal inside) still load; the next save moves the journal to the file. The
+next older one is then tried. A directory with checkpoints none of which loads raises
+``NoUsableCheckpoint`` (the aggregator refuses to start) unless ``start_fresh``; an empty one is
+a first start. Once another starting point is chosen, rejected checkpoints are renamed
+``*.rejected``: kept for the operator, never tried again nor pruned in place of good ones.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from services.aggregator import metrics
+from services.aggregator import journal_file, metrics
 from services.aggregator.durable_files import (
     TMP,
     canonical_sha256,
@@ -44,17 +49,20 @@ from services.aggregator.durable_files import (
     sha256_file,
     write_temp,
 )
+from services.aggregator.journal_file import JournalError, JournalFile, JournalRef
 from services.common.fault_points import fault_point
 
 logger = logging.getLogger(__name__)
 KEEP = 2  # the newest and one fallback
-FORMAT = 2  # 1: the first version (model hash only, state at the top level)
+FORMAT = 3  # 1: model hash only, state at the top level; 2: the journal in the state
+LOADS = (2, FORMAT)  # 2 still loads: its journal is moved to the file at the next save
 #: the values of the ``reason`` label (bounded: one series each)
 REASONS = (
     "unreadable",  # a file cannot be read (missing model, permissions)
     "malformed",  # not JSON, or not the expected keys and types
     "old-format",  # written before manifests checksummed themselves
     "manifest-checksum",  # the manifest's content does not match its own SHA-256
+    "journal-checksum",  # the journal file does not hold the prefix the manifest commits to
     "model-checksum",  # the npz does not match the SHA-256 in the manifest
     "model-format",  # the npz does not load without pickle
     "incompatible",  # verified, but refused by the run (arrays or journal do not fit)
@@ -81,7 +89,8 @@ class Rejected(Exception):
 class Checkpoint:
     round: int
     params: dict[str, NDArray]
-    state: dict[str, Any]  # clock, accuracy, journal...
+    state: dict[str, Any]  # clock, accuracy, journal (its entries, read from the file)...
+    journal: JournalRef | None = None  # the journal prefix it commits to (None: format 2)
 
 
 def _prune(directory: Path, newest: int) -> None:
@@ -99,13 +108,21 @@ def _prune(directory: Path, newest: int) -> None:
             model.unlink(missing_ok=True)
 
 
-def save(directory: Path, round_index: int, params: Mapping[str, NDArray], state: dict) -> Path:
-    """Commit round ``round_index``: the model, then its manifest, each written to a temporary
+def save(
+    directory: Path,
+    round_index: int,
+    params: Mapping[str, NDArray],
+    state: dict,
+    journal: JournalFile | None = None,
+) -> Path:
+    """Commit round ``round_index``: the journal's staged entries appended and fsynced (its
+    reference goes in ``state``), then the model and its manifest, each written to a temporary
     file, fsynced and renamed into place; the manifest's rename is the commit. A crash at any
     point leaves the previous round loadable and at worst files the next save overwrites or
-    prunes (a model without a manifest) or the next start deletes (``*.tmp``). OSError (disk
-    full, fsync failing) leaves the same, the temporary files removed."""
+    prunes or the next start deletes. OSError (disk full, fsync failing) leaves the same."""
     directory.mkdir(parents=True, exist_ok=True)
+    if journal is not None:
+        state = {**state, "journal": journal.sync().to_json()}
     model = directory / f"round-{round_index:06d}.npz"
     commit_rename(write_temp(model, lambda f: np.savez(f, **params)), model)
     body = {
@@ -129,14 +146,18 @@ def save(directory: Path, round_index: int, params: Mapping[str, NDArray], state
 
 
 def save_or_report(
-    directory: Path, round_index: int, params: Mapping[str, NDArray], state: dict
+    directory: Path,
+    round_index: int,
+    params: Mapping[str, NDArray],
+    state: dict,
+    journal: JournalFile | None = None,
 ) -> bool:
     """``save``; when the disk refuses it (OSError: full, read-only, fsync failing), one
     warning and one count of ``powertrip_checkpoint_write_failures_total``, and False: the run
     goes on (a checkpoint is a restart point, not a result: refusing to train would turn a full
     disk into a crash loop), and a restart resumes from the last round that was written."""
     try:
-        save(directory, round_index, params, state)
+        save(directory, round_index, params, state, journal)
     except OSError as exc:
         metrics.CHECKPOINT_WRITE_FAILURES.inc()
         logger.warning(
@@ -167,7 +188,7 @@ def _manifest(path: Path) -> dict[str, Any]:
         raise Rejected("unreadable", path, str(exc)) from None
     try:
         manifest = json.loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise Rejected("malformed", path, f"not JSON: {exc}") from None
     if not isinstance(manifest, dict):
         raise Rejected("malformed", path, f"a JSON {type(manifest).__name__}, not an object")
@@ -181,7 +202,7 @@ def _manifest(path: Path) -> dict[str, Any]:
             raise Rejected("malformed", path, f"{key!r} is not a {kind.__name__}")
     if set(manifest) != {*types, "sha256"}:
         raise Rejected("malformed", path, f"unexpected keys {sorted(set(manifest) - {*types})}")
-    if manifest["format"] != FORMAT:
+    if manifest["format"] not in LOADS:
         raise Rejected("malformed", path, f"unknown format {manifest['format']}")
     body = {k: manifest[k] for k in types}
     if canonical_sha256(body) != manifest["sha256"]:
@@ -211,11 +232,20 @@ def _load(manifest_path: Path, validate: Callable[[Checkpoint], None] | None) ->
     """The checkpoint of ``manifest_path``, or ``Rejected`` naming the file at fault."""
     manifest = _manifest(manifest_path)
     params = _params(manifest_path.parent / manifest["model"], manifest["model_sha256"])
-    ckpt = Checkpoint(manifest["round"], params, manifest["state"])
+    state, ref = manifest["state"], None
+    if manifest["format"] != 2 and "journal" in state:  # format 2: the journal is inside
+        try:
+            state, ref = journal_file.resolve(manifest_path.parent, state)
+        except JournalError as exc:
+            culprit = exc.path or manifest_path
+            raise Rejected(exc.reason, culprit, f"{exc} (for {manifest_path.name})") from None
+    ckpt = Checkpoint(manifest["round"], params, state, ref)
     if validate is not None:
         try:
             validate(ckpt)
-        except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+        except TypeError as exc:  # a field of the wrong type: not what a writer of ours writes
+            raise Rejected("malformed", manifest_path, str(exc) or repr(exc)) from None
+        except (ValueError, KeyError, IndexError, AttributeError) as exc:
             raise Rejected("incompatible", manifest_path, str(exc) or repr(exc)) from None
     return ckpt
 
@@ -241,10 +271,10 @@ def load_latest(
     validate: Callable[[Checkpoint], None] | None = None,
     start_fresh: bool = False,
 ) -> Checkpoint | None:
-    """The newest checkpoint that verifies (and that ``validate`` accepts: it raises
-    ValueError, KeyError or TypeError for one that does not fit the run); None when there is
-    none at all (a first start) or, with ``start_fresh``, when none verifies. Checkpoints exist
-    but none verifies, without ``start_fresh``: ``NoUsableCheckpoint``, the files untouched."""
+    """The newest checkpoint that verifies and that ``validate`` accepts (it raises TypeError for
+    a field of the wrong type, ValueError or KeyError for what does not fit the run); None when
+    there is none at all (a first start) or, with ``start_fresh``, when none verifies.
+    Checkpoints exist but none verifies, without ``start_fresh``: ``NoUsableCheckpoint``."""
     rejected = []
     found = None
     if directory.is_dir():

@@ -10,10 +10,12 @@ without knowing which mode it serves. Both modes pace an emulated run the same w
 
 from __future__ import annotations
 
+import bisect
 import logging
 import math
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field, replace
 from enum import IntEnum
 from typing import Protocol
@@ -29,6 +31,9 @@ from services.aggregator.pacing import Pacer
 from services.aggregator.registry import WorkerRegistry
 
 logger = logging.getLogger(__name__)
+#: the rounds the status holds (the latest; older ones are in the logs, metrics, checkpoints):
+#: its memory and a snapshot's cost do not grow with the run
+HISTORY = 10_000
 
 
 class RunState(IntEnum):  # values match powertrip.v1.RunState
@@ -57,7 +62,11 @@ class RunStatus:
     clock_s: float = 0.0
     time_to_accuracy_s: float | None = None
     message: str = ""
-    rounds: list[StatusRound] = field(default_factory=list)
+    # the latest HISTORY rounds (a snapshot's: one page of them), and how many were recorded
+    rounds: deque[StatusRound] | list[StatusRound] = field(
+        default_factory=lambda: deque(maxlen=HISTORY)
+    )
+    total_rounds: int = 0
     mode: str = ""  # curtailment mode: "pause", "solo" or "federated"
     active_sites: int = 0
     energy: EnergyReport | None = None  # curtailment mode: energy and emissions so far
@@ -67,12 +76,14 @@ class RunStatus:
 class StatusSnapshot:
     """A consistent copy of the status plus the run's fixed facts, for ``GetStatus``."""
 
-    status: RunStatus  # a copy: its ``rounds`` are not the live list
+    status: RunStatus  # a copy: its ``rounds`` are one page of the held rounds, a list
     target: float | None
     registered_sites: int
     expected_sites: int
     policy: str
     clock: str
+    first_round: int = 0  # the oldest round held (0: none)
+    more_rounds: bool = False  # held rounds past the page
 
 
 @dataclass(frozen=True)
@@ -109,7 +120,9 @@ class Run(Protocol):
 
     def registration(self) -> Registration: ...
 
-    def status_snapshot(self) -> StatusSnapshot: ...
+    def status_snapshot(
+        self, after_round: int = 0, max_rounds: int | None = None
+    ) -> StatusSnapshot: ...
 
     def start(self) -> threading.Thread: ...
 
@@ -207,10 +220,20 @@ class RunLifecycle:
         self._stopping = True
         self._stop.set()
 
-    def status_snapshot(self) -> StatusSnapshot:
+    def status_snapshot(
+        self, after_round: int = 0, max_rounds: int | None = None
+    ) -> StatusSnapshot:
+        """A consistent copy of the status with one page of its rounds: those numbered above
+        ``after_round``, oldest first, at most ``max_rounds`` (None: all held); copying costs
+        the page, not the run."""
         with self._lock:
             st = self.status
-            copy = replace(st, rounds=list(st.rounds))
+            held = st.rounds
+            start = bisect.bisect_right(held, after_round, key=lambda r: r.record.round)
+            stop = len(held) if max_rounds is None else min(len(held), start + max_rounds)
+            page = [held[i] for i in range(start, stop)]
+            copy = replace(st, rounds=page)
+            first = held[0].record.round if held else 0
         return StatusSnapshot(
             status=copy,
             target=self.target,
@@ -218,6 +241,8 @@ class RunLifecycle:
             expected_sites=self.expected_sites,
             policy=self.policy_name,
             clock=self.cfg.clock,
+            first_round=first,
+            more_rounds=stop < len(held),
         )
 
     # -- status updates, from the run's thread -------------------------------------------
@@ -252,6 +277,7 @@ class RunLifecycle:
             st = self.status
             st.round, st.accuracy, st.clock_s = rec.round, rec.accuracy, rec.time_s
             st.rounds.append(row)
+            st.total_rounds += 1
             st.mode, st.active_sites, st.energy = mode, active_sites, energy
             first = st.time_to_accuracy_s is None and reached_at is not None
             if first:

@@ -9,12 +9,12 @@ with curtailment mode (``lifecycle.RunLifecycle``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from powertrip.clock import Clock, EmulatedClock, WallClock
 from powertrip.fedavg import NumpyParams
-from powertrip.journal import JournaledExecutor, JournalEntry
+from powertrip.journal import JournaledExecutor
 from powertrip.learning.device import to_numpy, to_torch
 from powertrip.learning.federation import build_federation, load_workload
 from powertrip.robust import Aggregation
@@ -24,51 +24,15 @@ from powertrip.sites import SiteProfile, site_id
 from services.aggregator import checkpoint, metrics
 from services.aggregator.config import AggregatorConfig
 from services.aggregator.executor import GrpcRoundExecutor
+from services.aggregator.journal_file import JournalFile
 from services.aggregator.lifecycle import Registration, RunLifecycle, StatusRound
 from services.aggregator.profile_feed import ProfileFeed
 from services.aggregator.registry import LivenessLog
+from services.aggregator.resume import Resume, journal_writer
+from services.aggregator.resume import fits_run as _fits_run
+from services.aggregator.resume import resume_state as _resume_state
 
 logger = logging.getLogger(__name__)
-
-
-def _resume_state(
-    ckpt: checkpoint.Checkpoint,
-) -> tuple[list[JournalEntry], tuple[float, float] | None]:
-    """The journal (one entry per round up to the checkpoint's) and the initial evaluation;
-    ValueError, KeyError or TypeError when the state does not have that shape."""
-    entries = ckpt.state.get("journal", [])
-    if not isinstance(entries, list):
-        raise TypeError("journal is not a list")
-    journal = [JournalEntry.from_json(e) for e in entries]
-    if [e.round for e in journal] != list(range(1, ckpt.round + 1)):
-        raise ValueError(f"journal does not hold rounds 1..{ckpt.round}")
-    if any(type(s) is not int for e in journal for s in e.selected):
-        raise TypeError("journal selects a site by a non-integer")
-    initial = ckpt.state.get("initial")
-    if initial is None:
-        return journal, None
-    if not isinstance(initial, list) or len(initial) != 2:
-        raise ValueError("initial is not [accuracy, loss]")
-    return journal, (float(initial[0]), float(initial[1]))
-
-
-def _fits_run(template: NumpyParams) -> Callable[[checkpoint.Checkpoint], None]:
-    """A checkpoint's check: the model arrays of this run (names, shapes, dtypes) and a
-    well-formed journal; ValueError or TypeError naming what does not fit."""
-    want = {k: (v.shape, v.dtype) for k, v in template.items()}
-
-    def check(ckpt: checkpoint.Checkpoint) -> None:
-        got = {k: (v.shape, v.dtype) for k, v in ckpt.params.items()}
-        if got.keys() != want.keys():
-            raise ValueError(f"model arrays {sorted(got)} are not this run's {sorted(want)}")
-        for k, (shape, dtype) in want.items():
-            if got[k] != (shape, dtype):
-                raise ValueError(
-                    f"array {k!r} is {got[k][1]}{list(got[k][0])}, not {dtype}{list(shape)}"
-                )
-        _resume_state(ckpt)
-
-    return check
 
 
 class AggregatorRun(RunLifecycle):
@@ -90,22 +54,19 @@ class AggregatorRun(RunLifecycle):
         params = to_numpy(fed.initial_params, copy=True)
         self.clock: Clock = EmulatedClock() if cfg.clock == "emulated" else WallClock()
         self._checkpoints = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
-        journal: list[JournalEntry] = []
-        initial: tuple[float, float] | None = None
-        down: dict[int, list[int]] = {}  # per round: the sites that were not available
+        resume = Resume([], None)
         self._resumed_round: int | None = None
-        self._fits = _fits_run(params)
+        self._fits = _fits_run(params, exp.num_sites)
+        self._journal: JournalFile | None = None  # the journal file's writer
         if self._checkpoints is not None:
             # NoUsableCheckpoint (all bad, no POWERTRIP_START_FRESH) stops the service
             ckpt = checkpoint.load_latest(self._checkpoints, self._fits, cfg.start_fresh)
+            self._journal = journal_writer(self._checkpoints, ckpt)
             if ckpt is not None:
                 params = ckpt.params
                 self._resumed_round = ckpt.round
-                journal, initial = _resume_state(ckpt)
-                down = LivenessLog.from_state(ckpt.state)
-                logger.info(
-                    "resuming after round %d: replaying %d rounds", ckpt.round, len(journal)
-                )
+                resume = _resume_state(ckpt, exp.num_sites)
+                logger.info("resuming after round %d: replaying %d rounds", ckpt.round, ckpt.round)
         self.model_bytes = sum(int(v.nbytes) for v in params.values())
         self.executor = GrpcRoundExecutor(
             self.registry,
@@ -120,9 +81,9 @@ class AggregatorRun(RunLifecycle):
             site_weights=[len(p) for p in fed.partitions],
         )
         # Restarts replay the journal through the round loop, so the policy resumes exactly.
-        self.journaled = JournaledExecutor(self.executor, journal, initial)
+        self.journaled = JournaledExecutor(self.executor, resume.journal, resume.initial)
         self.feed = ProfileFeed(cfg, exp.num_sites, stop=self._stop)
-        self.liveness = LivenessLog(self.registry, self._stop, cfg.round_deadline_s, down)
+        self.liveness = LivenessLog(self.registry, self._stop, cfg.round_deadline_s, resume.down)
         if self.target is not None:
             metrics.TARGET.set(self.target)
 
@@ -174,9 +135,10 @@ class AggregatorRun(RunLifecycle):
         reached = self.target is not None and rec.accuracy >= self.target
         self._record_round(StatusRound(rec), rec.time_s if reached else None)
         replayed = self.journaled.replaying(rec.round)
-        if self._checkpoints is not None and rec.outcome == "completed" and not replayed:
+        self._stage_journal(rec.round)
+        if self._journal is not None and rec.outcome == "completed" and not replayed:
             saved = checkpoint.save_or_report(
-                self._checkpoints,
+                self._journal.directory,
                 rec.round,
                 self.executor.params,
                 {
@@ -184,9 +146,8 @@ class AggregatorRun(RunLifecycle):
                     "accuracy": rec.accuracy,
                     "policy": strategy,
                     "initial": list(self.journaled.evaluate_initial()),
-                    "journal": [e.to_json() for e in self.journaled.journal],
-                    **self.liveness.to_state(),
                 },
+                self._journal,
             )
             if saved:  # a disk that refuses it: logged and counted, the run goes on
                 metrics.CHECKPOINT_ROUND.set(rec.round)
@@ -201,6 +162,19 @@ class AggregatorRun(RunLifecycle):
             ", replayed" if replayed else "",
         )
         self._pace(rec.time_s, replayed)
+
+    def _stage_journal(self, round_index: int) -> None:
+        """Hand the rounds run live so far, with their availability masks, to the journal
+        file (the next checkpoint appends them); the masks up to this round are not needed
+        again (a replayed round's mask was used before it ran)."""
+        down = self.liveness.down
+        new = [
+            replace(e, unavailable=tuple(down.get(e.round, ()))) for e in self.journaled.take_new()
+        ]
+        if self._journal is not None:
+            self._journal.extend(e.to_json() for e in new)
+        for r in [r for r in down if r <= round_index]:
+            del down[r]
 
     # -- lifecycle -------------------------------------------------------------------------
     @property

@@ -28,6 +28,9 @@ from services.common.tensor_stream import StreamError, specs_of
 
 logger = logging.getLogger(__name__)
 SERVICE = "AggregatorService"  # as metrics and refusal logs name it
+#: GetStatus rounds per reply: by default, and at most whatever is asked (a reply's size and
+#: the time the status lock is held do not grow with the run)
+STATUS_PAGE, STATUS_PAGE_MAX = 100, 1000
 
 #: tells the profiler about a worker (worker id, address, site ids); must not block, as it is
 #: called in the registration handler (``WorkerTracker.track`` queues it)
@@ -170,9 +173,13 @@ class AggregatorServicer(aggregator_pb2_grpc.AggregatorServiceServicer):
         cn = require_role(context, SERVICE, "GetStatus", services, self._registered)
         if cn is not None and cn not in services:  # a worker: still on the allow-list?
             self._check(context, cn, "GetStatus")
-        snap = self.run.status_snapshot()
+        page = min(request.max_rounds or STATUS_PAGE, STATUS_PAGE_MAX)
+        snap = self.run.status_snapshot(request.after_round, page)
         st, energy = snap.status, snap.status.energy
         return aggregator_pb2.GetStatusResponse(
+            total_rounds=st.total_rounds,
+            first_round=snap.first_round,
+            more_rounds=snap.more_rounds,
             mode=st.mode,
             active_sites=st.active_sites,
             energy_kwh=energy.energy_kwh if energy else 0.0,

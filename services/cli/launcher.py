@@ -224,11 +224,25 @@ class LocalCluster:
     def aggregator(self) -> Service:
         return next(s for s in self.services if s.name == "aggregator")
 
-    def status(self, timeout_s: float = 5.0) -> aggregator_pb2.GetStatusResponse:
+    def status(
+        self, timeout_s: float = 5.0, after_round: int = 0
+    ) -> aggregator_pb2.GetStatusResponse:
+        """The run's status with every round held past ``after_round``, read page by page
+        (GetStatus returns at most 1000 per reply): the last reply, all the pages' rounds."""
         if self._channel is None:
             self._channel = self.operator_channel(self.aggregator.grpc_addr)
         stub = aggregator_pb2_grpc.AggregatorServiceStub(self._channel)
-        return stub.GetStatus(aggregator_pb2.GetStatusRequest(), timeout=timeout_s)
+        rounds: list[aggregator_pb2.RoundSummary] = []
+        while True:
+            ask = aggregator_pb2.GetStatusRequest(max_rounds=1000, after_round=after_round)
+            reply = stub.GetStatus(ask, timeout=timeout_s)
+            rounds.extend(reply.rounds)
+            if not reply.more_rounds or not reply.rounds:
+                break
+            after_round = reply.rounds[-1].round
+        del reply.rounds[:]
+        reply.rounds.extend(rounds)
+        return reply
 
     def operator_channel(self, address: str) -> grpc.Channel:
         """mTLS as ``operator``, or plaintext when the cluster runs insecure."""

@@ -243,14 +243,14 @@ def up(
     last = [0]
 
     def show(st: aggregator_pb2.GetStatusResponse) -> None:
-        for r in st.rounds[last[0] :]:
+        for r in (r for r in st.rounds if r.round > last[0]):  # by number: the history is bounded
             out.print(
                 f"round {r.round:3d}  sites {len(r.selected_site_ids):3d}  updates "
                 f"{r.contributions:3d}  accuracy {r.accuracy:.4f}  clock {r.clock_seconds:9.1f} s"
                 f"  {r.outcome}",
                 highlight=False,
             )
-        last[0] = len(st.rounds)
+            last[0] = r.round
 
     # SIGTERM (a supervisor, `kill`, a test) ends the run like Ctrl-C: through the cluster's
     # exit, which stops every process it started, instead of orphaning them.

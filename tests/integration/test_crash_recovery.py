@@ -187,7 +187,12 @@ def start_aggregator(b: Bench, ckpts: Path, armed: str | None) -> Start:
 
 
 def files(*rounds: int) -> list[str]:
-    return [f"round-{r:06d}.{ext}" for r in rounds for ext in ("json", "npz")]
+    """The checkpoints of ``rounds`` and the journal file beside them."""
+    return ["journal.jsonl", *(f"round-{r:06d}.{ext}" for r in rounds for ext in ("json", "npz"))]
+
+
+def journal_lines(ckpts: Path) -> int:
+    return len((ckpts / "journal.jsonl").read_bytes().splitlines())
 
 
 @pytest.mark.reliability("R6", "R7")
@@ -201,18 +206,21 @@ def test_killed_in_a_fold_in_a_checkpoint_write_and_after_a_commit_the_run_ends_
     # (a) after the first of round 3's updates was folded: nothing of round 3 on disk
     first = start_aggregator(bench, ckpts, f"aggregation@{CRASH_ROUND}")
     assert first.left_behind == files(1, 2)
+    assert journal_lines(ckpts) == 2
 
     # (b) resumed from round 2, killed with round 3's model in place and its manifest
     # written but not renamed: round 3 is not committed
     second = start_aggregator(bench, ckpts, f"checkpoint-write@{CRASH_ROUND}")
     assert "resuming after round 2" in second.log
     assert second.left_behind == sorted([*files(1, 2), "round-000003.npz", "round-000003.json.tmp"])
+    assert journal_lines(ckpts) == 3  # round 3 appended, past round 2's committed prefix
 
     # (c) resumed from round 2 again (the leftover removed), killed after round 3's manifest
     # was renamed into place, before the directory fsync and the prune
     third = start_aggregator(bench, ckpts, f"checkpoint-commit@{CRASH_ROUND}")
     assert "resuming after round 2" in third.log and "removed round-000003.json.tmp" in third.log
     assert third.left_behind == files(1, 2, 3)
+    assert journal_lines(ckpts) == 3  # the uncommitted line cut off and round 3 appended anew
 
     # resumed from round 3, to the end: the same rounds and the same model, bit for bit
     last = start_aggregator(bench, ckpts, None)
@@ -221,3 +229,4 @@ def test_killed_in_a_fold_in_a_checkpoint_write_and_after_a_commit_the_run_ends_
     assert rounds(bench.final) == rounds(bench.golden_status)
     assert model_sha256(ckpts) == bench.golden_sha
     assert last.left_behind == files(ROUNDS - 1, ROUNDS)  # no garbage from the crashes
+    assert journal_lines(ckpts) == ROUNDS

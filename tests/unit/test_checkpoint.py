@@ -14,6 +14,7 @@ import pytest
 from services.aggregator import checkpoint, metrics
 from services.aggregator.durable_files import canonical_sha256, sha256_file
 from services.aggregator.executor import GrpcRoundExecutor
+from services.aggregator.journal_file import JournalFile
 from services.aggregator.run import _fits_run, _resume_state
 
 
@@ -57,12 +58,33 @@ def rejected(reason: str) -> float:
     return metrics.CHECKPOINT_REJECTED.labels(reason)._value.get()
 
 
+def entry(r: int) -> dict:
+    return {"round": r, "selected": [0, 1], "outcome": None}
+
+
 def two_rounds(directory: Path) -> tuple[Path, Path]:
     """Rounds 1 and 2 with a journal; the paths of round 2's manifest and model."""
+    journal = JournalFile(directory)
     for r in (1, 2):
-        journal = [{"round": i, "selected": [0, 1], "outcome": None} for i in range(1, r + 1)]
-        checkpoint.save(directory, r, params(float(r)), {"clock_s": 10.0 * r, "journal": journal})
+        journal.extend([entry(r)])
+        checkpoint.save(directory, r, params(float(r)), {"clock_s": 10.0 * r}, journal)
     return directory / "round-000002.json", directory / "round-000002.npz"
+
+
+def rechain(directory: Path, edit) -> None:
+    """Edit the journal's entries and rewrite the file, its hash chain and the newest
+    manifest's reference and self-checksum consistently: a forged or buggy-but-signed journal,
+    which only the field checks stand in the way of."""
+    lines = (directory / "journal.jsonl").read_text().splitlines()
+    entries = [json.loads(line)["entry"] for line in lines]
+    edit(entries)
+    (directory / "journal.jsonl").unlink()
+    journal = JournalFile(directory)
+    journal.extend(entries)
+    ref = journal.sync()
+    rewrite(
+        directory / "round-000002.json", lambda d: d["state"].__setitem__("journal", ref.to_json())
+    )
 
 
 def rewrite(manifest: Path, edit) -> None:
@@ -111,10 +133,20 @@ def edit_state(m: Path, _n: Path) -> None:
     m.write_text(m.read_text().replace('"clock_s": 20.0', '"clock_s": 21.0'))
 
 
-def edit_journal(m: Path, _n: Path) -> None:
-    data = json.loads(m.read_text())
-    data["state"]["journal"][1]["selected"] = [0, 2]
-    m.write_text(json.dumps(data, indent=1))
+def edit_journal(m: Path, _n: Path) -> None:  # the file edited, the chain not redone
+    path = m.parent / "journal.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    lines[1] = lines[1].replace('"selected":[0,1]', '"selected":[0,2]')
+    path.write_text("".join(lines))
+
+
+def truncate_journal(m: Path, _n: Path) -> None:  # round 2's line lost
+    path = m.parent / "journal.jsonl"
+    path.write_text(path.read_text().splitlines(keepends=True)[0])
+
+
+def edit_journal_reference(m: Path, _n: Path) -> None:
+    m.write_text(m.read_text().replace('"entries": 2', '"entries": 1'))
 
 
 def old_format(m: Path, n: Path) -> None:  # what the previous version wrote
@@ -133,7 +165,11 @@ def model_missing(_m: Path, n: Path) -> None:
 
 
 def bad_journal_entry(m: Path, _n: Path) -> None:
-    rewrite(m, lambda d: d["state"]["journal"].__setitem__(1, ["not", "an", "entry"]))
+    rechain(m.parent, lambda e: e.__setitem__(1, ["not", "an", "entry"]))
+
+
+def journal_of_other_rounds(m: Path, _n: Path) -> None:
+    rechain(m.parent, lambda e: e[1].__setitem__("round", 7))
 
 
 def wrong_shape(m: Path, _n: Path) -> None:
@@ -151,10 +187,13 @@ CASES = [
     (without_round, "malformed", "round-000002.json"),
     (not_json, "malformed", "round-000002.json"),
     (edit_state, "manifest-checksum", "round-000002.json"),
-    (edit_journal, "manifest-checksum", "round-000002.json"),
+    (edit_journal, "journal-checksum", "journal.jsonl"),
+    (truncate_journal, "journal-checksum", "journal.jsonl"),
+    (edit_journal_reference, "manifest-checksum", "round-000002.json"),
     (old_format, "old-format", "round-000002.json"),
     (pickled_model, "model-format", "round-000002.npz"),
-    (bad_journal_entry, "incompatible", "round-000002.json"),
+    (bad_journal_entry, "malformed", "round-000002.json"),
+    (journal_of_other_rounds, "incompatible", "round-000002.json"),
     (wrong_shape, "incompatible", "round-000002.json"),
 ]
 
@@ -187,7 +226,7 @@ def test_an_intact_checkpoint_round_trips_its_state(tmp_path):
     two_rounds(tmp_path)
     ckpt = checkpoint.load_latest(tmp_path, _fits_run(params(0.0)))
     assert ckpt is not None and ckpt.round == 2 and ckpt.state["clock_s"] == 20.0
-    assert [e.round for e in _resume_state(ckpt)[0]] == [1, 2]
+    assert [e.round for e in _resume_state(ckpt).journal] == [1, 2]
     manifest = json.loads((tmp_path / "round-000002.json").read_text())
     assert {"sha256", "model_sha256", "state", "round"} <= manifest.keys()
 

@@ -19,6 +19,7 @@ import pytest
 
 from services.aggregator import checkpoint, metrics
 from services.aggregator.durable_files import canonical_sha256, sha256_file
+from services.aggregator.journal_file import JournalFile
 from services.aggregator.run import _fits_run
 from services.common.config import ConfigError
 from services.common.fault_points import armed_faults, parse
@@ -31,13 +32,22 @@ def params(value: float) -> dict[str, np.ndarray]:
     return {"w": np.full(3, value, np.float32), "b": np.full(1, value, np.float32)}
 
 
-def journal(r: int) -> dict:
-    return {"journal": [{"round": i, "selected": [0, 1], "outcome": None} for i in range(1, r + 1)]}
+def step(journal: JournalFile, r: int) -> JournalFile:
+    """``journal`` with round ``r`` staged, as the run hands each round to it."""
+    journal.extend([{"round": r, "selected": [0, 1], "outcome": None}])
+    return journal
 
 
-def two_rounds(directory: Path) -> None:
+def two_rounds(directory: Path) -> JournalFile:
+    """Rounds 1 and 2 committed; the run's journal writer."""
+    journal = JournalFile(directory)
     for r in (1, 2):
-        checkpoint.save(directory, r, params(float(r)), journal(r))
+        checkpoint.save(directory, r, params(float(r)), {}, step(journal, r))
+    return journal
+
+
+def files(directory: Path, rounds: tuple[int, ...]) -> list[str]:
+    return ["journal.jsonl"] + [f"round-00000{r}.{e}" for r in rounds for e in ("json", "npz")]
 
 
 class Planted:
@@ -91,8 +101,8 @@ def test_a_planted_pickle_is_never_executed_and_the_previous_round_loads(tmp_pat
 
 
 def failing_fsync(monkeypatch, fail_call: int) -> None:
-    """``os.fsync`` raises EIO on its ``fail_call``-th call (1: the model file, 2: the
-    manifest, 3: the directory) and works otherwise."""
+    """``os.fsync`` raises EIO on its ``fail_call``-th call (1: the journal, 2: the model
+    file, 3: the manifest, 4: the directory) and works otherwise."""
     real, calls = os.fsync, []
 
     def fsync(fd: int) -> None:
@@ -105,15 +115,17 @@ def failing_fsync(monkeypatch, fail_call: int) -> None:
 
 
 @pytest.mark.reliability("R7")
-@pytest.mark.parametrize("fail_call", [1, 2, 3], ids=["model", "manifest", "directory"])
+@pytest.mark.parametrize(
+    "fail_call", [1, 2, 3, 4], ids=["journal", "model", "manifest", "directory"]
+)
 def test_an_fsync_error_keeps_the_previous_round_and_costs_one_warning_not_the_run(
     tmp_path, monkeypatch, caplog, fail_call
 ):
-    two_rounds(tmp_path)
+    journal = two_rounds(tmp_path)
     before = metrics.CHECKPOINT_WRITE_FAILURES._value.get()
     caplog.set_level(logging.WARNING, logger=LOGGER)
     failing_fsync(monkeypatch, fail_call)
-    assert checkpoint.save_or_report(tmp_path, 3, params(3.0), journal(3)) is False
+    assert checkpoint.save_or_report(tmp_path, 3, params(3.0), {}, step(journal, 3)) is False
     monkeypatch.undo()
     lines = [r.getMessage() for r in caplog.records if r.name == LOGGER]
     assert len(lines) == 1 and "round 3 not written" in lines[0] and "\n" not in lines[0]
@@ -122,16 +134,16 @@ def test_an_fsync_error_keeps_the_previous_round_and_costs_one_warning_not_the_r
     previous = checkpoint.load_round(tmp_path, 2, _fits_run(params(0.0)))
     assert previous is not None
     np.testing.assert_array_equal(previous.params["w"], params(2.0)["w"])
-    # the run goes on: the next round's checkpoint is written and is the newest
-    assert checkpoint.save_or_report(tmp_path, 4, params(4.0), journal(4)) is True
-    assert checkpoint.load_latest(tmp_path, _fits_run(params(0.0))).round == 4
+    # the run goes on: the next round's checkpoint is written and is the newest, its journal
+    # whole (round 3's line appended with it when the journal's own fsync failed)
+    assert checkpoint.save_or_report(tmp_path, 4, params(4.0), {}, step(journal, 4)) is True
+    latest = checkpoint.load_latest(tmp_path, _fits_run(params(0.0)))
+    assert latest.round == 4 and [e["round"] for e in latest.state["journal"]] == [1, 2, 3, 4]
     # round 3 counts as written only when its manifest was committed before the failure (the
     # directory's fsync); otherwise round 2 was the fallback until round 4, and round 3's
     # orphaned model (if any) went with the prune
-    kept = (3, 4) if fail_call == 3 else (2, 4)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [
-        f"round-00000{r}.{e}" for r in kept for e in ("json", "npz")
-    ]
+    kept = (3, 4) if fail_call == 4 else (2, 4)
+    assert sorted(p.name for p in tmp_path.iterdir()) == files(tmp_path, kept)
 
 
 @pytest.mark.reliability("R7")
@@ -141,25 +153,27 @@ def test_a_crash_between_model_and_manifest_leaves_the_previous_round_and_no_las
     """What ``checkpoint-write`` leaves (the model of round 3 in place, its manifest only as a
     temporary file): the loader takes round 2, the start deletes the temporary file, and the
     next save does not trip over the orphaned model."""
-    two_rounds(tmp_path)
-    checkpoint.save(tmp_path, 3, params(3.0), journal(3))
+    checkpoint.save(tmp_path, 3, params(3.0), {}, step(two_rounds(tmp_path), 3))
     (tmp_path / "round-000003.json").rename(tmp_path / "round-000003.json.tmp")
     (tmp_path / "round-000002.npz.tmp").write_bytes(b"half a model")
     ckpt = checkpoint.load_latest(tmp_path, _fits_run(params(0.0)))
     assert ckpt is not None and ckpt.round == 2
     assert not list(tmp_path.glob("*.tmp"))
-    checkpoint.save(tmp_path, 3, params(3.5), journal(3))
+    # the restarted run's writer continues from round 2's prefix: round 3's line from before
+    # the crash is cut off, not doubled
+    resumed = JournalFile(tmp_path, ckpt.journal)
+    checkpoint.save(tmp_path, 3, params(3.5), {}, step(resumed, 3))
     again = checkpoint.load_latest(tmp_path, _fits_run(params(0.0)))
     assert again.round == 3 and again.params["w"][0] == np.float32(3.5)
+    assert [e["round"] for e in again.state["journal"]] == [1, 2, 3]
+    assert len((tmp_path / "journal.jsonl").read_text().splitlines()) == 3
 
 
 def test_a_model_left_without_its_manifest_is_pruned_by_a_later_save(tmp_path):
-    two_rounds(tmp_path)
+    journal = two_rounds(tmp_path)
     (tmp_path / "round-000000.npz").write_bytes(b"orphan of a crash during a prune")
-    checkpoint.save(tmp_path, 3, params(3.0), journal(3))
-    assert sorted(p.name for p in tmp_path.iterdir()) == [
-        f"round-00000{r}.{e}" for r in (2, 3) for e in ("json", "npz")
-    ]
+    checkpoint.save(tmp_path, 3, params(3.0), {}, step(journal, 3))
+    assert sorted(p.name for p in tmp_path.iterdir()) == files(tmp_path, (2, 3))
 
 
 def test_the_crash_hook_parses_points_and_rounds_and_refuses_unknown_ones():
