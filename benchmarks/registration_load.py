@@ -12,60 +12,63 @@ which is what a new worker waits for. Peak aggregator RSS is its ``VmHWM`` at th
 
 Targets (the reliability matrix, R24): 200 clients: every registration succeeds, p99 <= 0.5 s;
 500 clients: no crash, and p99 <= 1.5 s (RESOURCE_EXHAUSTED is an acceptable answer there, to be
-retried by the worker with jitter).
+retried by the worker with jitter). With ``--retry`` each client retries as a worker does
+(``retry_idempotent``) and must get in, p99 (to its final answer) <= 1.5 s. ``--baseline``
+runs the client options before issue 20 (a 2 s connect timeout) interleaved with the current
+ones and prints current/baseline p99 ratios; ``--busy N`` adds N spinning processes (a shared
+machine); every case runs ``--repeats`` times, summarised as min/median/max.
 
-    .venv/bin/python benchmarks/registration_load.py [--clients 200,500] [--json out.json]
+    .venv/bin/python benchmarks/registration_load.py [--clients 200,500] [--retry] [--baseline]
+        [--busy 2] [--repeats 3] [--max-concurrent-rpcs 256] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import grpc
-from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.load_stats import (  # noqa: E402
+    busy_cores,
+    failure_kind,
+    percentile,
+    server_mean_s,
+    spread,
+    status_kib,
+)
 from powertrip.sites import site_id  # noqa: E402
 from powertrip.v1 import aggregator_pb2, aggregator_pb2_grpc  # noqa: E402
 from services.cli.certs import mint_cluster, tls_env  # noqa: E402
 from services.cli.service_process import Service, start_service  # noqa: E402
 from services.common.config import ServiceConfig, load_config  # noqa: E402
+from services.common.grpc_client import retry_idempotent  # noqa: E402
 from services.common.grpc_options import client_options  # noqa: E402
 from services.common.tls import channel_credentials  # noqa: E402
 
 #: the matrix's targets: clients -> (required success ratio, p99 seconds)
 TARGETS = {200: (1.0, 0.5), 500: (0.0, 1.5)}
+#: how long a worker keeps retrying its registration (WorkerConfig.register_timeout_s' default)
+WORKER_RETRY_S = 120.0
+Options = Sequence[tuple[str, int | str]]
+#: the client options before issue 20 (a 2 s connect deadline), for --baseline
+BASELINE_OPTIONS: Options = (("grpc.min_reconnect_backoff_ms", 2000),)
 
 
 def worker_ids(n: int) -> list[str]:
     return [f"w{i:03d}" for i in range(n)]
-
-
-def status_kib(pid: int, key: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1])
-    raise KeyError(key)
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100); NaN for no values."""
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    rank = max(1, -(-len(ordered) * q // 100))  # ceil
-    return ordered[int(rank) - 1]
 
 
 @dataclass
@@ -78,6 +81,9 @@ class LoadResult:
     peak_rss_mib: float = 0.0
     alive: bool = True
     server_mean_s: float = float("nan")  # RegisterWorker's mean time in the server's handler
+    retry: bool = False  # each client retried as a worker does
+    attempts: int = 0  # RegisterWorker calls, retries included
+    failures: dict[str, int] = field(default_factory=dict)  # failed attempts by code and cause
 
     @property
     def p50(self) -> float:
@@ -96,25 +102,12 @@ class LoadResult:
         return out | {"p50_s": self.p50, "p95_s": self.p95, "p99_s": self.p99}
 
 
-def server_mean_s(metrics_url: str, method: str = "RegisterWorker") -> float:
-    """Mean of ``grpc_server_handling_seconds`` for ``method`` (every call, the flood's too)."""
-    with urllib.request.urlopen(metrics_url, timeout=5) as r:
-        text = r.read().decode()
-    total = {"_sum": 0.0, "_count": 0.0}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            suffix = sample.name.removeprefix("grpc_server_handling_seconds")
-            if suffix in total and sample.labels.get("grpc_method") == method:
-                total[suffix] += sample.value
-    return total["_sum"] / total["_count"] if total["_count"] else float("nan")
-
-
 class Aggregator:
     """A profiler and an aggregator over mTLS for ``clients`` worker ids (certificates minted
     into ``workdir/tls``); the run has ``clients + 1`` sites, so it only ever registers."""
 
-    def __init__(self, workdir: Path, clients: int) -> None:
-        self.workdir, self.clients = workdir, clients
+    def __init__(self, workdir: Path, clients: int, **env: object) -> None:
+        self.workdir, self.clients, self.extra_env = workdir, clients, env
         self.tls_dir = workdir / "tls"
         self.ids = worker_ids(clients)
         self.services: list[Service] = []
@@ -145,6 +138,7 @@ class Aggregator:
                 checkpoint_dir="",
                 allowed_workers=",".join(self.ids),
                 registration_timeout_s=3600,
+                **self.extra_env,
             ),
         )
         return self
@@ -159,26 +153,42 @@ class Aggregator:
     def pid(self) -> int:
         return self.service.process.pid
 
-    def channel(self, name: str) -> grpc.Channel:
-        """A channel of its own (own connection) presenting ``name``'s certificate."""
+    def channel(self, name: str, overrides: Options = ()) -> grpc.Channel:
+        """A channel of its own (own connection) presenting ``name``'s certificate; ``overrides``
+        replace client options of the same name."""
         cfg = load_config(ServiceConfig, tls_env(self.tls_dir, name))
         creds = channel_credentials(cfg)
         assert creds is not None
-        options = [*client_options(cfg), ("grpc.use_local_subchannel_pool", 1)]
+        replaced = {key for key, _ in overrides}
+        options = [o for o in client_options(cfg) if o[0] not in replaced]
+        # the identity the aggregator proves, whatever address it is dialled at
+        options += [*overrides, ("grpc.use_local_subchannel_pool", 1)]
+        options.append(("grpc.ssl_target_name_override", "aggregator"))
         return grpc.secure_channel(self.service.grpc_addr, creds, options=options)
 
 
-def register_all(agg: Aggregator, timeout_s: float = 30.0, preconnect: bool = False) -> LoadResult:
+def register_all(
+    agg: Aggregator,
+    timeout_s: float = 30.0,
+    preconnect: bool = False,
+    retry: bool = False,
+    overrides: Options = (),
+) -> LoadResult:
     """Every id registers its own site at once (one thread and one channel each). With
     ``preconnect`` every channel finishes its TLS handshake first, so the latency is the RPC
-    alone (what the handshakes cost is the difference)."""
+    alone (what the handshakes cost is the difference). With ``retry`` each client retries as a
+    worker does (``retry_idempotent`` with the worker's budget, ``timeout_s`` per attempt) and
+    its latency runs to its final answer. ``overrides`` replace client options (a baseline)."""
     ids = agg.ids
-    channels = [agg.channel(w) for w in ids]
+    channels = [agg.channel(w, overrides) for w in ids]
     if preconnect:
         for ch in channels:
             grpc.channel_ready_future(ch).result(timeout=timeout_s)
     barrier = threading.Barrier(len(ids) + 1)
     results: list[tuple[str, float]] = [("", 0.0)] * len(ids)
+    attempts = [0] * len(ids)
+    failures: Counter[str] = Counter()  # every failed attempt, by code and cause
+    lock = threading.Lock()
 
     def client(i: int) -> None:
         stub = aggregator_pb2_grpc.AggregatorServiceStub(channels[i])
@@ -188,10 +198,21 @@ def register_all(agg: Aggregator, timeout_s: float = 30.0, preconnect: bool = Fa
             site_ids=[site_id(i)],
             ready=True,  # its sites loaded: counted as registered
         )
+
+        def attempt() -> None:
+            attempts[i] += 1
+            try:
+                stub.RegisterWorker(request, timeout=timeout_s)
+            except grpc.RpcError as exc:
+                with lock:
+                    failures[failure_kind(exc)] += 1
+                raise
+
+        call = retry_idempotent(WORKER_RETRY_S, max_attempts=1000)(attempt) if retry else attempt
         barrier.wait()
         t0 = time.perf_counter()
         try:
-            stub.RegisterWorker(request, timeout=timeout_s)
+            call()
             code = "OK"
         except grpc.RpcError as exc:
             code = exc.code().name
@@ -203,7 +224,7 @@ def register_all(agg: Aggregator, timeout_s: float = 30.0, preconnect: bool = Fa
         t.start()
     barrier.wait()
     for t in threads:
-        t.join(timeout_s + 10)
+        t.join((WORKER_RETRY_S if retry else 0) + timeout_s + 10)
     for ch in channels:
         ch.close()
     alive = agg.service.process.poll() is None
@@ -217,11 +238,14 @@ def register_all(agg: Aggregator, timeout_s: float = 30.0, preconnect: bool = Fa
         peak_rss_mib=status_kib(agg.pid, "VmHWM") / 1024 if alive else float("nan"),
         alive=alive,
         server_mean_s=server_mean_s(agg.service.metrics_url) if alive else float("nan"),
+        retry=retry,
+        attempts=sum(attempts),
+        failures=dict(failures),
     )
 
 
 def verdict(r: LoadResult) -> str:
-    need_ok, p99_s = TARGETS.get(r.clients, (1.0, 1.5))
+    need_ok, p99_s = (1.0, 1.5) if r.retry else TARGETS.get(r.clients, (1.0, 1.5))
     answered = r.ok + r.codes.get("RESOURCE_EXHAUSTED", 0)
     good = r.alive and r.ok >= need_ok * r.clients and answered == r.clients and r.p99 <= p99_s
     return "PASS" if good else "MISS"
@@ -230,26 +254,56 @@ def verdict(r: LoadResult) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--clients", default="200,500", help="comma-separated client counts")
+    ap.add_argument("--repeats", type=int, default=3, help="runs per case (min/median/max)")
+    ap.add_argument("--retry", action="store_true", help="retry as workers do")
+    ap.add_argument("--baseline", action="store_true", help="also run the old client options")
+    ap.add_argument("--max-concurrent-rpcs", type=int, default=0, help="the server's limit")
+    ap.add_argument("--busy", type=int, default=0, help="spinning processes alongside")
     ap.add_argument("--json", type=Path, help="also write the results here")
     ap.add_argument("--preconnect", action="store_true", help="handshake first: time the RPC alone")
     a = ap.parse_args()
-    rows = []
+    logging.getLogger("services.common.grpc_client").setLevel(logging.ERROR)  # retry notices
+    cases = [("current", ())] + ([("baseline", BASELINE_OPTIONS)] if a.baseline else [])
+    rows: list[dict] = []
     print(
-        f"{'clients':>7} {'ok':>5} {'exhausted':>9} {'other':>5} {'p50 ms':>7} {'p95 ms':>7} "
-        f"{'p99 ms':>7} {'srv ms':>6} {'RSS0 MiB':>8} {'peak MiB':>8} {'alive':>5}  target"
+        f"{'options':>8} {'clients':>7} {'ok':>5} {'exhausted':>9} {'other':>5} {'tries':>5} "
+        f"{'p50 ms':>7} {'p99 ms':>7} {'srv ms':>6} {'peak MiB':>8} {'alive':>5}  target"
     )
     for n in (int(x) for x in a.clients.split(",")):
-        with tempfile.TemporaryDirectory() as tmp, Aggregator(Path(tmp), n) as agg:
-            r = register_all(agg, preconnect=a.preconnect)
-        exhausted = r.codes.get("RESOURCE_EXHAUSTED", 0)
-        other = r.clients - r.ok - exhausted
-        print(
-            f"{n:>7} {r.ok:>5} {exhausted:>9} {other:>5} {r.p50 * 1e3:>7.0f} {r.p95 * 1e3:>7.0f} "
-            f"{r.p99 * 1e3:>7.0f} {r.server_mean_s * 1e3:>6.1f} {r.rss_before_mib:>8.0f} "
-            f"{r.peak_rss_mib:>8.0f} {str(r.alive):>5}  {verdict(r)}",
-            flush=True,
-        )
-        rows.append(r.summary() | {"verdict": verdict(r), "preconnect": a.preconnect})
+        for _ in range(a.repeats):
+            for name, overrides in cases:  # interleaved: both see the same machine load
+                with (
+                    tempfile.TemporaryDirectory() as tmp,
+                    Aggregator(Path(tmp), n, max_concurrent_rpcs=a.max_concurrent_rpcs) as agg,
+                    busy_cores(a.busy),
+                ):
+                    r = register_all(
+                        agg, preconnect=a.preconnect, retry=a.retry, overrides=overrides
+                    )
+                exhausted = r.codes.get("RESOURCE_EXHAUSTED", 0)
+                print(
+                    f"{name:>8} {n:>7} {r.ok:>5} {exhausted:>9} {r.clients - r.ok - exhausted:>5} "
+                    f"{r.attempts:>5} {r.p50 * 1e3:>7.0f} {r.p99 * 1e3:>7.0f} "
+                    f"{r.server_mean_s * 1e3:>6.1f} {r.peak_rss_mib:>8.0f} {str(r.alive):>5}  "
+                    f"{verdict(r)} {r.failures or ''}",
+                    flush=True,
+                )
+                rows.append(r.summary() | {"options": name, "verdict": verdict(r)})
+    print("\nmin/median/max over repeats")
+    for n in (int(x) for x in a.clients.split(",")):
+        p99: dict[str, list[float]] = {}
+        for name, _ in cases:
+            mine = [row for row in rows if row["clients"] == n and row["options"] == name]
+            p99[name] = [row["p99_s"] for row in mine]
+            failed = [row["clients"] - row["ok"] for row in mine]
+            tries = [row["attempts"] / row["clients"] for row in mine]
+            print(
+                f"{name:>8} {n:>4} clients: p99 {spread(p99[name])} s, failed {spread(failed)}, "
+                f"attempts/client {spread(tries)}"
+            )
+        if a.baseline:
+            ratios = [c / b for c, b in zip(p99["current"], p99["baseline"], strict=True)]
+            print(f"{'':>8} {n:>4} clients: p99 current/baseline {spread(ratios)}")
     if a.json:
         a.json.write_text(json.dumps(rows, indent=1))
     return 0

@@ -12,6 +12,8 @@ from services.common.config import ServiceConfig
 MiB = 1 << 20
 #: longest wait between two reconnect attempts, and between two retries (grpc_client)
 BACKOFF_CAP_S = 3.0
+#: how long one connection attempt (TCP + TLS handshake) may take: see client_options
+CONNECT_TIMEOUT_MS = 5000
 
 
 def message_limits(cfg: ServiceConfig) -> list[tuple[str, int]]:
@@ -34,10 +36,16 @@ def client_options(cfg: ServiceConfig) -> list[tuple[str, int]]:
         # gRPC's reconnect backoff grows to 120 s by default: after a link outage of a minute a
         # peer that is back would wait minutes to be found; cap it like the retries
         ("grpc.max_reconnect_backoff_ms", int(BACKOFF_CAP_S * 1000)),
-        # ... and one connection attempt (TCP + TLS handshake) may hang 20 s by default when
-        # its SYN is lost in a dark link: give up sooner and try afresh (2 s still fits a TLS
-        # handshake over a 500 ms round trip)
-        ("grpc.min_reconnect_backoff_ms", 2000),
+        ("grpc.initial_reconnect_backoff_ms", 1000),  # gRPC's default, then x1.6 up to the cap
+        # Despite its name this is no backoff: gRPC core gives every connection attempt (TCP
+        # connect + TLS handshake) until max(now + min_reconnect_backoff, the next backoff
+        # time) before abandoning it (subchannel.cc, StartConnectingLocked; 1.85 has no
+        # separate connect timeout). The default, 20 s, leaves an attempt whose SYN was lost in
+        # a dark link hanging; 2 s abandoned TLS handshakes that queue behind hundreds of others
+        # on a busy server (500 registrations at once, benchmarks/registration_load.py), whose
+        # retries then redo the work. 5 s fits such a queue, and a dark link still gets a fresh
+        # SYN at least every 2 s (the kernel resends at 1 s and 3 s of an attempt).
+        ("grpc.min_reconnect_backoff_ms", CONNECT_TIMEOUT_MS),
     ]
 
 
