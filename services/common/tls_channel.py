@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -125,7 +126,8 @@ class IdentityChannel(grpc.Channel):
         if reason is None:
             return None
         message = one_line(f"TLS to {self.identity} at {self.address} refused: {reason}", 400)
-        if _limiter.allow((self.identity, self.address, reason)):
+        kind = re.sub(r"\d", "", reason)  # the same reason at another "now" is no news
+        if _limiter.allow((self.identity, self.address, kind)):
             logger.error("%s", message)
         return TlsRefused(message, exc)
 

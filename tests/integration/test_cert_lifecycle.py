@@ -245,6 +245,24 @@ def test_a_refused_client_names_its_own_certificate_problem_at_once(
         assert "clock reads" in details  # both times shown
 
 
+def test_a_refusal_that_persists_is_logged_once_not_per_call(pki, tmp_path, caplog, monkeypatch):
+    """A heartbeat keeps calling with an expired certificate: every call raises the reason,
+    re-diagnosed each time here, but the log gets one line (its "now" changes, not its news)."""
+    monkeypatch.setattr("services.common.tls_channel.DIAGNOSIS_TTL_S", 0.0)
+    server, address = serve(pki)
+    bad = pair(pki, tmp_path / "bad", "w0", days=1, not_before=LAST_MONTH)
+    channel = make_channel(address, unchecked(bad, "w0"), AGGREGATOR)
+    try:
+        with caplog.at_level(logging.WARNING):
+            for _ in range(3):
+                with pytest.raises(grpc.RpcError, match="expired"):
+                    who(channel)
+                time.sleep(1.1)
+    finally:
+        server.stop(grace=None)
+    assert len([r for r in caplog.records if "refused" in r.getMessage()]) == 1
+
+
 def test_a_server_rejecting_our_certificate_is_told_apart_from_a_network_failure(
     pki, tmp_path, caplog
 ):
