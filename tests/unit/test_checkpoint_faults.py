@@ -46,7 +46,8 @@ def two_rounds(directory: Path) -> JournalFile:
     return journal
 
 
-def files(directory: Path, rounds: tuple[int, ...]) -> list[str]:
+def files(rounds: tuple[int, ...]) -> list[str]:
+    """The checkpoints of ``rounds`` and the journal file beside them."""
     return ["journal.jsonl"] + [f"round-00000{r}.{e}" for r in rounds for e in ("json", "npz")]
 
 
@@ -143,7 +144,7 @@ def test_an_fsync_error_keeps_the_previous_round_and_costs_one_warning_not_the_r
     # directory's fsync); otherwise round 2 was the fallback until round 4, and round 3's
     # orphaned model (if any) went with the prune
     kept = (3, 4) if fail_call == 4 else (2, 4)
-    assert sorted(p.name for p in tmp_path.iterdir()) == files(tmp_path, kept)
+    assert sorted(p.name for p in tmp_path.iterdir()) == files(kept)
 
 
 @pytest.mark.reliability("R7")
@@ -173,7 +174,7 @@ def test_a_model_left_without_its_manifest_is_pruned_by_a_later_save(tmp_path):
     journal = two_rounds(tmp_path)
     (tmp_path / "round-000000.npz").write_bytes(b"orphan of a crash during a prune")
     checkpoint.save(tmp_path, 3, params(3.0), {}, step(journal, 3))
-    assert sorted(p.name for p in tmp_path.iterdir()) == files(tmp_path, (2, 3))
+    assert sorted(p.name for p in tmp_path.iterdir()) == files((2, 3))
 
 
 def test_the_crash_hook_parses_points_and_rounds_and_refuses_unknown_ones():

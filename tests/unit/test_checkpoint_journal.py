@@ -246,3 +246,13 @@ def test_the_aggregator_starts_from_the_round_before_a_signed_checkpoint_it_cann
     assert run._resumed_round == 1 and run.journaled.replaying(1) and not run.journaled.replaying(2)
     (line,) = [r.getMessage() for r in caplog.records if r.name == LOGGER]
     assert "round-000002.json" in line and "malformed" in line and "state.accuracy" in line
+    # its next round goes to the journal with the availability mask it ran under, after
+    # round 1's line (round 2's forged line cut off), and the masks held in memory are let go
+    run.liveness.down[2] = [1]
+    run.journaled._new.append(JournalEntry(2, (0, 2), None))
+    run._stage_journal(2)
+    checkpoint.save(tmp_path, 2, model, state(2), run._journal)
+    assert run.liveness.down == {}
+    resumed = resume_state(checkpoint.load_latest(tmp_path, run._fits), 3)
+    assert [(e.round, e.selected) for e in resumed.journal] == [(1, (0, 1, 2)), (2, (0, 2))]
+    assert resumed.down == {2: [1]}
