@@ -15,11 +15,23 @@ def median_rtt(samples_s: Sequence[float]) -> float:
     return float(statistics.median(samples_s))
 
 
-def bandwidth_bytes_per_s(nbytes: int, seconds: float, rtt_s: float = 0.0) -> float:
-    """Goodput of a bulk stream; the request's own round trip is not transfer time."""
+#: a transfer time below this share of the stream's elapsed time is noise, not a measurement
+MIN_TRANSFER_SHARE = 0.05
+
+
+def bandwidth_bytes_per_s(nbytes: int, seconds: float, rtt_s: float = 0.0) -> float | None:
+    """Goodput of a bulk stream of ``nbytes`` that took ``seconds``, the request's own round
+    trip (``rtt_s``) not counted as transfer time; None when that leaves no usable time.
+
+    The RTT is a median of separate pings, so on a busy machine it can exceed the whole stream
+    (a ping waited for a CPU, the stream did not): the difference is then negative or a sliver
+    whose quotient would be absurd. Such a stream says nothing about the link; the caller keeps
+    its RTT and its previous bandwidth estimate."""
+    if nbytes <= 0 or seconds <= 0:
+        return None
     transfer = seconds - rtt_s
-    if nbytes <= 0 or transfer <= 0:
-        raise ValueError(f"cannot derive bandwidth from {nbytes} bytes in {transfer:.6f} s")
+    if transfer < MIN_TRANSFER_SHARE * seconds:
+        return None
     return nbytes / transfer
 
 

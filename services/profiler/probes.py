@@ -15,7 +15,7 @@ PING_PAYLOAD_BYTES = 64
 @dataclass(frozen=True)
 class ProbeResult:
     rtt_s: float
-    bandwidth_bytes_per_s: float | None  # None: the bulk stream was not run (byte budget)
+    bandwidth_bytes_per_s: float | None  # None: not run (byte budget) or too short to tell
     bytes_moved: int  # payload bytes both ways, pings included
 
 
@@ -39,8 +39,10 @@ def measure_bandwidth(
     rtt_s: float,
     timeout_s: float,
     chunk_bytes: int = 1 << 20,
-) -> tuple[float, int]:
-    """(goodput worker -> profiler in bytes/s, bytes received) of one timed bulk stream."""
+) -> tuple[float | None, int]:
+    """(goodput worker -> profiler in bytes/s, bytes received) of one timed bulk stream; the
+    goodput is None when the stream's time was too short next to ``rtt_s`` to mean anything
+    (``links.bandwidth_bytes_per_s``)."""
     t0 = time.perf_counter()
     received = 0
     for msg in stub.ProbeBandwidth(

@@ -102,30 +102,42 @@ class LinkProber:
                 self._probe(worker_id, w)
 
     def _probe(self, worker_id: str, w: TrackedWorker) -> None:
+        """The RTT, then (budget allowing) the bandwidth. A failed or meaningless bulk stream
+        costs only the bandwidth: the RTT just measured is kept, the bandwidth estimate stays
+        as it was."""
         cfg = self.cfg
         try:
             rtt, moved = measure_rtt(w.stub, cfg.ping_count, cfg.rpc_timeout_s)
-            bandwidth = None
-            if self.budget.try_spend(cfg.probe_bytes):
+        except grpc.RpcError as exc:
+            metrics.PROBES.labels("failed").inc()
+            logger.warning("probe of %s at %s failed: %s", worker_id, w.address, exc.code())
+            return
+        bandwidth, outcome = None, "over_budget"
+        if self.budget.try_spend(cfg.probe_bytes):
+            try:
                 bandwidth, received = measure_bandwidth(
                     w.stub, cfg.probe_bytes, rtt, cfg.probe_timeout_s
                 )
                 moved += received
-            else:
+                outcome = "ok" if bandwidth is not None else "bandwidth_unusable"
+            except grpc.RpcError as exc:
+                outcome = "bandwidth_failed"
                 logger.warning(
-                    "probe budget: %d of %d bytes used in the last hour; %s keeps its bandwidth "
-                    "estimate and gets pings only",
-                    self.budget.used(),
-                    self.budget.limit,
+                    "bandwidth probe of %s at %s failed: %s; keeping its RTT",
                     worker_id,
+                    w.address,
+                    exc.code(),
                 )
-        except (grpc.RpcError, ValueError) as exc:
-            metrics.PROBES.labels("failed").inc()
-            why = exc.code() if isinstance(exc, grpc.RpcError) else exc
-            logger.warning("probe of %s at %s failed: %s", worker_id, w.address, why)
-            return
+        else:
+            logger.warning(
+                "probe budget: %d of %d bytes used in the last hour; %s keeps its bandwidth "
+                "estimate and gets pings only",
+                self.budget.used(),
+                self.budget.limit,
+                worker_id,
+            )
         w.link.update(rtt, bandwidth, time.monotonic() - self._started)
-        metrics.PROBES.labels("ok" if bandwidth is not None else "over_budget").inc()
+        metrics.PROBES.labels(outcome).inc()
         metrics.PROBE_BYTES.inc(moved)
         logger.info(
             "probe %s: rtt %.2f ms, bandwidth %s (smoothed: %.2f ms, %.2f Mbit/s)",
