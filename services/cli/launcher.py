@@ -244,12 +244,13 @@ class LocalCluster:
         reply.rounds.extend(rounds)
         return reply
 
-    def operator_channel(self, address: str) -> grpc.Channel:
-        """mTLS as ``operator``, or plaintext when the cluster runs insecure."""
+    def operator_channel(self, address: str, server: str = AGGREGATOR) -> grpc.Channel:
+        """mTLS as ``operator`` to the service that must prove it is ``server``, or plaintext
+        when the cluster runs insecure."""
         if self.plan.tls_path is None:
             return grpc.insecure_channel(address)
         cfg = load_config(ServiceConfig, tls_env(self.plan.tls_path, "operator"))
-        return make_channel(address, cfg, AGGREGATOR)
+        return make_channel(address, cfg, server)
 
     def wait_done(
         self,

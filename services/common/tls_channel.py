@@ -76,6 +76,7 @@ class IdentityChannel(grpc.Channel):
         self._checked = time.monotonic()
         self._channel = self._build(*(open(p, "rb").read() for p in self.paths))  # noqa: SIM115
         self._verdict: tuple[float, str | None] = (-DIAGNOSIS_TTL_S, None)
+        self._closed = False
 
     def _build(self, cert: bytes, key: bytes, ca: bytes) -> grpc.Channel:
         creds = grpc.ssl_channel_credentials(ca, key, cert)
@@ -93,6 +94,8 @@ class IdentityChannel(grpc.Channel):
             return self._channel
 
     def _reload_if_changed(self) -> None:
+        if self._closed:
+            return
         try:
             sig = _signature(self.paths)
         except OSError:  # a file replaced mid-rotation: keep the current one, look again soon
@@ -111,6 +114,15 @@ class IdentityChannel(grpc.Channel):
         self._channel = fresh  # the old one is freed once its calls in flight finish
         self._verdict = (-DIAGNOSIS_TTL_S, None)
         logger.info("TLS certificate files changed; new calls to %s use them", self.identity)
+
+    def bind(self, channel: grpc.Channel, kind: str, method: str, args: tuple, kwargs: dict) -> Any:
+        """``channel``'s multicallable for ``method``; ValueError once closed, as grpcio says it,
+        because grpcio crashes the process (SIGSEGV) making a registered method on a closed
+        channel, which a stub's first call after ``close`` would otherwise do here."""
+        with self._lock:
+            if self._closed:
+                raise ValueError("Cannot invoke RPC on closed channel!")
+            return getattr(channel, kind)(method, *args, **kwargs)
 
     def refused(self, exc: grpc.RpcError) -> TlsRefused | None:
         """``exc`` explained as a certificate problem, or None if it is not one."""
@@ -151,7 +163,9 @@ class IdentityChannel(grpc.Channel):
         self._channel.unsubscribe(callback)
 
     def close(self) -> None:
-        self._channel.close()
+        with self._lock:
+            self._closed = True
+            self._channel.close()
 
     def __enter__(self) -> IdentityChannel:
         return self
@@ -180,8 +194,8 @@ class _Multicallable:
         channel = self._owner.current()
         made = self._made
         if made is None or made[0] is not channel:
-            factory = getattr(channel, self._kind)
-            made = self._made = (channel, factory(self._method, *self._args, **self._kwargs))
+            bound = self._owner.bind(channel, self._kind, self._method, self._args, self._kwargs)
+            made = self._made = (channel, bound)
         return made[1]
 
     def _explained(self, call: Callable[[], Any]) -> Any:

@@ -184,6 +184,36 @@ def test_a_client_moves_to_a_new_ca_that_the_server_already_trusts(pki, tmp_path
         server.stop(grace=None)
 
 
+def test_a_stub_called_after_its_channel_closed_raises_instead_of_crashing(pki):
+    """The profiler closes a worker's channel when the worker re-registers, while a probe may
+    still hold its stub. grpcio kills the process (SIGSEGV) when a registered method is made on
+    a closed channel, which the reloading channel does at a stub's first call: it must say
+    ValueError, as grpcio does for a closed channel's existing methods. (In a child process:
+    a crash must not take the test run with it.)"""
+    code = f"""
+import grpc
+from pathlib import Path
+from powertrip.v1 import worker_pb2, worker_pb2_grpc
+from services.cli.certs import tls_env
+from services.common.config import ServiceConfig, load_config
+from services.common.grpc_client import make_channel
+cfg = load_config(ServiceConfig, tls_env(Path({str(pki)!r}), "profiler"))
+channel = make_channel("127.0.0.1:1", cfg, "w0")
+stub = worker_pb2_grpc.WorkerServiceStub(channel)
+channel.close()
+try:
+    list(stub.ProbeBandwidth(worker_pb2.ProbeBandwidthRequest(total_bytes=1), timeout=1))
+except ValueError as exc:
+    print("refused:", exc)
+"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POWERTRIP_")}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, f"exit {proc.returncode}: {proc.stderr[-500:]}"
+    assert "refused: Cannot invoke RPC on closed channel!" in proc.stdout
+
+
 # -- a refusal says why, at once --------------------------------------------------------------
 
 

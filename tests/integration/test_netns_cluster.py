@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from powertrip.v1 import aggregator_pb2, profiler_pb2, profiler_pb2_grpc
 from services.cli.launcher import ClusterPlan, LocalCluster
+from services.common.identity import PROFILER
 
 
 def _netns_works() -> bool:
@@ -57,7 +58,7 @@ def test_measured_links_follow_the_shaped_rates_and_the_run_completes(tmp_path):
         prefix = cluster.topology.prefix
         profiler = next(s for s in cluster.services if s.name == "profiler")
         # measure again now that no round competes for the links or the CPU
-        with cluster.operator_channel(profiler.grpc_addr) as ch:  # mTLS over the veths
+        with cluster.operator_channel(profiler.grpc_addr, PROFILER) as ch:  # mTLS, veths
             fresh = profiler_pb2_grpc.ProfilerServiceStub(ch).MeasureLinks(
                 profiler_pb2.MeasureLinksRequest(), timeout=60
             )
