@@ -122,24 +122,61 @@ def test_a_checkpoint_is_written_after_every_round(finished_run):
     assert manifests[-1].name == f"round-{status.round:06d}.json"
 
 
+#: the models of the two paths "agree" while their test losses are this close (relative); float
+#: rounding alone keeps them within ~1e-6 for the first rounds, after which training amplifies
+#: it chaotically (1e-2 within a round or two)
+LOSS_RTOL = 1e-4
+
+
 def test_emulated_clock_run_matches_powertrip_experiment(finished_run):
-    """Same code, same seed: the same sites every round, and both reach the target. Site updates
-    differ in the last float bit (the emulator trains all selected sites in one batch, a worker
-    only its own; folds are in selection order), and with 12 sites that grows to a few points of
-    accuracy by round 10 (e.g. 0.382 vs 0.349), while the curve near the target swings by
-    +-0.04 a round: the round that first crosses it can differ by a few rounds (14 vs 18 with
-    the directional default, docs/reproduction.md §5.1; 15 vs 15 with `powertrip-noise`)."""
+    """Same code, same seed, and what that guarantees. Bit-identical updates are not: the
+    emulator trains all selected sites in one batch, a worker only its own (folds are in selection
+    order), so a site's update differs in the last float bit, differently per machine and BLAS
+    thread count; training amplifies that to a few points of accuracy within about ten
+    rounds (e.g. 0.382 vs 0.349), and from then on a near-tie in Algorithm 1's choice of k can go
+    either way (one x86 machine picked different sites at round 13). So the test checks:
+
+    * the model after round 1 agrees (test loss within LOSS_RTOL): the paths start alike;
+    * every round up to the first whose model no longer agrees selects the same sites: a
+      decision made from agreeing models is the same decision;
+    * while selections agree, the emulated clock agrees to 1e-9: same sites, same round times;
+    * at the first round whose selection differs, one selection is a prefix of the other: the
+      site ranking (power and links at the same clock time) is the same, only k moved;
+    * both reach the target, the first crossing within 5 rounds' time of each other (the curve
+      near the target swings by +-0.04 a round: 14 vs 18 rounds with the directional default,
+      docs/reproduction.md §5.1).
+    """
     status, _, _, _, _ = finished_run
     cfg = build_config(
         "quick", num_sites=SITES, policies=("powertrip",), target_accuracy=TARGET, max_rounds=40
     )
     study = run_study(cfg)
     ((_, emulated),) = study.runs
-    service_rounds = list(status.rounds)
-    n = min(len(service_rounds), len(emulated.rounds))
-    for svc, emu in zip(service_rounds[:n], emulated.rounds[:n], strict=True):
-        assert list(svc.selected_site_ids) == [site_id(s) for s in emu.selected], svc.round
-        assert svc.clock_seconds == pytest.approx(emu.time_s, rel=1e-9)
+    pairs = list(zip(status.rounds, emulated.rounds, strict=False))
+    assert pairs, "no rounds"
+
+    def agrees(svc, emu) -> bool:
+        return abs(svc.loss - emu.loss) <= LOSS_RTOL * abs(emu.loss)
+
+    agreeing = next((i for i, (s, e) in enumerate(pairs) if not agrees(s, e)), len(pairs))
+    assert agreeing >= 1, f"round 1 models differ: loss {pairs[0][0].loss} vs {pairs[0][1].loss}"
+    same = next(
+        (
+            i
+            for i, (s, e) in enumerate(pairs)
+            if list(s.selected_site_ids) != [site_id(x) for x in e.selected]
+        ),
+        len(pairs),
+    )
+    # selection i is made from the models after rounds < i: agreeing up to round `agreeing`
+    assert same > agreeing or same == len(pairs), (same + 1, agreeing + 1)
+    for svc, emu in pairs[:same]:
+        assert svc.clock_seconds == pytest.approx(emu.time_s, rel=1e-9), svc.round
+    if same < len(pairs):
+        svc, emu = pairs[same]
+        a, b = list(svc.selected_site_ids), [site_id(x) for x in emu.selected]
+        k = min(len(a), len(b))
+        assert a[:k] == b[:k], f"round {svc.round}: the ranking differs, not only k: {a} vs {b}"
     emulated_tta = emulated.time_to(TARGET)
     assert emulated_tta is not None and status.time_to_accuracy_seconds > 0
     one_round = max(r.duration_s for r in emulated.rounds)
