@@ -201,8 +201,9 @@ def identities(out: Path) -> list[str]:
     """The identities with a certificate in ``out``, read from the certificates themselves."""
     names = []
     for pem in sorted(out.glob("*.pem")):
-        if pem.name != "ca.pem":
-            names.append(common_name(x509.load_pem_x509_certificate(pem.read_bytes())))
+        if pem.name != "ca.pem":  # the name becomes a file name: the id rules apply
+            cn = common_name(x509.load_pem_x509_certificate(pem.read_bytes()))
+            names.append(validate_id(cn, f"identity in {pem.name}"))
     return names
 
 

@@ -84,3 +84,15 @@ def test_renewal_needs_a_kept_ca(tmp_path: Path):
 def test_renewal_takes_no_worker_list(tmp_path):
     assert certs("--out", str(tmp_path), "--workers", "w0").exit_code == 0
     refused(certs("--out", str(tmp_path), "--renew", "--workers", "w1"), "--renew")
+
+
+def test_renewal_refuses_a_certificate_whose_name_is_not_an_id(tmp_path):
+    """--renew writes NAME.pem for each certificate's CN: a stray one named '../x' must not
+    make it write outside OUT."""
+    from services.cli.certs import issue, load_authority
+
+    assert certs("--out", str(tmp_path / "out"), "--workers", "w0").exit_code == 0
+    cert, _ = issue(load_authority(tmp_path / "out"), "../escaped")
+    (tmp_path / "out" / "stray.pem").write_bytes(cert)
+    refused(certs("--out", str(tmp_path / "out"), "--renew"), "bad identity in stray.pem")
+    assert not (tmp_path / "escaped.pem").exists()
