@@ -13,7 +13,7 @@ MiB = 1 << 20
 #: longest wait between two reconnect attempts, and between two retries (grpc_client)
 BACKOFF_CAP_S = 3.0
 #: how long one connection attempt (TCP + TLS handshake) may take: see client_options
-CONNECT_TIMEOUT_MS = 5000
+CONNECT_TIMEOUT_MS = 4000
 
 
 def message_limits(cfg: ServiceConfig) -> list[tuple[str, int]]:
@@ -41,10 +41,11 @@ def client_options(cfg: ServiceConfig) -> list[tuple[str, int]]:
         # connect + TLS handshake) until max(now + min_reconnect_backoff, the next backoff
         # time) before abandoning it (subchannel.cc, StartConnectingLocked; 1.85 has no
         # separate connect timeout). The default, 20 s, leaves an attempt whose SYN was lost in
-        # a dark link hanging; 2 s abandoned TLS handshakes that queue behind hundreds of others
-        # on a busy server (500 registrations at once, benchmarks/registration_load.py), whose
-        # retries then redo the work. 5 s fits such a queue, and a dark link still gets a fresh
-        # SYN at least every 2 s (the kernel resends at 1 s and 3 s of an attempt).
+        # a dark link hanging; 2 s abandoned TLS handshakes queued behind hundreds of others on
+        # a busy server (500 registrations at once, benchmarks/registration_load.py), and their
+        # retries redid the work. 4 s, because the kernel resends a SYN 1 s and 3 s into an
+        # attempt: once a dark link is back, the next SYN leaves within max(2 s, 1 s + one retry
+        # wait), the worst case 2 s gave too (R3); 5 s would make it 2 s + one retry wait.
         ("grpc.min_reconnect_backoff_ms", CONNECT_TIMEOUT_MS),
     ]
 
