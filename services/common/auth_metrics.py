@@ -19,7 +19,7 @@ from prometheus_client import Counter
 AUTH_DENIED = Counter(
     "powertrip_auth_denied_total",
     "Calls refused by identity rules, by service, method and reason (identity_mismatch, "
-    "not_allowed, revoked, wrong_role, bad_id).",
+    "not_allowed, revoked, wrong_role, site_not_assigned, bad_id).",
     ["service", "method", "reason"],
 )
 TLS_CONNECTIONS = Counter(
