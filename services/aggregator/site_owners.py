@@ -68,18 +68,26 @@ def _build(entries: Iterable[tuple[str, str, str]], num_sites: int | None) -> Ow
     return owners
 
 
+def _entries(lines: list[tuple[str, str]], sep: str, example: str) -> list[tuple[str, str, str]]:
+    """(where, worker id, sites) of each non-empty ``(where, text)``; ValueError naming the
+    place when the separator is missing."""
+    entries = []
+    for where, text in lines:
+        if not text:
+            continue
+        worker, found, sites = text.partition(sep)
+        if not found:
+            raise ValueError(f"{where}: expected {example}")
+        entries.append((where, worker.strip(), sites))
+    return entries
+
+
 def parse_owners(spec: str, num_sites: int | None = None) -> Owners:
     """``"w0=0-3;w1=4-7"`` -> the map; ValueError naming the variable and the bad entry."""
-    entries = []
-    for raw in spec.split(";"):
-        entry = raw.strip()
-        if not entry:
-            continue
-        where = f"{VARIABLE} entry {entry!r}"
-        worker, sep, sites = entry.partition("=")
-        if not sep:
-            raise ValueError(f"{where}: expected WORKER_ID=SITES, e.g. w0=0-3")
-        entries.append((where, worker.strip(), sites))
+    parts = [p.strip() for p in spec.split(";")]
+    entries = _entries(
+        [(f"{VARIABLE} entry {p!r}", p) for p in parts], "=", "WORKER_ID=SITES, e.g. w0=0-3"
+    )
     if not entries:
         raise ValueError(f"{VARIABLE}={spec!r}: no WORKER_ID=SITES entry")
     return _build(entries, num_sites)
@@ -92,16 +100,11 @@ def read_owners(path: str | Path, num_sites: int | None = None) -> Owners:
         text = Path(path).read_text()
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"site owners file {str(path)!r} unreadable: {exc}") from None
-    entries = []
-    for n, raw in enumerate(text.splitlines(), 1):
-        line = raw.split("#", 1)[0].strip()
-        if not line:
-            continue
-        where = f"site owners file {str(path)!r} line {n}"
-        worker, sep, sites = line.partition(":")
-        if not sep:
-            raise ValueError(f"{where}: expected 'WORKER_ID: SITES', e.g. 'w0: 0-3'")
-        entries.append((where, worker.strip(), sites))
+    lines = [
+        (f"site owners file {str(path)!r} line {n}", raw.split("#", 1)[0].strip())
+        for n, raw in enumerate(text.splitlines(), 1)
+    ]
+    entries = _entries(lines, ":", "'WORKER_ID: SITES', e.g. 'w0: 0-3'")
     if not entries:
         raise ValueError(f"site owners file {str(path)!r}: no 'WORKER_ID: SITES' line")
     return _build(entries, num_sites)

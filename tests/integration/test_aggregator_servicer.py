@@ -13,13 +13,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from powertrip.fedavg import StreamingFedAvg
 from powertrip.v1 import aggregator_pb2, aggregator_pb2_grpc
 from services.aggregator.collector import RoundCollector
-from services.aggregator.config import AggregatorConfig
-from services.aggregator.run import AggregatorRun
-from services.aggregator.servicer import AggregatorServicer
-from services.common.config import load_config
-from services.common.grpc_server import build_server, set_serving
 from services.worker.sites_host import SiteUpdate
 from services.worker.uploader import update_messages
+from tests.aggregator_in_process import serve, small_run
 
 SERVICE = "powertrip.v1.AggregatorService"
 ROUND = 3
@@ -28,30 +24,12 @@ C = grpc.StatusCode
 
 @pytest.fixture(scope="module")
 def run():
-    cfg = load_config(
-        AggregatorConfig,
-        {
-            "POWERTRIP_PROFILER_ADDR": "127.0.0.1:1",
-            "POWERTRIP_NUM_SITES": "4",
-            "POWERTRIP_NUM_SAMPLES": "1000",
-            "POWERTRIP_CHECKPOINT_DIR": "",
-            "POWERTRIP_INSECURE": "1",
-        },
-    )
-    return AggregatorRun(cfg)
+    return small_run(POWERTRIP_INSECURE="1")
 
 
 @pytest.fixture
 def stub(run):
-    server, port, health = build_server(
-        [lambda s: aggregator_pb2_grpc.add_AggregatorServiceServicer_to_server(
-            AggregatorServicer(run), s)],
-        "127.0.0.1:0",
-        run.cfg,
-        [SERVICE],
-    )  # fmt: skip
-    server.start()
-    set_serving(health, [SERVICE], True)
+    server, port = serve(run)
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
         yield aggregator_pb2_grpc.AggregatorServiceStub(channel), channel
     server.stop(grace=None)

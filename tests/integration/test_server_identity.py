@@ -14,16 +14,15 @@ import grpc
 import pytest
 
 from powertrip.v1 import aggregator_pb2, aggregator_pb2_grpc, worker_pb2, worker_pb2_grpc
-from services.aggregator.config import AggregatorConfig
 from services.aggregator.run import AggregatorRun
-from services.aggregator.servicer import AggregatorServicer
 from services.cli.certs import mint_cluster, tls_env
 from services.common.config import ServiceConfig, load_config
 from services.common.grpc_client import make_channel, retry_idempotent
-from services.common.grpc_server import build_server, set_serving
+from services.common.grpc_server import build_server
 from services.common.identity import AGGREGATOR
 from services.worker.runner import RoundRunner
 from services.worker.servicer import WorkerServicer
+from tests.aggregator_in_process import serve, small_run
 
 pytestmark = pytest.mark.reliability("R27")
 ODD_ID = "w_0.eu-west.1"  # worker ids may hold '_' and '.': such a name must verify too
@@ -42,24 +41,8 @@ def cfg_of(pki: Path, name: str) -> ServiceConfig:
 
 def serve_aggregator(pki: Path, presenting: str) -> tuple[grpc.Server, str, AggregatorRun]:
     """The real AggregatorService, serving with ``presenting``'s certificate and key."""
-    cfg = load_config(
-        AggregatorConfig,
-        {
-            "POWERTRIP_PROFILER_ADDR": "127.0.0.1:1",
-            "POWERTRIP_NUM_SITES": "4",
-            "POWERTRIP_NUM_SAMPLES": "1000",
-            "POWERTRIP_CHECKPOINT_DIR": "",
-            **tls_env(pki, presenting),
-        },
-    )
-    run = AggregatorRun(cfg)
-    name = "powertrip.v1.AggregatorService"
-    add = aggregator_pb2_grpc.add_AggregatorServiceServicer_to_server
-    server, port, health = build_server(
-        [lambda s: add(AggregatorServicer(run), s)], "127.0.0.1:0", cfg, [name]
-    )
-    server.start()
-    set_serving(health, [name], True)
+    run = small_run(**tls_env(pki, presenting))
+    server, port = serve(run)
     return server, f"127.0.0.1:{port}", run
 
 

@@ -21,16 +21,14 @@ import pytest
 from prometheus_client import REGISTRY
 
 from powertrip.v1 import aggregator_pb2, aggregator_pb2_grpc
-from services.aggregator.config import AggregatorConfig
 from services.aggregator.run import AggregatorRun
-from services.aggregator.servicer import AggregatorServicer
 from services.cli.certs import mint_cluster, tls_env
 from services.common.config import ServiceConfig, load_config
 from services.common.grpc_client import make_channel
-from services.common.grpc_server import build_server
 from services.common.identity import AGGREGATOR
 from services.worker.sites_host import SiteUpdate
 from services.worker.uploader import update_messages
+from tests.aggregator_in_process import serve, small_run
 
 C = grpc.StatusCode
 REPO = Path(__file__).resolve().parents[2]
@@ -47,26 +45,8 @@ def pki(tmp_path_factory) -> Path:
 
 def start_aggregator(pki: Path, **env: str) -> tuple[grpc.Server, str, AggregatorRun]:
     """A TLS aggregator of 4 sites, lease 1.5 s; ``env``: more POWERTRIP_* settings."""
-    cfg = load_config(
-        AggregatorConfig,
-        {
-            "POWERTRIP_PROFILER_ADDR": "127.0.0.1:1",
-            "POWERTRIP_NUM_SITES": "4",
-            "POWERTRIP_NUM_SAMPLES": "1000",
-            "POWERTRIP_CHECKPOINT_DIR": "",
-            "POWERTRIP_HEARTBEAT_S": "0.25",
-            **tls_env(pki, "aggregator"),
-            **env,
-        },
-    )
-    run = AggregatorRun(cfg)
-    servicer = AggregatorServicer(run)
-    server, port, _ = build_server(
-        [lambda s: aggregator_pb2_grpc.add_AggregatorServiceServicer_to_server(servicer, s)],
-        "127.0.0.1:0",
-        cfg,
-    )
-    server.start()
+    run = small_run(POWERTRIP_HEARTBEAT_S="0.25", **{**tls_env(pki, "aggregator"), **env})
+    server, port = serve(run)
     return server, f"127.0.0.1:{port}", run
 
 
