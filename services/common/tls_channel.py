@@ -175,9 +175,11 @@ class IdentityChannel(grpc.Channel):
 
 
 def _handshake_suspect(exc: grpc.RpcError) -> bool:
-    """Worth a probe: not a plain "nobody listens there" (the server is down, not refusing)."""
+    """Worth a probe: not a plain "nobody listens there" (the server is down, not refusing),
+    nor an attempt that timed out (a busy server: a probe would only add to its queue)."""
     details = (exc.details() or "").lower()
-    return not any(s in details for s in ("connection refused", "deadline", "dns resolution"))
+    quiet = ("connection refused", "deadline", "dns resolution", "timed out", "timeout")
+    return not any(s in details for s in quiet)
 
 
 class _Multicallable:
