@@ -12,8 +12,9 @@ from powertrip.v1 import aggregator_pb2_grpc, profiler_pb2, profiler_pb2_grpc
 from services.aggregator.checkpoint import NoUsableCheckpoint
 from services.aggregator.config import AggregatorConfig
 from services.aggregator.curtail_run import CurtailmentRun
-from services.aggregator.lifecycle import Run, RunState
+from services.aggregator.lifecycle import Run
 from services.aggregator.run import AggregatorRun
+from services.aggregator.run_status import RunState
 from services.aggregator.servicer import AggregatorServicer
 from services.aggregator.worker_tracker import WorkerTracker
 from services.common.command_line import parse_service_args

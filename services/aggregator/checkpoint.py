@@ -41,6 +41,12 @@ import numpy as np
 from numpy.typing import NDArray
 
 from services.aggregator import journal_file, metrics
+from services.aggregator.checkpoint_verify import (
+    FORMAT,
+    Rejected,
+    verified_manifest,
+    verified_params,
+)
 from services.aggregator.durable_files import (
     TMP,
     canonical_sha256,
@@ -54,35 +60,12 @@ from services.common.fault_points import fault_point
 
 logger = logging.getLogger(__name__)
 KEEP = 2  # the newest and one fallback
-FORMAT = 3  # 1: model hash only, state at the top level; 2: the journal in the state
-LOADS = (2, FORMAT)  # 2 still loads: its journal is moved to the file at the next save
-#: the values of the ``reason`` label (bounded: one series each)
-REASONS = (
-    "unreadable",  # a file cannot be read (missing model, permissions)
-    "malformed",  # not JSON, or not the expected keys and types
-    "old-format",  # written before manifests checksummed themselves
-    "manifest-checksum",  # the manifest's content does not match its own SHA-256
-    "journal-checksum",  # the journal file does not hold the prefix the manifest commits to
-    "model-checksum",  # the npz does not match the SHA-256 in the manifest
-    "model-format",  # the npz does not load without pickle
-    "incompatible",  # verified, but refused by the run (arrays or journal do not fit)
-)
-_NAME = re.compile(r"round-(\d{6,})\.json")
 _MODEL = re.compile(r"round-(\d{6,})\.npz")
-for _reason in REASONS:  # every series exported from the start, at 0
-    metrics.CHECKPOINT_REJECTED.labels(_reason)
 
 
 class NoUsableCheckpoint(RuntimeError):
     """Checkpoints exist but none of them verifies: resuming is impossible, starting over is
     the operator's decision (``POWERTRIP_START_FRESH=1``)."""
-
-
-class Rejected(Exception):
-    def __init__(self, reason: str, path: Path, detail: str) -> None:
-        assert reason in REASONS, reason
-        super().__init__(f"{path.name}: {detail}")
-        self.reason, self.path, self.detail = reason, path, " ".join(detail.split())
 
 
 @dataclass(frozen=True)
@@ -180,58 +163,10 @@ def remove_leftovers(directory: Path) -> list[Path]:
     return gone
 
 
-def _manifest(path: Path) -> dict[str, Any]:
-    """The verified manifest of ``path``, or ``Rejected``."""
-    try:
-        text = path.read_bytes().decode()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise Rejected("unreadable", path, str(exc)) from None
-    try:
-        manifest = json.loads(text)
-    except (ValueError, RecursionError) as exc:
-        raise Rejected("malformed", path, f"not JSON: {exc}") from None
-    if not isinstance(manifest, dict):
-        raise Rejected("malformed", path, f"a JSON {type(manifest).__name__}, not an object")
-    if "format" not in manifest and "model_sha256" not in manifest and "sha256" in manifest:
-        raise Rejected("old-format", path, "written by an older version (no self-checksum)")
-    types = {"format": int, "round": int, "model": str, "model_sha256": str, "state": dict}
-    for key, kind in {**types, "sha256": str}.items():
-        if key not in manifest:
-            raise Rejected("malformed", path, f"no {key!r}")
-        if not isinstance(manifest[key], kind) or isinstance(manifest[key], bool):
-            raise Rejected("malformed", path, f"{key!r} is not a {kind.__name__}")
-    if set(manifest) != {*types, "sha256"}:
-        raise Rejected("malformed", path, f"unexpected keys {sorted(set(manifest) - {*types})}")
-    if manifest["format"] not in LOADS:
-        raise Rejected("malformed", path, f"unknown format {manifest['format']}")
-    body = {k: manifest[k] for k in types}
-    if canonical_sha256(body) != manifest["sha256"]:
-        raise Rejected("manifest-checksum", path, "content does not match its SHA-256 (edited?)")
-    match = _NAME.fullmatch(path.name)
-    r = manifest["round"]
-    if match is None or int(match[1]) != r or manifest["model"] != f"round-{r:06d}.npz":
-        raise Rejected("malformed", path, f"round {r} / model {manifest['model']!r} mismatch")
-    return manifest
-
-
-def _params(path: Path, sha256: str) -> dict[str, NDArray]:
-    try:
-        actual = sha256_file(path)
-    except OSError as exc:
-        raise Rejected("unreadable", path, str(exc)) from None
-    if actual != sha256:
-        raise Rejected("model-checksum", path, "SHA-256 does not match the manifest's")
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            return {k: z[k] for k in z.files}
-    except Exception as exc:  # zipfile, format and pickle errors alike: all mean "not a model"
-        raise Rejected("model-format", path, f"not a pickle-free npz: {exc}") from None
-
-
 def _load(manifest_path: Path, validate: Callable[[Checkpoint], None] | None) -> Checkpoint:
     """The checkpoint of ``manifest_path``, or ``Rejected`` naming the file at fault."""
-    manifest = _manifest(manifest_path)
-    params = _params(manifest_path.parent / manifest["model"], manifest["model_sha256"])
+    manifest = verified_manifest(manifest_path)
+    params = verified_params(manifest_path.parent / manifest["model"], manifest["model_sha256"])
     state, ref = manifest["state"], None
     if manifest["format"] != 2 and "journal" in state:  # format 2: the journal is inside
         try:

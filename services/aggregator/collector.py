@@ -27,9 +27,26 @@ from numpy.typing import NDArray
 from powertrip.fold_inputs import weight_problem
 from powertrip.robust import Aggregation
 from powertrip.sites import site_id
+from services.aggregator import metrics
 from services.common.errors import Duplicate, StaleRound
 from services.common.fault_points import fault_point
 from services.common.tensor_receiver import TensorStreamReceiver
+
+
+class CountedReceiver(TensorStreamReceiver):
+    """A receiver counted in ``powertrip_update_streams_open`` from creation to its first close,
+    so a stream a dead worker left behind shows as a leak instead of going unnoticed."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._counted = True
+        metrics.UPDATE_STREAMS_OPEN.inc()
+
+    def close(self) -> None:
+        super().close()
+        if self._counted:
+            self._counted = False
+            metrics.UPDATE_STREAMS_OPEN.dec()
 
 
 class RoundGate:

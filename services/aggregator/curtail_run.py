@@ -36,8 +36,9 @@ from services.aggregator import metrics
 from services.aggregator.collector import DeltaInbox
 from services.aggregator.config import AggregatorConfig
 from services.aggregator.executor import GrpcRoundExecutor
-from services.aggregator.lifecycle import Registration, RunLifecycle, StatusRound
+from services.aggregator.lifecycle import Registration, RunLifecycle
 from services.aggregator.profile_feed import ProfileFeed
+from services.aggregator.run_status import StatusRound
 
 logger = logging.getLogger(__name__)
 

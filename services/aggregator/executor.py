@@ -12,7 +12,6 @@ import logging
 import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import grpc
 import numpy as np
@@ -29,26 +28,9 @@ from services.aggregator.collector import RoundCollector, RoundGate
 from services.aggregator.registry import WorkerRegistry
 from services.common.config import ServiceConfig
 from services.common.grpc_client import make_channel
-from services.common.tensor_receiver import TensorStreamReceiver
 from services.common.tensor_stream import DEFAULT_CHUNK_BYTES, encode, specs_of, wrap_tensor_stream
 
 logger = logging.getLogger(__name__)
-
-
-class CountedReceiver(TensorStreamReceiver):
-    """A receiver counted in ``powertrip_update_streams_open`` from creation to its first close,
-    so a stream a dead worker left behind shows as a leak instead of going unnoticed."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._counted = True
-        metrics.UPDATE_STREAMS_OPEN.inc()
-
-    def close(self) -> None:
-        super().close()
-        if self._counted:
-            self._counted = False
-            metrics.UPDATE_STREAMS_OPEN.dec()
 
 
 class EncodedModel:

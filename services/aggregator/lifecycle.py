@@ -15,75 +15,20 @@ import logging
 import math
 import threading
 import time
-from collections import deque
-from dataclasses import dataclass, field, replace
-from enum import IntEnum
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from powertrip.curtailment.emissions import EnergyReport
 from powertrip.fedavg import NumpyParams
-from powertrip.rounds import RoundRecord
 from services.aggregator import metrics
 from services.aggregator.collector import RoundGate
 from services.aggregator.config import AggregatorConfig
 from services.aggregator.executor import GrpcRoundExecutor
 from services.aggregator.pacing import Pacer
 from services.aggregator.registry import WorkerRegistry
+from services.aggregator.run_status import RunState, RunStatus, StatusRound, StatusSnapshot
 
 logger = logging.getLogger(__name__)
-#: the rounds the status holds (the latest; older ones are in the logs, metrics, checkpoints):
-#: its memory and a snapshot's cost do not grow with the run
-HISTORY = 10_000
-
-
-class RunState(IntEnum):  # values match powertrip.v1.RunState
-    WAITING_FOR_SITES = 1
-    TRAINING = 2
-    DONE = 3
-    FAILED = 4
-
-
-@dataclass(frozen=True)
-class StatusRound:
-    """A finished round as the status reports it."""
-
-    record: RoundRecord
-    start_s: float = 0.0  # curtailment mode: the clock when the round began
-    steps: tuple[int, ...] = ()  # curtailment mode: local steps of each selected site
-
-
-@dataclass
-class RunStatus:
-    """The run's progress; written by the run's thread under the lifecycle's lock."""
-
-    state: RunState = RunState.WAITING_FOR_SITES
-    round: int = 0
-    accuracy: float = 0.0
-    clock_s: float = 0.0
-    time_to_accuracy_s: float | None = None
-    message: str = ""
-    # the latest HISTORY rounds (a snapshot's: one page of them), and how many were recorded
-    rounds: deque[StatusRound] | list[StatusRound] = field(
-        default_factory=lambda: deque(maxlen=HISTORY)
-    )
-    total_rounds: int = 0
-    mode: str = ""  # curtailment mode: "pause", "solo" or "federated"
-    active_sites: int = 0
-    energy: EnergyReport | None = None  # curtailment mode: energy and emissions so far
-
-
-@dataclass(frozen=True)
-class StatusSnapshot:
-    """A consistent copy of the status plus the run's fixed facts, for ``GetStatus``."""
-
-    status: RunStatus  # a copy: its ``rounds`` are one page of the held rounds, a list
-    target: float | None
-    registered_sites: int
-    expected_sites: int
-    policy: str
-    clock: str
-    first_round: int = 0  # the oldest round held (0: none)
-    more_rounds: bool = False  # held rounds past the page
 
 
 @dataclass(frozen=True)

@@ -25,12 +25,13 @@ from services.aggregator import checkpoint, metrics
 from services.aggregator.config import AggregatorConfig
 from services.aggregator.executor import GrpcRoundExecutor
 from services.aggregator.journal_file import JournalFile
-from services.aggregator.lifecycle import Registration, RunLifecycle, StatusRound
+from services.aggregator.lifecycle import Registration, RunLifecycle
 from services.aggregator.profile_feed import ProfileFeed
 from services.aggregator.registry import LivenessLog
 from services.aggregator.resume import Resume, journal_writer
 from services.aggregator.resume import fits_run as _fits_run
 from services.aggregator.resume import resume_state as _resume_state
+from services.aggregator.run_status import StatusRound
 
 logger = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ import grpc
 from powertrip.sites import site_id, site_index
 from powertrip.v1 import aggregator_pb2, aggregator_pb2_grpc
 from services.aggregator import metrics
-from services.aggregator.executor import CountedReceiver
+from services.aggregator.collector import CountedReceiver
 from services.aggregator.lifecycle import Run
 from services.aggregator.site_owners import SiteOwners
 from services.common.allow_list import AllowList, all_of

@@ -25,7 +25,7 @@ import pytest
 
 from powertrip.v1 import aggregator_pb2
 from services.cli.launcher import ClusterPlan, LocalCluster, Service
-from services.cli.up import write_scrape_config
+from services.cli.up_outputs import write_scrape_config
 
 pytestmark = [
     pytest.mark.slow,

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from services.aggregator import checkpoint, metrics
+from services.aggregator import checkpoint, checkpoint_verify, metrics
 from services.aggregator.durable_files import canonical_sha256, sha256_file
 from services.aggregator.executor import GrpcRoundExecutor
 from services.aggregator.journal_file import JournalFile
@@ -205,7 +205,7 @@ def test_a_bad_newest_checkpoint_is_rejected_once_for_the_good_one_before(
 ):
     manifest, npz = two_rounds(tmp_path)
     damage(manifest, npz)
-    before = {r: rejected(r) for r in checkpoint.REASONS}
+    before = {r: rejected(r) for r in checkpoint_verify.REASONS}
     caplog.set_level(logging.WARNING, logger=LOGGER)
     ckpt = checkpoint.load_latest(tmp_path, _fits_run(params(0.0)))
     assert ckpt is not None and ckpt.round == 1
@@ -214,7 +214,7 @@ def test_a_bad_newest_checkpoint_is_rejected_once_for_the_good_one_before(
     lines = [r.getMessage() for r in caplog.records if r.name == LOGGER]
     assert len(lines) == 1 and "\n" not in lines[0], lines
     assert culprit in lines[0] and reason in lines[0]
-    after = {r: rejected(r) for r in checkpoint.REASONS}
+    after = {r: rejected(r) for r in checkpoint_verify.REASONS}
     assert {r: after[r] - before[r] for r in after if after[r] != before[r]} == {reason: 1}
     assert metrics.CHECKPOINT_LOADED_ROUND._value.get() == 1
     # set aside, so neither retried nor pruned in place of the good one

@@ -14,7 +14,7 @@ import pytest
 
 from powertrip.journal import JournalEntry
 from powertrip.rounds import RoundOutcome
-from services.aggregator import checkpoint
+from services.aggregator import checkpoint, checkpoint_verify
 from services.aggregator.config import AggregatorConfig
 from services.aggregator.durable_files import canonical_sha256
 from services.aggregator.journal_file import NAME, JournalFile
@@ -134,7 +134,8 @@ def test_a_format_2_checkpoint_still_loads_and_the_next_save_moves_its_journal_o
     writer.extend([entry(3)])
     checkpoint.save(tmp_path, 3, params(3.0), state(3), writer)
     latest = json.loads((tmp_path / "round-000003.json").read_text())
-    assert latest["format"] == checkpoint.FORMAT and latest["state"]["journal"]["entries"] == 3
+    assert latest["format"] == checkpoint_verify.FORMAT
+    assert latest["state"]["journal"]["entries"] == 3
     resumed = resume_state(checkpoint.load_latest(tmp_path, fits_run(params(0.0), SITES)), SITES)
     assert [e.round for e in resumed.journal] == [1, 2, 3] and resumed.down == {2: [4, 7]}
 

@@ -18,13 +18,9 @@ from powertrip.selection.registry import build_policy
 from powertrip.sites import ModelledLinks, StaticPower, generate_sites
 from powertrip.timing import RoundTimeModel
 from services.aggregator.config import AggregatorConfig
-from services.aggregator.lifecycle import (
-    Registration,
-    RunLifecycle,
-    RunState,
-    StatusRound,
-)
+from services.aggregator.lifecycle import Registration, RunLifecycle
 from services.aggregator.pacing import Pacer
+from services.aggregator.run_status import RunState, StatusRound
 from services.cli.up import up
 from services.common.command_line import env_help
 from services.common.config import ConfigError, load_config

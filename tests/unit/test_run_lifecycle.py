@@ -14,12 +14,8 @@ from prometheus_client import REGISTRY
 from powertrip.rounds import RoundRecord
 from powertrip.v1 import aggregator_pb2
 from services.aggregator.config import AggregatorConfig
-from services.aggregator.lifecycle import (
-    Registration,
-    RunLifecycle,
-    RunState,
-    StatusRound,
-)
+from services.aggregator.lifecycle import Registration, RunLifecycle
+from services.aggregator.run_status import RunState, StatusRound
 from services.aggregator.servicer import AggregatorServicer
 from services.common.config import load_config
 

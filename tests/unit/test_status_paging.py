@@ -11,9 +11,10 @@ import pytest
 
 from powertrip.rounds import RoundRecord
 from powertrip.v1 import aggregator_pb2
-from services.aggregator import lifecycle
+from services.aggregator import run_status
 from services.aggregator.config import AggregatorConfig
-from services.aggregator.lifecycle import Registration, RunLifecycle, StatusRound
+from services.aggregator.lifecycle import Registration, RunLifecycle
+from services.aggregator.run_status import StatusRound
 from services.aggregator.servicer import STATUS_PAGE, STATUS_PAGE_MAX, AggregatorServicer
 from services.common.config import load_config
 
@@ -83,7 +84,7 @@ def test_paging_on_from_the_last_round_received_returns_every_round_exactly_once
 
 @pytest.mark.reliability("R30")
 def test_the_run_holds_only_the_latest_rounds_and_says_which(monkeypatch):
-    monkeypatch.setattr(lifecycle, "HISTORY", 50)
+    monkeypatch.setattr(run_status, "HISTORY", 50)
     run = RecordedRun(120)
     servicer = AggregatorServicer(run)
     reply = get(servicer, max_rounds=1000)
