@@ -1,0 +1,158 @@
+"""One optimizer step for many sites whose parameters are stacked along axis 0.
+
+Elementwise AdamW (or momentum SGD) over [rows, *shape] tensors is exactly per-site AdamW
+when the three things that are not elementwise are kept per row: the step count (bias
+correction, the schedule's position), the lr, and the gradient clipping norm (a site's global
+norm over all its tensors). Rows follow the engines' active-prefix convention: ``update(...,
+active=a)`` touches rows ``[:a]`` only, so a finished site neither moves, nor decays its
+moments, nor advances its step count.
+
+Plain SGD at a constant lr (the default recipe) runs exactly ``p[:a].sub_(g, alpha=lr)``,
+the trainer's old step, so its results are bit-identical to before the seam existed.
+
+State (``SiteState``) is per site and lives where the parameters live (the trainer's device);
+``export``/``load`` move it in and out by row, so a caller can keep it across rounds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from powertrip.learning.local_optim import LocalOptimizer, decays
+from powertrip.learning.lr_schedule import lr_factors
+
+__all__ = ["SiteOptimizer", "SiteState"]
+
+_CLIP_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s guard
+
+
+@dataclass(frozen=True)
+class SiteState:
+    """One site's optimizer state: its cumulative local steps and its moments per tensor
+    (AdamW: ``exp_avg``/``exp_avg_sq``; momentum/nesterov: ``momentum``), unstacked."""
+
+    step: int
+    moments: Mapping[str, Mapping[str, torch.Tensor]]
+
+    def nbytes(self) -> int:
+        """Bytes of the moments (AdamW: two model copies)."""
+        return sum(t.numel() * t.element_size() for m in self.moments.values() for t in m.values())
+
+
+class SiteOptimizer:
+    """Per-row optimizer state and step for ``rows`` stacked sites of one round."""
+
+    def __init__(self, recipe: LocalOptimizer, rows: int) -> None:
+        if recipe.lr is None:
+            raise ValueError("the recipe's lr must be resolved (LocalOptimizer.with_lr)")
+        self.recipe = recipe
+        self.lr = recipe.lr
+        self.rows = rows
+        self.steps = np.zeros(rows, dtype=np.int64)  # cumulative local steps per row
+        self._moments: dict[str, dict[str, torch.Tensor]] = {}  # name -> kind -> [rows, ...]
+        self._fast = recipe.plain_sgd
+
+    # -- state in and out ---------------------------------------------------------------------
+    def _kinds(self) -> tuple[str, ...]:
+        if self.recipe.name == "adamw":
+            return ("exp_avg", "exp_avg_sq")
+        return ("momentum",) if self.recipe.name in ("momentum", "nesterov") else ()
+
+    def _moment(self, name: str, like: torch.Tensor) -> dict[str, torch.Tensor]:
+        m = self._moments.get(name)
+        if m is None:
+            shape = (self.rows, *like.shape[1:])
+            m = {k: torch.zeros(shape, dtype=like.dtype, device=like.device) for k in self._kinds()}
+            self._moments[name] = m
+        return m
+
+    def load(self, states: Sequence[SiteState | None], params: Mapping[str, torch.Tensor]) -> None:
+        """Row i resumes ``states[i]`` (None or a recipe with ``keep_state=False``: fresh)."""
+        if not self.recipe.keep_state:
+            return
+        for row, st in enumerate(states):
+            if st is None:
+                continue
+            self.steps[row] = st.step
+            for name, kinds in st.moments.items():
+                mine = self._moment(name, params[name])
+                for kind, t in kinds.items():
+                    if kind in mine:
+                        mine[kind][row].copy_(t)
+
+    def export(self, rows: Sequence[int]) -> list[SiteState]:
+        """The state of each row in ``rows`` (copies, on the parameters' device)."""
+        return [
+            SiteState(
+                int(self.steps[r]),
+                {n: {k: t[r].clone() for k, t in m.items()} for n, m in self._moments.items()},
+            )
+            for r in rows
+        ]
+
+    # -- the step -----------------------------------------------------------------------------
+    def update(
+        self, params: Mapping[str, torch.Tensor], grads: Mapping[str, torch.Tensor], active: int
+    ) -> None:
+        """One step of rows ``[:active]`` in place (``grads`` may have more rows: ignored)."""
+        a = active
+        if self._fast:
+            for name, g in grads.items():
+                params[name][:a].sub_(g[:a], alpha=self.lr)
+            return
+        r = self.recipe
+        self.steps[:a] += 1
+        t = self.steps[:a]
+        lr_np = self.lr * lr_factors(
+            t - 1, r.schedule, r.warmup_steps, r.total_steps, r.min_lr_ratio, r.decay_fraction
+        )
+        like = next(iter(params.values()))
+        lr = torch.tensor(lr_np, dtype=like.dtype, device=like.device)
+        gs = {n: g[:a] for n, g in grads.items()}
+        if r.clip_norm is not None:
+            sq = sum(g.reshape(a, -1).float().pow(2).sum(1) for g in gs.values())
+            coef = (r.clip_norm / (sq.sqrt() + _CLIP_EPS)).clamp(max=1.0).to(like.dtype)
+            gs = {n: g * _rows(coef, g) for n, g in gs.items()}
+        if r.name == "adamw":
+            self._adamw(params, gs, a, lr, t)
+        else:
+            self._sgd(params, gs, a, lr)
+
+    def _sgd(self, params, gs, a: int, lr: torch.Tensor) -> None:
+        r = self.recipe
+        for name, g in gs.items():
+            p = params[name][:a]
+            if r.weight_decay and decays(name, tuple(p.shape[1:])):
+                g = g.add(p, alpha=r.weight_decay)
+            if r.name in ("momentum", "nesterov"):
+                buf = self._moment(name, params[name])["momentum"][:a]
+                buf.mul_(r.momentum).add_(g)  # a fresh (zero) buffer starts at g, as torch's
+                g = g.add(buf, alpha=r.momentum) if r.name == "nesterov" else buf
+            p.sub_(g * _rows(lr, g))
+
+    def _adamw(self, params, gs, a: int, lr: torch.Tensor, t: np.ndarray) -> None:
+        r = self.recipe
+        b1, b2 = r.betas
+        like = lr
+        bc1 = torch.tensor(1.0 - b1**t, dtype=like.dtype, device=like.device)
+        bc2_sqrt = torch.tensor(np.sqrt(1.0 - b2**t), dtype=like.dtype, device=like.device)
+        step_size = lr / bc1
+        for name, g in gs.items():
+            p = params[name][:a]
+            m = self._moment(name, params[name])
+            exp_avg, exp_avg_sq = m["exp_avg"][:a], m["exp_avg_sq"][:a]
+            if r.weight_decay and decays(name, tuple(p.shape[1:])):
+                p.mul_(1.0 - _rows(lr, p) * r.weight_decay)
+            exp_avg.lerp_(g, 1.0 - b1)
+            exp_avg_sq.mul_(b2).addcmul_(g, g, value=1.0 - b2)
+            denom = (exp_avg_sq.sqrt() / _rows(bc2_sqrt, g)).add_(r.eps)
+            p.addcdiv_(exp_avg * _rows(-step_size, g), denom)
+
+
+def _rows(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A per-row vector [a] shaped to broadcast over ``like`` [a, ...]."""
+    return v.view(-1, *([1] * (like.dim() - 1)))
