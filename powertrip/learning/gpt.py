@@ -5,7 +5,9 @@ The trainer stacks every site's parameters and runs ``vmap(grad(loss))`` over
 ``torch.func.functional_call``, so the model keeps no buffers and does nothing in place: the
 causal mask is built in ``forward`` (a registered mask would be a buffer), there is no dropout
 (random state), and attention is written out with matmuls because ``scaled_dot_product_attention``
-has no vmap batching rule (torch falls back to a per-site loop). The head reuses the embedding
+has no vmap batching rule (torch falls back to a per-site loop); a model that is not vmapped (a
+plain training loop, evaluation) can ask for it with ``fused_attention=True``, same logits,
+less memory and time. The head reuses the embedding
 matrix through ``F.linear`` instead of sharing a ``Parameter``, so every name in
 ``named_parameters`` is one tensor that FedAvg, checkpoints and the wire can treat alike.
 
@@ -58,9 +60,10 @@ def gpt_shape(size: str | None = None, **overrides: int | None) -> GPTShape:
 
 
 class Block(nn.Module):
-    def __init__(self, d_model: int, n_head: int, n_layer: int) -> None:
+    def __init__(self, d_model: int, n_head: int, n_layer: int, fused: bool = False) -> None:
         super().__init__()
         self.n_head = n_head
+        self.fused = fused
         self.ln1 = nn.LayerNorm(d_model)
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.proj = nn.Linear(d_model, d_model)
@@ -77,16 +80,23 @@ class Block(nn.Module):
         b, t, d = x.shape
         q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
         q, k, v = (z.view(b, t, self.n_head, d // self.n_head).transpose(1, 2) for z in (q, k, v))
-        att = (q @ k.transpose(-2, -1)) / math.sqrt(d // self.n_head)
-        att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
-        x = x + self.proj((att @ v).transpose(1, 2).reshape(b, t, d))
+        if self.fused:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            att = (q @ k.transpose(-2, -1)) / math.sqrt(d // self.n_head)
+            y = att.masked_fill(~mask, float("-inf")).softmax(dim=-1) @ v
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
         return x + self.out(F.gelu(self.fc(self.ln2(x))))
 
 
 class GPT(nn.Module):
-    """Next-token logits [B, T, vocab] for every position of token ids [B, T] (T <= context)."""
+    """Next-token logits [B, T, vocab] for every position of token ids [B, T] (T <= context).
 
-    def __init__(self, vocab_size: int, shape: GPTShape) -> None:
+    ``fused_attention``: ``scaled_dot_product_attention`` instead of explicit matmuls; only for
+    a model that is not vmapped (the batched trainer keeps the default).
+    """
+
+    def __init__(self, vocab_size: int, shape: GPTShape, fused_attention: bool = False) -> None:
         super().__init__()
         self.shape = shape
         self.tok = nn.Embedding(vocab_size, shape.d_model)
@@ -94,7 +104,8 @@ class GPT(nn.Module):
         nn.init.normal_(self.tok.weight, std=0.02)
         nn.init.normal_(self.pos.weight, std=0.02)
         self.blocks = nn.ModuleList(
-            Block(shape.d_model, shape.n_head, shape.n_layer) for _ in range(shape.n_layer)
+            Block(shape.d_model, shape.n_head, shape.n_layer, fused_attention)
+            for _ in range(shape.n_layer)
         )
         self.ln_f = nn.LayerNorm(shape.d_model)
 
@@ -106,6 +117,7 @@ class GPT(nn.Module):
             )
         x = self.tok(idx) + self.pos.weight[:t]
         mask = torch.ones(t, t, dtype=torch.bool, device=idx.device).tril()  # computed: no buffer
+        # (built even when fused: cheap, and the blocks keep one signature)
         for block in self.blocks:
             x = block(x, mask)
         return F.linear(self.ln_f(x), self.tok.weight)  # tied head, without a shared Parameter
