@@ -20,6 +20,7 @@ from powertrip.fedavg import NumpyParams, delta_sketch, sketch_stride
 from powertrip.learning.device import TorchParams, to_numpy, to_torch
 from powertrip.learning.trainer import SiteTrainer
 from powertrip.outcome import evaluate_half_model, round_outcome
+from powertrip.outer_step import NesterovOuter, OuterSettings
 from powertrip.robust import Aggregation
 from powertrip.rounds import (
     RoundOutcome,
@@ -84,7 +85,8 @@ class TrajectoryCache:
 def _nbytes(outcome: RoundOutcome) -> int:
     """Bytes of the stored models: the new global one and a deferred split-half probe's."""
     size = sum(t.numel() * t.element_size() for t in outcome.params.values())
-    return size + sum(a.nbytes for a in (outcome.half_params or {}).values())
+    extra = (*(outcome.half_params or {}).values(), *(outcome.outer_state or {}).values())
+    return size + sum(a.nbytes for a in extra)
 
 
 def _chain(key: bytes, selected: np.ndarray) -> bytes:
@@ -115,6 +117,7 @@ class Emulator:
         seed: int,
         cache: TrajectoryCache | None = None,
         aggregation: Aggregation | None = None,
+        outer: OuterSettings | None = None,
     ) -> None:
         self.fed = federation
         self.sites = sites
@@ -124,6 +127,7 @@ class Emulator:
         self.seed = seed
         self.cache = cache if cache is not None else TrajectoryCache()
         self.aggregation = aggregation or Aggregation()  # FedAvg unless the run asks otherwise
+        self.outer = outer or OuterSettings()  # no outer step unless the run asks for one
         self._initial: tuple[float, float] | None = None
 
     def _train_round(
@@ -133,6 +137,7 @@ class Emulator:
         round_index: int,
         direction: NumpyParams | None = None,
         evaluate_half: bool = True,
+        outer: NesterovOuter | None = None,
     ) -> RoundOutcome:
         fed = self.fed
         updates = fed.trainer.train(
@@ -150,7 +155,7 @@ class Emulator:
         half.add_rows({name: d[::2] for name, d in stacked.items()}, weights[::2])
         outcome = round_outcome(
             agg, template, self._evaluate, selected=len(selected), half=half,
-            evaluate_half=evaluate_half,
+            evaluate_half=evaluate_half, outer=outer,
         )  # fmt: skip
         return replace(outcome, params=to_torch(outcome.params))
 
@@ -200,7 +205,10 @@ class _CachedExecutor:
         self.em = emulator
         self.params = emulator.fed.initial_params
         self.previous: TorchParams | None = None
-        self.key = b"root"
+        # the run's own outer optimizer; its settings root the cache key, as they shape the model
+        self.outer = emulator.outer.make_outer()
+        outer = self.outer
+        self.key = b"root" if outer is None else f"root{outer.lr!r},{outer.momentum!r}".encode()
 
     def evaluate_initial(self) -> tuple[float, float]:
         em = self.em
@@ -219,11 +227,13 @@ class _CachedExecutor:
                 new, old = to_numpy(self.params), to_numpy(self.previous)
                 direction = delta_sketch(new, old, sketch_stride(new))
             trained = self.em._train_round(
-                self.params, selected, round_index, direction, evaluate_half=split_half
+                self.params, selected, round_index, direction, split_half, self.outer
             )
             self.em.cache.put(self.key, trained)
         elif split_half and trained.half_params is not None:
             trained = evaluate_half_model(trained, self.em._evaluate)
             self.em.cache.put(self.key, trained)
         self.previous, self.params = self.params, trained.params
+        if self.outer is not None:  # a cached round brings the momentum it ended with
+            self.outer.restore(trained.outer_state)
         return trained

@@ -5,7 +5,8 @@ their sites' updates in selection order into the aggregator ``powertrip.robust.m
 builds (``StreamingFedAvg``, or a robust rule); from there on a round is the
 same arithmetic in both, kept here so the service reproduces the emulator bit for bit: the
 updates' dispersion (the noise-scale gain model's input), the split-half probe, the projection
-on the previous global delta, the FedAvg step of Eq. 2 and the evaluation of the new model.
+on the previous global delta, the FedAvg step of Eq. 2, the run's optional outer step
+(``powertrip.outer_step``) and the evaluation of the new model.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from powertrip.fedavg import NumpyParams
+from powertrip.outer_step import NesterovOuter
 from powertrip.robust import Aggregator
 from powertrip.rounds import RoundOutcome
 
@@ -29,6 +31,7 @@ def round_outcome(
     selected: int,
     half: Aggregator | None = None,
     evaluate_half: bool = True,
+    outer: NesterovOuter | None = None,
 ) -> RoundOutcome:
     """Commit ``agg`` onto the global model ``params`` and report the round.
 
@@ -38,6 +41,10 @@ def round_outcome(
     emulator evaluates it only if a policy asks for it, ``evaluate_half_model``).
     ``agg`` and ``half`` are spent afterwards: the new model is built in ``agg``'s buffers and
     returned as the outcome's ``params`` (numpy; ``params`` itself is not modified).
+
+    ``outer`` (the run's outer optimizer, None for plain FedAvg) then steps from ``params`` along
+    the aggregate's pseudo-gradient, and its momentum is the outcome's ``outer_state``; the half
+    model takes the same step as a preview, so the probe compares like with like.
     """
     contributions = agg.count
     dispersion = agg.dispersion()
@@ -45,11 +52,15 @@ def round_outcome(
     if half is not None and half.count > 0 and selected >= 2:
         half_sites = half.dispersion()[2]
         half_params = half.apply(params, in_place=True)
+        if outer is not None:  # from the same momentum, without advancing it
+            half_params = outer.step(params, half_params, commit=False)
         if evaluate_half:
             half_accuracy, half_loss = evaluate(half_params)
             half_params = None
     projection = agg.projection()
     new = agg.apply(params, in_place=True)
+    if outer is not None:
+        new = outer.step(params, new)
     accuracy, loss = evaluate(new)
     return RoundOutcome(
         accuracy=accuracy,
@@ -62,6 +73,7 @@ def round_outcome(
         projection=projection,
         half_accuracy=half_accuracy,
         half_params=half_params,
+        outer_state=None if outer is None else outer.state,
     )
 
 

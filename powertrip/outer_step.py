@@ -20,6 +20,7 @@ from typing import Literal
 import numpy as np
 import torch
 from numpy.typing import NDArray
+from pydantic import BaseModel, ConfigDict, Field
 
 from powertrip.fold_inputs import UpdateRejected
 from powertrip.learning.device import array, tensor
@@ -89,3 +90,18 @@ def make_outer(rule: OuterRule, lr: float, momentum: float) -> NesterovOuter | N
     if rule == "nesterov":
         return NesterovOuter(lr, momentum)
     raise ValueError(f"outer must be fedavg or nesterov, got {rule!r}")
+
+
+class OuterSettings(BaseModel):
+    """The outer step's settings, named alike in both modes' configurations (``ExperimentConfig``
+    inherits them); left out of dumps while at their defaults, so FedAvg summaries are as before."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    outer: OuterRule = Field("fedavg", exclude_if=lambda v: v == "fedavg")
+    outer_lr: float = Field(0.7, gt=0, allow_inf_nan=False, exclude_if=lambda v: v == 0.7)
+    outer_momentum: float = Field(0.9, ge=0, lt=1, exclude_if=lambda v: v == 0.9)
+
+    def make_outer(self) -> NesterovOuter | None:
+        """A fresh outer optimizer for one run (no momentum yet); None for plain FedAvg."""
+        return make_outer(self.outer, self.outer_lr, self.outer_momentum)

@@ -80,6 +80,7 @@ class RoundOutcome:
     projection: tuple[float, float] | None = None
     half_accuracy: float | None = None  # split-half probe: accuracy of the half average
     half_params: Any = None  # the split-half model while its evaluation is deferred (emulator)
+    outer_state: Any = None  # the outer optimizer's momentum after the round (outer_step.py)
 
 
 class RoundExecutor(Protocol):

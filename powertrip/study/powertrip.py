@@ -140,6 +140,7 @@ def run_study(
                 seed,
                 TrajectoryCache(),
                 Aggregation.of(cfg),
+                cfg,  # its outer-step settings
             )
         )
 

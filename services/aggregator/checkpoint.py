@@ -60,6 +60,9 @@ from services.common.fault_points import fault_point
 
 logger = logging.getLogger(__name__)
 KEEP = 2  # the newest and one fallback
+#: npz entries under this prefix are the outer optimizer's momentum (``powertrip.outer_step``),
+#: not model arrays: in the same file, so the model's SHA-256 covers them too
+MOMENTUM = "__outer_momentum__."
 _MODEL = re.compile(r"round-(\d{6,})\.npz")
 
 
@@ -74,6 +77,14 @@ class Checkpoint:
     params: dict[str, NDArray]
     state: dict[str, Any]  # clock, accuracy, journal (its entries, read from the file)...
     journal: JournalRef | None = None  # the journal prefix it commits to (None: format 2)
+    momentum: dict[str, NDArray] | None = None  # the outer step's (None: FedAvg, or none yet)
+
+
+def _split(arrays: dict[str, NDArray]) -> tuple[dict[str, NDArray], dict[str, NDArray] | None]:
+    """A checkpoint's npz entries as (model, outer momentum or None)."""
+    model = {k: v for k, v in arrays.items() if not k.startswith(MOMENTUM)}
+    momentum = {k[len(MOMENTUM) :]: v for k, v in arrays.items() if k.startswith(MOMENTUM)}
+    return model, momentum or None
 
 
 def _prune(directory: Path, newest: int) -> None:
@@ -97,17 +108,22 @@ def save(
     params: Mapping[str, NDArray],
     state: dict,
     journal: JournalFile | None = None,
+    momentum: Mapping[str, NDArray] | None = None,
 ) -> Path:
     """Commit round ``round_index``: the journal's staged entries appended and fsynced (its
     reference goes in ``state``), then the model and its manifest, each written to a temporary
     file, fsynced and renamed into place; the manifest's rename is the commit. A crash at any
     point leaves the previous round loadable and at worst files the next save overwrites or
-    prunes or the next start deletes. OSError (disk full, fsync failing) leaves the same."""
+    prunes or the next start deletes. OSError (disk full, fsync failing) leaves the same.
+    ``momentum`` (the outer step's state) goes into the model's npz under ``MOMENTUM``."""
+    if any(k.startswith(MOMENTUM) for k in params):
+        raise ValueError(f"a model array name starts with the reserved {MOMENTUM!r}")
+    arrays = {**params, **{MOMENTUM + k: v for k, v in (momentum or {}).items()}}
     directory.mkdir(parents=True, exist_ok=True)
     if journal is not None:
         state = {**state, "journal": journal.sync().to_json()}
     model = directory / f"round-{round_index:06d}.npz"
-    commit_rename(write_temp(model, lambda f: np.savez(f, **params)), model)
+    commit_rename(write_temp(model, lambda f: np.savez(f, **arrays)), model)
     body = {
         "format": FORMAT,
         "round": round_index,
@@ -134,13 +150,14 @@ def save_or_report(
     params: Mapping[str, NDArray],
     state: dict,
     journal: JournalFile | None = None,
+    momentum: Mapping[str, NDArray] | None = None,
 ) -> bool:
     """``save``; when the disk refuses it (OSError: full, read-only, fsync failing), one
     warning and one count of ``powertrip_checkpoint_write_failures_total``, and False: the run
     goes on (a checkpoint is a restart point, not a result: refusing to train would turn a full
     disk into a crash loop), and a restart resumes from the last round that was written."""
     try:
-        save(directory, round_index, params, state, journal)
+        save(directory, round_index, params, state, journal, momentum)
     except OSError as exc:
         metrics.CHECKPOINT_WRITE_FAILURES.inc()
         logger.warning(
@@ -166,7 +183,8 @@ def remove_leftovers(directory: Path) -> list[Path]:
 def _load(manifest_path: Path, validate: Callable[[Checkpoint], None] | None) -> Checkpoint:
     """The checkpoint of ``manifest_path``, or ``Rejected`` naming the file at fault."""
     manifest = verified_manifest(manifest_path)
-    params = verified_params(manifest_path.parent / manifest["model"], manifest["model_sha256"])
+    arrays = verified_params(manifest_path.parent / manifest["model"], manifest["model_sha256"])
+    params, momentum = _split(arrays)
     state, ref = manifest["state"], None
     if manifest["format"] != 2 and "journal" in state:  # format 2: the journal is inside
         try:
@@ -174,7 +192,7 @@ def _load(manifest_path: Path, validate: Callable[[Checkpoint], None] | None) ->
         except JournalError as exc:
             culprit = exc.path or manifest_path
             raise Rejected(exc.reason, culprit, f"{exc} (for {manifest_path.name})") from None
-    ckpt = Checkpoint(manifest["round"], params, state, ref)
+    ckpt = Checkpoint(manifest["round"], params, state, ref, momentum)
     if validate is not None:
         try:
             validate(ckpt)

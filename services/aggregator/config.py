@@ -64,6 +64,11 @@ class AggregatorConfig(ServiceConfig, CurtailSettings, DeviceSettings):
     aggregation: Literal["fedavg", "trimmed-mean", "median"] | None = None
     clip_norm: float | None = None
     trim_beta: float | None = None
+    # The outer step after the aggregate (powertrip/outer_step.py): fedavg (default) or
+    # nesterov, with its lr and momentum; PowerTrip mode, checked by experiment()
+    outer: Literal["fedavg", "nesterov"] | None = None
+    outer_lr: float | None = None
+    outer_momentum: float | None = None
     # Wall clock: expected local training time at full power, for ranking before measurement.
     wall_tau_s: float = Field(1.0, gt=0)
     round_deadline_s: float = Field(120.0, gt=0)  # wall seconds a round waits for updates
@@ -128,6 +133,9 @@ class AggregatorConfig(ServiceConfig, CurtailSettings, DeviceSettings):
         "aggregation",
         "clip_norm",
         "trim_beta",
+        "outer",
+        "outer_lr",
+        "outer_momentum",
         mode="before",
     )
     @classmethod
@@ -233,4 +241,7 @@ class AggregatorConfig(ServiceConfig, CurtailSettings, DeviceSettings):
             aggregation=self.aggregation,
             clip_norm=self.clip_norm,
             trim_beta=self.trim_beta,
+            outer=self.outer,
+            outer_lr=self.outer_lr,
+            outer_momentum=self.outer_momentum,
         )

@@ -19,6 +19,7 @@ from numpy.typing import NDArray
 
 from powertrip.fedavg import NumpyParams, delta_sketch, sketch_stride
 from powertrip.outcome import Evaluate, round_outcome
+from powertrip.outer_step import NesterovOuter
 from powertrip.robust import Aggregation
 from powertrip.rounds import RoundOutcome
 from powertrip.sites import SiteProfile, site_id
@@ -92,8 +93,10 @@ class GrpcRoundExecutor:
         aggregation: Aggregation | None = None,
         min_contributions: int = 1,
         site_weights: Sequence[float] | None = None,
+        outer: NesterovOuter | None = None,
     ) -> None:
         self.registry = registry
+        self.outer = outer  # the run's outer step after the aggregate (its momentum restored)
         # per site, the FedAvg weight the run assigned it (its partition's samples): the most
         # a worker may claim for that site's update (RoundGate.weight_problem)
         self.site_weights = site_weights
@@ -265,7 +268,12 @@ class GrpcRoundExecutor:
             return None
         previous = self.params
         outcome = round_outcome(
-            collector.agg, previous, self.evaluate, selected=len(selected), half=collector.half
+            collector.agg,
+            previous,
+            self.evaluate,
+            selected=len(selected),
+            half=collector.half,
+            outer=self.outer,
         )
         self.params = outcome.params
         if self.track_direction:  # new - old, the emulator's arithmetic

@@ -77,24 +77,36 @@ def resume_state(ckpt: checkpoint.Checkpoint, num_sites: int | None = None) -> R
 
 
 def fits_run(
-    template: NumpyParams, num_sites: int | None = None
+    template: NumpyParams, num_sites: int | None = None, momentum: bool = False
 ) -> Callable[[checkpoint.Checkpoint], None]:
-    """A checkpoint's check: the model arrays of this run (names, shapes, dtypes) and a
-    well-formed state (``resume_state``); TypeError or ValueError naming what does not fit."""
-    want = {k: (v.shape, v.dtype) for k, v in template.items()}
+    """A checkpoint's check: the model arrays of this run (names, shapes, dtypes), the outer
+    momentum if and only if the run keeps one (``momentum``: an outer step with momentum; its
+    arrays shaped as the model's), and a well-formed state (``resume_state``); TypeError or
+    ValueError naming what does not fit."""
 
     def check(ckpt: checkpoint.Checkpoint) -> None:
-        got = {k: (v.shape, v.dtype) for k, v in ckpt.params.items()}
-        if got.keys() != want.keys():
-            raise ValueError(f"model arrays {sorted(got)} are not this run's {sorted(want)}")
-        for k, (shape, dtype) in want.items():
-            if got[k] != (shape, dtype):
-                raise ValueError(
-                    f"array {k!r} is {got[k][1]}{list(got[k][0])}, not {dtype}{list(shape)}"
-                )
+        _same_arrays("model arrays", ckpt.params, template)
+        if momentum and ckpt.round > 0 and ckpt.momentum is None:
+            raise ValueError("no outer momentum: written by a run without the outer step")
+        if not momentum and ckpt.momentum is not None:
+            raise ValueError("an outer momentum, but this run takes no outer step with momentum")
+        if ckpt.momentum is not None:
+            _same_arrays("outer momentum arrays", ckpt.momentum, template)
         resume_state(ckpt, num_sites)
 
     return check
+
+
+def _same_arrays(what: str, got: NumpyParams, template: NumpyParams) -> None:
+    """ValueError unless ``got`` has ``template``'s names, shapes and dtypes."""
+    if got.keys() != template.keys():
+        raise ValueError(f"{what} {sorted(got)} are not this run's {sorted(template)}")
+    for k, want in template.items():
+        if (got[k].shape, got[k].dtype) != (want.shape, want.dtype):
+            have = got[k]
+            raise ValueError(
+                f"array {k!r} is {have.dtype}{list(have.shape)}, not {want.dtype}{list(want.shape)}"
+            )
 
 
 def journal_writer(directory: Path, ckpt: checkpoint.Checkpoint | None) -> JournalFile:

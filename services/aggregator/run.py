@@ -57,7 +57,9 @@ class AggregatorRun(RunLifecycle):
         self._checkpoints = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
         resume = Resume([], None)
         self._resumed_round: int | None = None
-        self._fits = _fits_run(params, exp.num_sites)
+        outer = exp.make_outer()  # None for FedAvg; its momentum is checkpointed (R6)
+        keeps_momentum = outer is not None and outer.momentum > 0
+        self._fits = _fits_run(params, exp.num_sites, keeps_momentum)
         self._journal: JournalFile | None = None  # the journal file's writer
         if self._checkpoints is not None:
             # NoUsableCheckpoint (all bad, no POWERTRIP_START_FRESH) stops the service
@@ -65,6 +67,8 @@ class AggregatorRun(RunLifecycle):
             self._journal = journal_writer(self._checkpoints, ckpt)
             if ckpt is not None:
                 params = ckpt.params
+                if outer is not None:
+                    outer.restore(ckpt.momentum)
                 self._resumed_round = ckpt.round
                 resume = _resume_state(ckpt, exp.num_sites)
                 logger.info("resuming after round %d: replaying %d rounds", ckpt.round, ckpt.round)
@@ -80,6 +84,7 @@ class AggregatorRun(RunLifecycle):
             aggregation=Aggregation.of(exp),
             min_contributions=cfg.min_contributions,
             site_weights=[len(p) for p in fed.partitions],
+            outer=outer,
         )
         # Restarts replay the journal through the round loop, so the policy resumes exactly.
         self.journaled = JournaledExecutor(self.executor, resume.journal, resume.initial)
@@ -149,6 +154,7 @@ class AggregatorRun(RunLifecycle):
                     "initial": list(self.journaled.evaluate_initial()),
                 },
                 self._journal,
+                None if self.executor.outer is None else self.executor.outer.state,
             )
             if saved:  # a disk that refuses it: logged and counted, the run goes on
                 metrics.CHECKPOINT_ROUND.set(rec.round)
