@@ -1,0 +1,72 @@
+"""R6 with the Nesterov outer step: its momentum is run state, so an aggregator SIGKILLed in the
+middle of a fold and restarted must resume it from the checkpoint, or the rounds after the
+restart step from a different momentum and the final model differs from an uninterrupted run's.
+
+The machinery is ``test_crash_recovery``'s (one cluster, the golden run first, the crashed run
+in its own checkpoint directory), with ``POWERTRIP_OUTER=nesterov``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from powertrip.v1 import aggregator_pb2
+from services.aggregator import checkpoint
+from services.cli.launcher import ClusterPlan, LocalCluster
+from tests.integration.test_crash_recovery import (
+    CRASH_ROUND,
+    ROUNDS,
+    SITES,
+    Bench,
+    files,
+    model_sha256,
+    rounds,
+    start_aggregator,
+)
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def nesterov_bench(tmp_path_factory):
+    out = tmp_path_factory.mktemp("crash-outer")
+    plan = ClusterPlan(
+        workers=2,
+        sites=SITES,
+        policy="powertrip",
+        clock="emulated",
+        preset="quick",
+        num_samples=2000,
+        target=0.99,  # unreachable: the whole round budget
+        max_rounds=ROUNDS,
+        seed=0,
+        round_deadline_s=10,
+        log_dir=out / "logs",
+        checkpoint_dir=out / "golden",
+        extra_env={"POWERTRIP_HEARTBEAT_S": "0.5", "POWERTRIP_OUTER": "nesterov"},
+        tls_dir=out / "tls",
+    )
+    with LocalCluster(plan) as cluster:
+        cluster.start()
+        golden = cluster.wait_done(timeout_s=120)
+        assert golden.state == aggregator_pb2.RUN_STATE_DONE and golden.round == ROUNDS
+        yield Bench(cluster, out, golden, model_sha256(out / "golden"))
+
+
+@pytest.mark.reliability("R6")
+def test_a_nesterov_run_killed_in_a_fold_resumes_its_momentum_and_ends_bit_identical(
+    nesterov_bench,
+):
+    b = nesterov_bench
+    golden = checkpoint.load_latest(b.out / "golden")
+    assert golden is not None and golden.momentum is not None  # the outer step ran
+    ckpts = b.out / "crashed"
+
+    first = start_aggregator(b, ckpts, f"aggregation@{CRASH_ROUND}")
+    assert first.left_behind == files(1, 2)
+
+    last = start_aggregator(b, ckpts, None)
+    assert f"resuming after round {CRASH_ROUND - 1}" in last.log
+    assert b.final is not None and b.final.state == aggregator_pb2.RUN_STATE_DONE, b.final
+    assert rounds(b.final) == rounds(b.golden_status)
+    assert model_sha256(ckpts) == b.golden_sha
