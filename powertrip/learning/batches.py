@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from powertrip.learning.local_optim import LocalOptimizer
+
 __all__ = ["LocalTrainingConfig", "RoundBatches", "round_batches", "site_schedule"]
 
 
@@ -26,12 +28,19 @@ class LocalTrainingConfig:
     local_epochs: int = 1
     max_local_steps: int | None = None  # cap per round, for very large partitions
     shuffle: bool = True  # False: batches in the given row order (the elastic data cursor's)
+    #: the local optimizer; None: plain SGD at ``lr`` (its lr, when unset, is ``lr`` too)
+    optimizer: LocalOptimizer | None = None
 
     def __post_init__(self) -> None:
         if self.lr <= 0 or self.batch_size < 1 or self.local_epochs < 1:
             raise ValueError("learning rate, batch size and local epochs must be positive")
         if self.max_local_steps is not None and self.max_local_steps < 1:
             raise ValueError("max_local_steps must be >= 1 when set")
+
+    @property
+    def recipe(self) -> LocalOptimizer:
+        """The resolved local optimizer: ``optimizer`` with ``lr`` filled in, or plain SGD."""
+        return (self.optimizer or LocalOptimizer()).with_lr(self.lr)
 
 
 def site_schedule(config: LocalTrainingConfig, n: int, seed: int) -> np.ndarray:

@@ -13,6 +13,10 @@ eager trainer shrinks the batch as sites finish their local epochs. So rows come
 extra rows being sites already done or padding, with an all-zero mask, so their gradient is
 zero and their update is not written back. About five graphs per trainer, whatever the mix of
 partition sizes.
+
+Plain SGD updates inside the graph. Any other local optimizer (momentum, AdamW, a schedule,
+clipping) keeps per-site state and a per-site lr: the graph returns the gradients and the
+trainer's ``SiteOptimizer`` steps the active rows outside it (site_optim.py).
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from collections.abc import Callable, Sequence
 import torch
 
 from powertrip.learning.device import TorchParams
+from powertrip.learning.local_optim import LocalOptimizer
+from powertrip.learning.site_optim import SiteOptimizer
 
 __all__ = ["CompiledSteps", "row_bucket"]
 
@@ -39,7 +45,13 @@ def row_bucket(n: int, smallest: int = 8) -> int:
 class CompiledSteps:
     """Runs a round's SGD steps with one compiled graph per row bucket."""
 
-    def __init__(self, grad_and_loss: GradAndLoss, lr: float, mode: str = "default") -> None:
+    def __init__(
+        self, grad_and_loss: GradAndLoss, recipe: LocalOptimizer | float, mode: str = "default"
+    ) -> None:
+        if not isinstance(recipe, LocalOptimizer):
+            recipe = LocalOptimizer(lr=recipe)
+        lr, self.in_graph = recipe.lr, recipe.plain_sgd
+
         def step(
             params: TorchParams,
             x: torch.Tensor,
@@ -48,6 +60,8 @@ class CompiledSteps:
             m: torch.Tensor,
         ) -> tuple[TorchParams, torch.Tensor]:
             grads, loss = grad_and_loss(params, x[rows], y[rows], m)
+            if not self.in_graph:
+                return grads, loss
             return {n: torch.sub(p, grads[n], alpha=lr) for n, p in params.items()}, loss
 
         # Dynamo counts graphs per code object, so every trainer's buckets add up: keep room
@@ -70,13 +84,20 @@ class CompiledSteps:
         mask: torch.Tensor,
         active: Sequence[int],
         loss_sum: torch.Tensor,
+        opt: SiteOptimizer | None = None,
     ) -> None:
         """Every step of the round, in place: ``params`` [rows, ...], ``gather``/``mask``
-        [steps, rows, batch], ``active[s]`` sites still training at step s (a prefix)."""
+        [steps, rows, batch], ``active[s]`` sites still training at step s (a prefix);
+        ``opt`` steps the rows when the update is not in the graph."""
+        if not self.in_graph and opt is None:
+            raise ValueError("this recipe updates outside the graph: pass its SiteOptimizer")
         for s, a in enumerate(active):
             r = self.rows(a)
             live = {name: p[:r] for name, p in params.items()}
-            new, loss = self._step(live, x, y, gather[s, :r], mask[s, :r])
-            for name, p in live.items():
-                p[:a].copy_(new[name][:a])
+            out, loss = self._step(live, x, y, gather[s, :r], mask[s, :r])
+            if self.in_graph:
+                for name, p in live.items():
+                    p[:a].copy_(out[name][:a])
+            else:
+                opt.update(live, out, a)
             loss_sum[:a] += loss[:a]

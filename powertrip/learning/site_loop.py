@@ -23,6 +23,8 @@ from torch import nn
 from torch.func import functional_call
 
 from powertrip.learning.device import TorchParams, tensor, to_host
+from powertrip.learning.local_optim import LocalOptimizer
+from powertrip.learning.site_optim import SiteOptimizer, SiteState
 
 if TYPE_CHECKING:
     from powertrip.learning.trainer import SiteUpdates
@@ -57,12 +59,15 @@ def train_sites_in_turn(
     y: torch.Tensor,
     site_indices: Sequence[np.ndarray],
     schedules: Sequence[np.ndarray],
-    lr: float,
+    recipe: LocalOptimizer | float,
     device: torch.device,
+    states: Sequence[SiteState | None] | None = None,
 ) -> SiteUpdates:
     """Each site's update (state after minus ``global_state``, stacked along axis 0 in the given
     order, in host memory) and its mean training loss. ``schedules[i]`` holds site i's batches
-    as positions into its own rows, -1 for padding (the batched trainer's schedule)."""
+    as positions into its own rows, -1 for padding (the batched trainer's schedule). ``recipe``:
+    the local optimizer (a float: plain SGD at that lr); ``states[i]``: site i's optimizer state
+    to resume (the batched trainer's convention, one row per site)."""
     from powertrip.learning.trainer import SiteUpdates, sample_losses  # shared with the batch path
 
     names = {n for n, _ in model.named_parameters()}
@@ -70,6 +75,9 @@ def train_sites_in_turn(
     buffers = {n: b.to(device) for n, b in global_state.items() if n not in params}
     deltas: dict[str, list[torch.Tensor]] = {name: [] for name in global_state}
     losses = np.zeros(len(site_indices))
+    if not isinstance(recipe, LocalOptimizer):
+        recipe = LocalOptimizer(lr=recipe)
+    opt_states: list[SiteState] = []
     model.train()
     try:
         for i, (idx, sched) in enumerate(zip(site_indices, schedules, strict=True)):
@@ -77,16 +85,21 @@ def train_sites_in_turn(
             live = {n: p.clone().requires_grad_(True) for n, p in params.items()}
             own = {n: b.clone() for n, b in buffers.items()}  # updated in place by the forward
             total = torch.zeros((), device=device)
+            opt = SiteOptimizer(recipe, 1)  # one row: the batched trainer's step, per site
+            rows_view = {n: p.detach().unsqueeze(0) for n, p in live.items()}
+            opt.load([states[i] if states else None], rows_view)
             for step in sched:
                 pick = rows[tensor(step[step >= 0], device)]
                 out = functional_call(model, {**live, **own}, (x[pick],))
                 loss = sample_losses(out, y[pick]).mean()
                 grads = torch.autograd.grad(loss, list(live.values()))
                 with torch.no_grad():
-                    for p, g in zip(live.values(), grads, strict=True):
-                        p.sub_(g, alpha=lr)
+                    opt.update(
+                        rows_view, {n: g.unsqueeze(0) for n, g in zip(live, grads, strict=True)}, 1
+                    )
                 total += loss.detach()
             losses[i] = float(total) / max(len(sched), 1)
+            opt_states += opt.export([0])
             for n, v in {**live, **own}.items():
                 deltas[n].append(v.detach() - global_state[n].to(device))
     finally:
@@ -96,4 +109,5 @@ def train_sites_in_turn(
         num_samples=np.array([len(i) for i in site_indices], dtype=np.int64),
         steps=np.array([s.shape[0] for s in schedules]),
         loss=losses,
+        opt_state=opt_states if not recipe.plain_sgd else None,
     )

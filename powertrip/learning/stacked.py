@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from powertrip.learning.device import TorchParams
+from powertrip.learning.site_optim import SiteOptimizer
 from powertrip.learning.stacked_layers import (
     Activation,
     Conv1dLayer,
@@ -87,24 +88,29 @@ class StackedChain:
         mask: torch.Tensor,
         active: Sequence[int],
         widths: Sequence[int],
-        lr: float,
+        opt: SiteOptimizer,
         loss_sum: torch.Tensor,
     ) -> None:
         """A round's steps in place (the trainer's ``_eager_steps``): step s trains the first
-        ``active[s]`` sites on rows ``gather[s, :, :widths[s]]`` of ``x``/``y``."""
+        ``active[s]`` sites on rows ``gather[s, :, :widths[s]]`` of ``x``/``y``; ``opt`` (the
+        local optimizer seam) applies each step's update to those rows."""
         for s, (a, w) in enumerate(zip(active, widths, strict=True)):
             rows = gather[s, :a, :w]
             live = {name: p[:a] for name, p in params.items()}
-            loss_sum[:a] += self.step(live, x[rows], y[rows], mask[s, :a, :w], lr)
+            loss_sum[:a] += self.step(live, x[rows], y[rows], mask[s, :a, :w], opt)
 
     def step(
-        self, params: TorchParams, x: torch.Tensor, y: torch.Tensor, m: torch.Tensor, lr: float
+        self,
+        params: TorchParams,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        m: torch.Tensor,
+        opt: SiteOptimizer,
     ) -> torch.Tensor:
-        """One SGD step of every site in place: ``params`` [S, ...], ``x`` [S, B, ...],
+        """One local step of every site in place: ``params`` [S, ...], ``x`` [S, B, ...],
         ``y``/``m`` [S, B]. Returns each site's masked mean loss [S] before the step."""
         grads, loss = self._grad_and_loss(params, x, y, m)
-        for name, g in grads.items():
-            params[name].sub_(g, alpha=lr)
+        opt.update(params, grads, y.shape[0])
         return loss
 
     def _grad_and_loss(

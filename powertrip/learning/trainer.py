@@ -36,6 +36,7 @@ from powertrip.learning.device import (
     to_host,
 )
 from powertrip.learning.site_loop import batched_training_blocker, train_sites_in_turn
+from powertrip.learning.site_optim import SiteOptimizer, SiteState
 from powertrip.learning.stacked import StackedChain, stacked_chain
 
 logger = logging.getLogger(__name__)
@@ -49,6 +50,9 @@ class SiteUpdates:
     num_samples: np.ndarray  # n_i, the FedAvg weights
     steps: np.ndarray  # optimizer steps each site took
     loss: np.ndarray  # mean training loss per site over its steps
+    #: each site's local optimizer state after the round, on the trainer's device (None for
+    #: plain SGD, which keeps none); give it back to ``train`` to resume the site's moments
+    opt_state: list[SiteState] | None = None
 
 
 def sample_losses(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -70,7 +74,8 @@ def get_params(model: nn.Module) -> TorchParams:
 
 
 class SiteTrainer:
-    """SGD on many sites at once; the model architecture is shared, the parameters are not."""
+    """Local training of many sites at once with one local optimizer recipe (``config.recipe``,
+    plain SGD by default); the model architecture is shared, the parameters are not."""
 
     def __init__(
         self,
@@ -105,7 +110,9 @@ class SiteTrainer:
         if compile_step is None:
             compile_step = self.device.type == "cuda"
         self._compiled = (
-            CompiledSteps(self._grad_and_loss, config.lr, compile_mode) if compile_step else None
+            CompiledSteps(self._grad_and_loss, config.recipe, compile_mode)
+            if compile_step
+            else None
         )
         # ``stacked=False`` keeps vmap (the reference the stacked path is tested against).
         self._stacked: StackedChain | None = None
@@ -136,10 +143,15 @@ class SiteTrainer:
         y: torch.Tensor,
         site_indices: Sequence[np.ndarray],
         seeds: Sequence[int],
+        states: Sequence[SiteState | None] | None = None,
     ) -> SiteUpdates:
-        """Train every site in ``site_indices`` (rows of x/y it owns) from ``global_params``."""
+        """Train every site in ``site_indices`` (rows of x/y it owns) from ``global_params``;
+        ``states[i]``: site i's optimizer state from an earlier round (None: a fresh start)."""
         if len(site_indices) != len(seeds):
             raise ValueError("one seed per site is required")
+        states = list(states) if states is not None else [None] * len(seeds)
+        if len(states) != len(seeds):
+            raise ValueError("one state (or None) per site is required")
         if not site_indices:
             raise ValueError("no site to train")
         for i, idx in enumerate(site_indices):
@@ -155,6 +167,7 @@ class SiteTrainer:
                     y,
                     site_indices[start : start + step],
                     seeds[start : start + step],
+                    states[start : start + step],
                 )
             )
         if len(chunks) == 1:
@@ -164,21 +177,25 @@ class SiteTrainer:
             num_samples=np.concatenate([c.num_samples for c in chunks]),
             steps=np.concatenate([c.steps for c in chunks]),
             loss=np.concatenate([c.loss for c in chunks]),
+            opt_state=None
+            if chunks[0].opt_state is None
+            else sum((c.opt_state for c in chunks), []),
         )
 
-    def _train_chunk(self, global_params, x, y, site_indices, seeds) -> SiteUpdates:
+    def _train_chunk(self, global_params, x, y, site_indices, seeds, states) -> SiteUpdates:
+        args = (global_params, x, y, site_indices, seeds, states)
         if self.unbatched_reason is not None:
-            return self._train_in_turn(global_params, x, y, site_indices, seeds)
+            return self._train_in_turn(*args)
         if self._compiled is None:
-            return self._train_rows(global_params, x, y, site_indices, seeds)
+            return self._train_rows(*args)
         try:
-            return self._train_rows(global_params, x, y, site_indices, seeds)
+            return self._train_rows(*args)
         except Exception as exc:  # a compiler missing or failing on this machine: train eagerly
             logger.warning("compiled SGD step failed (%s); training eagerly from now on", exc)
             self._compiled = None
-            return self._train_rows(global_params, x, y, site_indices, seeds)
+            return self._train_rows(*args)
 
-    def _train_rows(self, global_params, x, y, site_indices, seeds) -> SiteUpdates:
+    def _train_rows(self, global_params, x, y, site_indices, seeds, states) -> SiteUpdates:
         k = len(site_indices)
         rows = self._compiled.rows(k) if self._compiled else k  # compiled: bucketed, padded
         plan = round_batches(self.config, site_indices, seeds, rows, self._compiled is not None)
@@ -192,15 +209,17 @@ class SiteTrainer:
             for name, p in global_params.items()
         }
         loss_sum = torch.zeros(rows, device=self.device)
+        opt = SiteOptimizer(self.config.recipe, rows)  # row j is site order[j]
+        opt.load([states[i] for i in order], params)
         with torch.no_grad():
             if self._compiled is not None:
-                self._compiled.run(params, x, y, gather_t, mask_t, active, loss_sum)
+                self._compiled.run(params, x, y, gather_t, mask_t, active, loss_sum, opt)
             elif self._stacked is not None and self._stacked.accepts(x, y):
-                lr = self.config.lr
-                self._stacked.run(params, x, y, gather_t, mask_t, active, widths, lr, loss_sum)
+                self._stacked.run(params, x, y, gather_t, mask_t, active, widths, opt, loss_sum)
             else:
-                self._eager_steps(params, x, y, gather_t, mask_t, active, widths, loss_sum)
-        back = tensor(np.argsort(order), self.device)
+                self._eager_steps(params, x, y, gather_t, mask_t, active, widths, loss_sum, opt)
+        back_np = np.argsort(order)
+        back = tensor(back_np, self.device)
         deltas = {  # to the host in one copy per tensor, not one per site
             name: to_host(p[back] - global_params[name].to(self.device).unsqueeze(0))
             for name, p in params.items()
@@ -210,14 +229,16 @@ class SiteTrainer:
             num_samples=np.array([len(i) for i in site_indices], dtype=np.int64),
             steps=steps,
             loss=array(loss_sum[back]) / steps,
+            opt_state=None if opt.recipe.plain_sgd else opt.export(back_np.tolist()),
         )
 
-    def _train_in_turn(self, global_params, x, y, site_indices, seeds) -> SiteUpdates:
+    def _train_in_turn(self, global_params, x, y, site_indices, seeds, states) -> SiteUpdates:
         pairs = zip(site_indices, seeds, strict=True)
         schedules = [self._site_schedule(len(i), s) for i, s in pairs]
         x, y = self.resident(x), self.resident(y)
+        recipe, device = self.config.recipe, self.device
         return train_sites_in_turn(
-            self.model, global_params, x, y, site_indices, schedules, self.config.lr, self.device
+            self.model, global_params, x, y, site_indices, schedules, recipe, device, states
         )
 
     def _eager_steps(
@@ -230,10 +251,10 @@ class SiteTrainer:
         active: Sequence[int],
         widths: Sequence[int],
         loss_sum: torch.Tensor,
+        opt: SiteOptimizer,
     ) -> None:
-        """The round's SGD steps, one vmapped call each, shrinking as sites finish (in place;
+        """The round's local steps, one vmapped call each, shrinking as sites finish (in place;
         the arguments are those of ``CompiledSteps.run``, plus each step's batch width)."""
-        lr = self.config.lr
         for s, (a, w) in enumerate(zip(active, widths, strict=True)):
             g_idx = gather_t[s, :a, :w]
             xb, yb, mb = x[g_idx], y[g_idx], mask_t[s, :a, :w]
@@ -241,8 +262,7 @@ class SiteTrainer:
             with torch.enable_grad():
                 grads, loss = self._grad_and_loss(live, xb, yb, mb)
             loss_sum[:a] += loss
-            for name, g in grads.items():
-                live[name].sub_(g, alpha=lr)
+            opt.update(live, grads, a)
 
     def evaluate(
         self, params: TorchParams, x: torch.Tensor, y: torch.Tensor, batch_size: int = 4096
