@@ -18,6 +18,7 @@ import torch
 from powertrip.clock import EmulatedClock
 from powertrip.fedavg import NumpyParams, delta_sketch, sketch_stride
 from powertrip.learning.device import TorchParams, to_numpy, to_torch
+from powertrip.learning.site_optim import SiteState
 from powertrip.learning.trainer import SiteTrainer
 from powertrip.outcome import evaluate_half_model, round_outcome
 from powertrip.outer_step import NesterovOuter, OuterSettings
@@ -129,6 +130,11 @@ class Emulator:
         self.aggregation = aggregation or Aggregation()  # FedAvg unless the run asks otherwise
         self.outer = outer or OuterSettings()  # no outer step unless the run asks for one
         self._initial: tuple[float, float] | None = None
+        recipe = federation.trainer.config.recipe
+        # A site that resumes its local optimizer's moments (AdamW, momentum, a schedule's
+        # step count; ``keep_state``) trains differently each time it is picked: its rounds
+        # depend on more than the selection history, so they are not shared through the cache.
+        self.keeps_site_state = recipe.keep_state and not recipe.plain_sgd
 
     def _train_round(
         self,
@@ -138,15 +144,21 @@ class Emulator:
         direction: NumpyParams | None = None,
         evaluate_half: bool = True,
         outer: NesterovOuter | None = None,
+        site_states: dict[int, SiteState] | None = None,
     ) -> RoundOutcome:
+        """One round; ``site_states`` (site -> its optimizer state) is read and updated."""
         fed = self.fed
+        sites = [int(i) for i in selected]
         updates = fed.trainer.train(
             params,
             fed.x_train,
             fed.y_train,
-            [fed.partitions[i] for i in selected],
-            [site_seed(self.seed, round_index, int(i)) for i in selected],
+            [fed.partitions[i] for i in sites],
+            [site_seed(self.seed, round_index, i) for i in sites],
+            None if site_states is None else [site_states.get(i) for i in sites],
         )
+        if site_states is not None and updates.opt_state is not None:
+            site_states.update(zip(sites, updates.opt_state, strict=True))
         template = to_numpy(params)
         agg = self.aggregation.make(template, direction=direction)
         half = self.aggregation.make(template)  # every other site: the split-half probe
@@ -209,6 +221,9 @@ class _CachedExecutor:
         self.outer = emulator.outer.make_outer()
         outer = self.outer
         self.key = b"root" if outer is None else f"root{outer.lr!r},{outer.momentum!r}".encode()
+        #: each site's local optimizer state (on the trainer's device: AdamW keeps two model
+        #: copies per site that has trained), or None when sites keep none across rounds
+        self.site_states: dict[int, SiteState] | None = {} if emulator.keeps_site_state else None
 
     def evaluate_initial(self) -> tuple[float, float]:
         em = self.em
@@ -220,16 +235,19 @@ class _CachedExecutor:
         self, round_index: int, selected: np.ndarray, profile: SiteProfile, split_half: bool
     ) -> RoundOutcome:
         self.key = _chain(self.key, selected)
-        trained = self.em.cache.get(self.key)
+        stateful = self.site_states is not None
+        trained = None if stateful else self.em.cache.get(self.key)
         if trained is None:
             direction = None
             if self.previous is not None:
                 new, old = to_numpy(self.params), to_numpy(self.previous)
                 direction = delta_sketch(new, old, sketch_stride(new))
             trained = self.em._train_round(
-                self.params, selected, round_index, direction, split_half, self.outer
-            )
-            self.em.cache.put(self.key, trained)
+                self.params, selected, round_index, direction, split_half, self.outer,
+                self.site_states,
+            )  # fmt: skip
+            if not stateful:
+                self.em.cache.put(self.key, trained)
         elif split_half and trained.half_params is not None:
             trained = evaluate_half_model(trained, self.em._evaluate)
             self.em.cache.put(self.key, trained)

@@ -71,9 +71,8 @@ class SiteOptimizer:
         return m
 
     def load(self, states: Sequence[SiteState | None], params: Mapping[str, torch.Tensor]) -> None:
-        """Row i resumes ``states[i]`` (None or a recipe with ``keep_state=False``: fresh)."""
-        if not self.recipe.keep_state:
-            return
+        """Row i resumes ``states[i]`` (None: a fresh start). Whether a site's state outlives
+        its round (``keep_state``) is its keeper's decision: the emulator's per-site store."""
         for row, st in enumerate(states):
             if st is None:
                 continue

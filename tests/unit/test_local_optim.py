@@ -117,14 +117,15 @@ def test_a_site_resumes_its_own_moments_and_step_count_in_a_later_round():
         torch.testing.assert_close(swapped[n][0], want[n], rtol=1e-5, atol=1e-6)
 
 
-def test_keep_state_false_starts_every_round_fresh():
-    recipe = LocalOptimizer(name="adamw", lr=0.01, keep_state=False)
-    params = _stacked(1)
-    opt = SiteOptimizer(recipe, 1)
-    opt.update(params, _grads(1, 0), 1)
-    fresh = SiteOptimizer(recipe, 1)
-    fresh.load(opt.export([0]), params)
-    assert fresh.steps[0] == 0 and not fresh._moments
+def test_a_site_given_no_state_starts_fresh():
+    recipe = LocalOptimizer(name="adamw", lr=0.01)
+    params = _stacked(2)
+    opt = SiteOptimizer(recipe, 2)
+    opt.update(params, _grads(2, 0), 2)
+    fresh = SiteOptimizer(recipe, 2)
+    fresh.load([None, opt.export([1])[0]], params)
+    assert list(fresh.steps) == [0, 1]
+    assert not fresh.export([0])[0].moments["fc.weight"]["exp_avg"].any()
 
 
 def test_plain_sgd_is_exactly_the_old_in_place_step():
