@@ -101,6 +101,9 @@ def train(r: Recipe, train_ids: torch.Tensor, vocab: int, base_steps: int, seed:
         if r.clip is not None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), r.clip)
         opt.step()
+        if (step + 1) % max(1, steps // 4) == 0:  # progress, off the table's stream
+            print(f"  {r.name} seed {seed}: step {step + 1}/{steps} loss {loss.item():.3f}",
+                  file=sys.stderr, flush=True)  # fmt: skip
     return model.eval()
 
 
