@@ -19,6 +19,7 @@ from numpy.typing import NDArray
 from powertrip.curtailment.run_model import Checkpoints, LearnOutcome, SiteWork
 from powertrip.fedavg import NumpyParams, StreamingFedAvg
 from powertrip.learning.device import TorchParams, to_host, to_numpy, to_torch
+from powertrip.learning.site_optim import SiteState
 from powertrip.learning.trainer import SiteTrainer, SiteUpdates
 from powertrip.outer_step import NesterovOuter
 
@@ -39,10 +40,12 @@ def train_stream_rows(
     order: NDArray[np.int64],
     params: TorchParams,
     rows: Sequence[NDArray[np.int64]],
+    states: Sequence[SiteState | None] | None = None,
 ) -> SiteUpdates:
     """Train each site on its data-stream positions (``order`` maps them to training rows), in
-    order, from ``params``: the one training step of the emulator and of the worker."""
-    return trainer.train(params, x, y, [order[r] for r in rows], [0] * len(rows))
+    order, from ``params``: the one training step of the emulator and of the worker.
+    ``states``: each site's local optimizer state to resume (None: fresh)."""
+    return trainer.train(params, x, y, [order[r] for r in rows], [0] * len(rows), states)
 
 
 class FoldingLearner:
@@ -71,9 +74,14 @@ class FoldingLearner:
             self._current = self._eval(self.params)
         return self._current
 
+    def start_round(self) -> None:
+        """A round begins: a learner whose sites keep no optimizer state across rounds drops
+        it here (a lone site's chunks within a round always carry it)."""
+
     def train_round(
         self, work: Sequence[SiteWork], checkpoints: Checkpoints | None
     ) -> LearnOutcome:
+        self.start_round()
         active = [w for w in work if w.steps > 0]
         if not active:
             acc, loss = self.evaluate()
@@ -148,9 +156,21 @@ class StreamLearner(FoldingLearner):
         self.trainer = trainer
         self.x, self.y = x_train, y_train
         self.order = order
+        recipe = trainer.config.recipe
+        #: site -> its local optimizer state (None: plain SGD keeps none)
+        self.site_states: dict[int, SiteState] | None = None if recipe.plain_sgd else {}
+        self._keep_state = recipe.keep_state
+
+    def start_round(self) -> None:
+        if self.site_states is not None and not self._keep_state:
+            self.site_states.clear()
 
     def train_sites(
         self, params: TorchParams, sites: Sequence[int], rows: Sequence[NDArray[np.int64]]
     ) -> list[TorchParams]:
-        upd = train_stream_rows(self.trainer, self.x, self.y, self.order, params, rows)
+        store = self.site_states
+        states = None if store is None else [store.get(s) for s in sites]
+        upd = train_stream_rows(self.trainer, self.x, self.y, self.order, params, rows, states)
+        if store is not None and upd.opt_state is not None:
+            store.update(zip(sites, upd.opt_state, strict=True))
         return [{k: v[j] for k, v in upd.deltas.items()} for j in range(len(rows))]
