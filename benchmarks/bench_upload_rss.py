@@ -102,6 +102,9 @@ class NaiveCollector:
     def admit(self, site: int, round_index: int) -> None:
         pass
 
+    def weight_problem(self, site: int, weight: float) -> str | None:
+        return None  # the benchmark's uploads are honest
+
     def commit(self, site: int, rx: Any, weight: float) -> None:
         arrays = rx.arrays()
         rx.close()
