@@ -8,7 +8,7 @@ SGD, lr 0.1 constant, batch 32), ``adamw`` (the recipe found here) and ``adamw-4
 with 4x the batch and 1/4 the steps: the data-parallel baseline for 4 DiLoCo sites). It is the
 reference a library optimizer is checked against, so it keeps no state outside this file.
 
-    .venv/bin/python benchmarks/bench_lm_recipe.py --seeds 0,1,2
+    .venv/bin/python benchmarks/bench_lm_recipe.py --seeds 0,1  # docs/workloads.md: the table
 """
 
 from __future__ import annotations
