@@ -9,6 +9,7 @@ from typing import Annotated, Literal, Self
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from powertrip.learning.local_optim import LocalOptimizerSettings
 from powertrip.outer_step import OuterSettings
 from powertrip.robust import check_settings, check_trim_beta
 from powertrip.selection.registry import validate_policy_name
@@ -140,10 +141,10 @@ def preset_values(
     return values
 
 
-class ExperimentConfig(OuterSettings, RunConfig):
+class ExperimentConfig(LocalOptimizerSettings, OuterSettings, RunConfig):
     """The PowerTrip study: sites, power, network, the policies to compare and the protocol;
     the outer step after the aggregate (``outer``, ``outer_lr``, ``outer_momentum``) comes
-    from ``OuterSettings``, as in the curtailment study."""
+    from ``OuterSettings``, the sites' ``local_optimizer`` from ``LocalOptimizerSettings``."""
 
     num_samples: int = Field(
         20_000, ge=100, description="samples to generate (mnist1d) or keep (shakespeare)"

@@ -106,6 +106,7 @@ def build_federation(
             batch_size=cfg.local_batch_size,
             local_epochs=cfg.local_epochs,
             max_local_steps=cfg.max_local_steps,
+            optimizer=cfg.local_optimizer,
         ),
         device=resolve_device(device),
     )
@@ -135,7 +136,9 @@ class StreamSetup:
         lr = cfg.lr if cfg.lr is not None else workload_default(cfg.workload, "lr")
         self.trainer = SiteTrainer(
             model,
-            LocalTrainingConfig(lr=lr, batch_size=cfg.batch_size, shuffle=False),
+            LocalTrainingConfig(
+                lr=lr, batch_size=cfg.batch_size, shuffle=False, optimizer=cfg.local_optimizer
+            ),
             device=resolve_device(device),
         )
         self.params = get_params(model)

@@ -14,7 +14,7 @@ from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["LocalOptimizer", "OptimizerName", "ScheduleName", "decays"]
+__all__ = ["LocalOptimizer", "LocalOptimizerSettings", "OptimizerName", "ScheduleName", "decays"]
 
 OptimizerName = Literal["sgd", "momentum", "nesterov", "adamw"]
 ScheduleName = Literal["constant", "cosine", "wsd"]
@@ -80,3 +80,12 @@ def decays(name: str, param_shape: tuple[int, ...]) -> bool:
     """Whether weight decay applies to a parameter: not to biases and norm weights (1-D),
     nor to embeddings (by name), as in GPT-style AdamW recipes."""
     return len(param_shape) >= 2 and "emb" not in name.lower()
+
+
+class LocalOptimizerSettings(BaseModel):
+    """The run configurations' ``local_optimizer`` (both modes inherit it): None is the
+    workload's plain SGD, and is left out of dumps so existing summaries do not change."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    local_optimizer: LocalOptimizer | None = Field(None, exclude_if=lambda v: v is None)

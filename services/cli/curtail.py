@@ -31,6 +31,7 @@ from services.cli.common import (
     require_output,
 )
 from services.cli.export import require_tensorboard, tensorboard_option, write_tensorboard
+from services.cli.optimizer_options import optimizer_options
 
 FLAG_FOR_FIELD = {
     "carbon_trace_path": "--carbon-trace",
@@ -100,6 +101,7 @@ FLAG_FOR_FIELD = {
 @click.option("--target", "target_accuracy", type=float, help="Target accuracy for TTA.")
 @click.option("--seed", type=int, help="Training seed (init, data order).")
 @click.option("--site-seed", type=int, help="Seed of the site distances.")
+@optimizer_options
 @click.option("--plots/--no-plots", default=True, show_default=True, help="Write PNG figures.")
 @tensorboard_option
 @click.option("--threads", type=click.IntRange(min=1), help="CPU threads for torch.")

@@ -18,7 +18,6 @@ from services.cli.common import (
     OneLineErrors,
     OutputDir,
     WorkloadName,
-    aggregation_options,
     check_sweep,
     describe_validation,
     device_option,
@@ -30,6 +29,7 @@ from services.cli.common import (
     require_output,
 )
 from services.cli.curtail import curtail
+from services.cli.optimizer_options import training_options
 from services.cli.traces import traces
 from services.cli.up import up
 
@@ -149,7 +149,7 @@ main.add_command(export.export_tensorboard_command)
 @click.option("--trend-rounds", type=int, help="Algorithm 1: rounds in the accuracy trend (m).")
 @click.option("--gain-floor", type=float, help="Algorithm 1: floor of the projected gain (eps).")
 @click.option("--kappa", type=float, help="kappa-headroom gain: strength of the headroom term.")
-@aggregation_options
+@training_options
 @click.option("--plots/--no-plots", default=True, show_default=True, help="Write PNG figures.")
 @export.tensorboard_option
 @click.option(

@@ -1,0 +1,36 @@
+"""Both study configurations take the sites' local optimizer; unset, it is the workload's
+plain SGD and the configuration (summary.json) reads as before."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pydantic import ValidationError
+
+from powertrip.curtailment.config import CurtailmentConfig
+from powertrip.experiment import build_config
+from powertrip.learning.federation import build_federation, load_workload
+
+
+def test_unset_it_is_left_out_of_the_dumped_configuration():
+    assert "local_optimizer" not in json.loads(build_config("quick").model_dump_json())
+    assert "local_optimizer" not in json.loads(CurtailmentConfig().model_dump_json())
+
+
+def test_a_recipe_is_validated_dumped_and_reaches_the_trainer_at_the_workloads_lr():
+    cfg = build_config(
+        None, num_sites=4, num_samples=400,
+        local_optimizer={"name": "adamw", "weight_decay": 0.1, "clip_norm": 1.0},
+    )  # fmt: skip
+    dumped = json.loads(cfg.model_dump_json())["local_optimizer"]
+    assert dumped["name"] == "adamw" and dumped["clip_norm"] == 1.0
+    recipe = build_federation(cfg, load_workload(cfg), 0).trainer.config.recipe
+    assert (recipe.name, recipe.lr, recipe.weight_decay) == ("adamw", cfg.learning_rate, 0.1)
+
+
+def test_a_bad_recipe_names_its_field():
+    with pytest.raises(ValidationError, match="local_optimizer.clip_norm"):
+        build_config("quick", local_optimizer={"clip_norm": -1})
+    with pytest.raises(ValidationError, match="local_optimizer.name"):
+        CurtailmentConfig(local_optimizer={"name": "lion"})
