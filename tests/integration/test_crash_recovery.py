@@ -18,6 +18,7 @@ import hashlib
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -76,10 +77,10 @@ class Bench:
         return path
 
 
-@pytest.fixture(scope="module")
-def bench(tmp_path_factory):
-    out = tmp_path_factory.mktemp("crash")
-    plan = ClusterPlan(
+def crash_plan(out: Path, **env: str) -> ClusterPlan:
+    """The crash tests' cluster: two workers, the emulated clock, ``ROUNDS`` rounds, mTLS,
+    checkpoints in ``out/golden``; ``env``: more aggregator settings."""
+    return ClusterPlan(
         workers=2,
         sites=SITES,
         policy="powertrip",
@@ -92,14 +93,24 @@ def bench(tmp_path_factory):
         round_deadline_s=10,
         log_dir=out / "logs",
         checkpoint_dir=out / "golden",
-        extra_env={"POWERTRIP_HEARTBEAT_S": "0.5"},
+        extra_env={"POWERTRIP_HEARTBEAT_S": "0.5", **env},
         tls_dir=out / "tls",  # mTLS, as deployed
     )
+
+
+def golden_run(out: Path, plan: ClusterPlan) -> Iterator[Bench]:
+    """The uninterrupted run every crash is compared with; the cluster stays up for restarts."""
     with LocalCluster(plan) as cluster:
         cluster.start()
         golden = cluster.wait_done(timeout_s=120)
         assert golden.state == aggregator_pb2.RUN_STATE_DONE and golden.round == ROUNDS
-        b = Bench(cluster, out, golden, model_sha256(out / "golden"))
+        yield Bench(cluster, out, golden, model_sha256(out / "golden"))
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory):
+    out = tmp_path_factory.mktemp("crash")
+    for b in golden_run(out, crash_plan(out)):
         yield b
     for serving, back in b.timings:
         print(f"\nresume: restart to SERVING {serving:.2f} s, to every site back {back:.2f} s")

@@ -12,13 +12,11 @@ import pytest
 
 from powertrip.v1 import aggregator_pb2
 from services.aggregator import checkpoint
-from services.cli.launcher import ClusterPlan, LocalCluster
 from tests.integration.test_crash_recovery import (
     CRASH_ROUND,
-    ROUNDS,
-    SITES,
-    Bench,
+    crash_plan,
     files,
+    golden_run,
     model_sha256,
     rounds,
     start_aggregator,
@@ -30,27 +28,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def nesterov_bench(tmp_path_factory):
     out = tmp_path_factory.mktemp("crash-outer")
-    plan = ClusterPlan(
-        workers=2,
-        sites=SITES,
-        policy="powertrip",
-        clock="emulated",
-        preset="quick",
-        num_samples=2000,
-        target=0.99,  # unreachable: the whole round budget
-        max_rounds=ROUNDS,
-        seed=0,
-        round_deadline_s=10,
-        log_dir=out / "logs",
-        checkpoint_dir=out / "golden",
-        extra_env={"POWERTRIP_HEARTBEAT_S": "0.5", "POWERTRIP_OUTER": "nesterov"},
-        tls_dir=out / "tls",
-    )
-    with LocalCluster(plan) as cluster:
-        cluster.start()
-        golden = cluster.wait_done(timeout_s=120)
-        assert golden.state == aggregator_pb2.RUN_STATE_DONE and golden.round == ROUNDS
-        yield Bench(cluster, out, golden, model_sha256(out / "golden"))
+    yield from golden_run(out, crash_plan(out, POWERTRIP_OUTER="nesterov"))
 
 
 @pytest.mark.reliability("R6")
