@@ -92,7 +92,36 @@ def optimizer_options(command):  # noqa: ANN001, ANN201 - a click decorator
     return wrapped
 
 
+#: ``powertrip experiment``'s own: the workload's learning rate, and the outer step after the
+#: aggregate (``powertrip curtail`` declares the same names itself)
+_EXPERIMENT_OPTIONS = [
+    click.option(
+        "--lr",
+        type=float,
+        help="Local learning rate (default: the workload's SGD lr; AdamW wants ~1e-3).",
+    ),
+    click.option(
+        "--outer",
+        type=click.Choice(["fedavg", "nesterov"]),
+        help="After FedAvg: nothing, or the DiLoCo outer step (Nesterov SGD on the average).",
+    ),
+    click.option("--outer-lr", type=float, help="Outer step's learning rate (0.7)."),
+    click.option("--outer-momentum", type=float, help="Outer step's momentum (0.9)."),
+]
+
+
 def training_options(command):  # noqa: ANN001, ANN201 - a click decorator
-    """What the sites train with and how their updates are combined: the local optimizer's
-    flags and the aggregation rule's (``aggregation_options``)."""
-    return aggregation_options(optimizer_options(command))
+    """What the sites train with and how their updates are combined: the learning rate, the
+    local optimizer's flags, the outer step and the aggregation rule's (``aggregation_options``).
+    Unset flags stay out of the configuration (the preset's values hold)."""
+
+    @functools.wraps(command)
+    def wrapped(**options: object) -> object:
+        for name in ("lr", "outer", "outer_lr", "outer_momentum"):
+            if options.get(name) is None:
+                options.pop(name, None)
+        return command(**options)
+
+    for option in reversed(_EXPERIMENT_OPTIONS):
+        wrapped = option(wrapped)
+    return aggregation_options(optimizer_options(wrapped))
