@@ -20,6 +20,7 @@ from powertrip.emulate import Federation, site_seed
 from powertrip.experiment import ExperimentConfig
 from powertrip.learning.device import row_to_numpy, to_numpy, to_torch
 from powertrip.learning.federation import build_federation, load_workload
+from powertrip.learning.site_optim import SiteState
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,13 @@ class SitesHost:
         self.sites = sorted(sites)
         data = load_workload(cfg, seed=cfg.seed)
         self._fed: Federation = build_federation(cfg, data, run_seed, device)  # data resident
+        recipe = self._fed.trainer.config.recipe
+        # each hosted site's local optimizer state between the rounds that pick it, as the
+        # emulator keeps it (``keep_state``; plain SGD has none). In memory: a restarted worker
+        # starts its sites fresh.
+        self.site_states: dict[int, SiteState] | None = (
+            {} if recipe.keep_state and not recipe.plain_sgd else None
+        )
 
     @property
     def template(self) -> dict[str, NDArray]:
@@ -69,7 +77,10 @@ class SitesHost:
             fed.y_train,
             [fed.partitions[s] for s in sites],
             [site_seed(self.run_seed, round_index, s) for s in sites],
+            None if self.site_states is None else [self.site_states.get(s) for s in sites],
         )
+        if self.site_states is not None and updates.opt_state is not None:
+            self.site_states.update(zip(sites, updates.opt_state, strict=True))
         seconds = time.perf_counter() - started
         return [
             SiteUpdate(
