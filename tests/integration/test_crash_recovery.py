@@ -129,24 +129,31 @@ def watch_readiness(b: Bench, log_from: int, seen: dict) -> threading.Thread:
 
     address, log = b.cluster.aggregator.grpc_addr, b.log  # the restart keeps the port
 
-    def poll() -> None:
+    def check() -> str:
+        # A fresh channel per refused attempt: one channel would back off up to 3 s between
+        # connection attempts, long enough on a slow machine to miss an armed aggregator's
+        # whole SERVING window (it dies two rounds after it starts).
         with operator_channel(b, address) as ch:
-            stub = health_pb2_grpc.HealthStub(ch)
-            end = time.monotonic() + 120
-            while time.monotonic() < end:
-                try:
-                    reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=0.5)
-                    answer = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
-                except grpc.RpcError as exc:
-                    answer = exc.code().name
-                if answer == "SERVING":
-                    seen["serving_at"] = time.monotonic()
-                    with log.open("rb") as f:
-                        f.seek(log_from)
-                        seen["log_then"] = f.read().decode(errors="replace")
-                    return
-                seen.setdefault("before", set()).add(answer)
-                time.sleep(0.01)
+            try:
+                reply = health_pb2_grpc.HealthStub(ch).Check(
+                    health_pb2.HealthCheckRequest(), timeout=0.5
+                )
+                return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+            except grpc.RpcError as exc:
+                return exc.code().name
+
+    def poll() -> None:
+        end = time.monotonic() + 120
+        while time.monotonic() < end:
+            answer = check()
+            if answer == "SERVING":
+                seen["serving_at"] = time.monotonic()
+                with log.open("rb") as f:
+                    f.seek(log_from)
+                    seen["log_then"] = f.read().decode(errors="replace")
+                return
+            seen.setdefault("before", set()).add(answer)
+            time.sleep(0.01)
 
     thread = threading.Thread(target=poll, daemon=True)
     thread.start()

@@ -273,7 +273,11 @@ def test_a_frozen_profiler_costs_the_rounds_one_timeout_in_total_and_readiness_s
         f"{normal_gap:.2f} s, longest {max(gaps):.2f} s, extra wait {stalled:.2f} s"
     )
     assert len(gaps) >= 3  # the rounds kept going
-    assert stalled <= RPC_TIMEOUT_S + 0.5  # one timeout in total, not one per round
+    # One timeout in total, not one per round: at most one gap holds a timeout, and the extra
+    # wait of all gaps together stays well under two timeouts (one per round would be 3 s or
+    # more; a loaded machine adds a few tenths spread over the ten gaps).
+    assert sum(g - normal_gap >= 0.9 * RPC_TIMEOUT_S for g in gaps) <= 1, gaps
+    assert stalled <= 2 * RPC_TIMEOUT_S, gaps
     assert degraded == 1
     assert health.status == health_pb2.HealthCheckResponse.SERVING
     wait_for(
