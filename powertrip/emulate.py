@@ -18,6 +18,7 @@ import torch
 from powertrip.clock import EmulatedClock
 from powertrip.fedavg import NumpyParams, delta_sketch, sketch_stride
 from powertrip.learning.device import TorchParams, to_numpy, to_torch
+from powertrip.learning.local_optim import LocalOptimizer
 from powertrip.learning.site_optim import SiteState
 from powertrip.learning.trainer import SiteTrainer
 from powertrip.outcome import evaluate_half_model, round_outcome
@@ -96,6 +97,10 @@ def _chain(key: bytes, selected: np.ndarray) -> bytes:
     ).digest()
 
 
+def _resumed(state: SiteState | None, recipe: LocalOptimizer) -> SiteState | None:
+    return None if state is None else state.for_round(recipe)
+
+
 def site_seed(run_seed: int, round_index: int, site: int) -> int:
     """A site's local batch order depends only on (run, round, site), never on its peers."""
     return int(np.random.SeedSequence([run_seed, round_index, site]).generate_state(1)[0])
@@ -131,10 +136,11 @@ class Emulator:
         self.outer = outer or OuterSettings()  # no outer step unless the run asks for one
         self._initial: tuple[float, float] | None = None
         recipe = federation.trainer.config.recipe
-        # A site that resumes its local optimizer's moments (AdamW, momentum, a schedule's
-        # step count; ``keep_state``) trains differently each time it is picked: its rounds
-        # depend on more than the selection history, so they are not shared through the cache.
-        self.keeps_site_state = recipe.keep_state and not recipe.plain_sgd
+        # A site that resumes its local optimizer's state (AdamW's or momentum's moments unless
+        # reset every round, always a schedule's step count) trains differently each time it is
+        # picked: its rounds depend on more than the selection history, so they are not shared
+        # through the cache.
+        self.keeps_site_state = recipe.carries_over
 
     def _train_round(
         self,
@@ -149,13 +155,14 @@ class Emulator:
         """One round; ``site_states`` (site -> its optimizer state) is read and updated."""
         fed = self.fed
         sites = [int(i) for i in selected]
+        recipe = fed.trainer.config.recipe
         updates = fed.trainer.train(
             params,
             fed.x_train,
             fed.y_train,
             [fed.partitions[i] for i in sites],
             [site_seed(self.seed, round_index, i) for i in sites],
-            None if site_states is None else [site_states.get(i) for i in sites],
+            None if site_states is None else [_resumed(site_states.get(i), recipe) for i in sites],
         )
         if site_states is not None and updates.opt_state is not None:
             site_states.update(zip(sites, updates.opt_state, strict=True))

@@ -159,11 +159,12 @@ class StreamLearner(FoldingLearner):
         recipe = trainer.config.recipe
         #: site -> its local optimizer state (None: plain SGD keeps none)
         self.site_states: dict[int, SiteState] | None = None if recipe.plain_sgd else {}
-        self._keep_state = recipe.keep_state
+        self._recipe = recipe
 
     def start_round(self) -> None:
-        if self.site_states is not None and not self._keep_state:
-            self.site_states.clear()
+        if self.site_states is not None:  # a reset recipe keeps only the step counts
+            for site, st in self.site_states.items():
+                self.site_states[site] = st.for_round(self._recipe)
 
     def train_sites(
         self, params: TorchParams, sites: Sequence[int], rows: Sequence[NDArray[np.int64]]

@@ -4,7 +4,8 @@ Every engine (vmap, stacked chain, compiled, one site at a time) applies the sam
 through one seam, ``SiteOptimizer`` (site_optim.py), so a recipe means the same thing
 wherever it trains. The default, plain SGD at a constant lr, is exactly the trainer's old
 ``p -= lr * g``. A schedule's ``total_steps`` counts each site's own cumulative local steps
-(across rounds when ``keep_state`` carries the step count: DiLoCo-style inner AdamW).
+across the rounds that pick it, whether its moments are kept (``keep_state``: DiLoCo's inner
+AdamW) or reset every round (the curtailment paper's inner optimizer).
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ class LocalOptimizer(BaseModel):
     decay_fraction: float = Field(0.2, gt=0, le=1)  # wsd: the decaying tail of the schedule
     #: each site's own global gradient norm is clipped to this (torch's clip_grad_norm_)
     clip_norm: float | None = Field(None, gt=0, allow_inf_nan=False)
-    #: True: moments and step counts persist across a site's rounds; False: reset each round
+    #: True: moments persist across a site's rounds; False: fresh moments (and AdamW bias
+    #: correction) each round. The step count, and so the schedule's position, always persists.
     keep_state: bool = True
 
     @model_validator(mode="after")
@@ -63,6 +65,14 @@ class LocalOptimizer(BaseModel):
         if not (math.isfinite(lr) and lr > 0):
             raise ValueError(f"lr must be a positive finite number, got {lr}")
         return self.model_copy(update={"lr": float(lr)})
+
+    @property
+    def carries_over(self) -> bool:
+        """Whether a site's round depends on its earlier rounds: moments kept across rounds
+        (``keep_state``), or an lr that follows the site's cumulative step count (a schedule or
+        a warm-up, which run on cumulative steps even when the moments are reset)."""
+        kept_moments = self.keep_state and self.name != "sgd"
+        return kept_moments or self.schedule != "constant" or self.warmup_steps > 0
 
     @property
     def plain_sgd(self) -> bool:

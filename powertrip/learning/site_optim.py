@@ -37,6 +37,15 @@ class SiteState:
 
     step: int
     moments: Mapping[str, Mapping[str, torch.Tensor]]
+    #: steps since the moments began (AdamW's bias correction); None: ``step``
+    moment_step: int | None = None
+
+    def for_round(self, recipe: LocalOptimizer) -> SiteState:
+        """What a site resumes at the start of a round: everything when the recipe keeps its
+        state; otherwise only the step count, so the schedule still runs on the site's
+        cumulative steps while the moments start afresh (the curtailment paper's inner
+        optimizer, rebuilt every round)."""
+        return self if recipe.keep_state else SiteState(self.step, {}, 0)
 
     def nbytes(self) -> int:
         """Bytes of the moments (AdamW: two model copies)."""
@@ -53,6 +62,10 @@ class SiteOptimizer:
         self.lr = recipe.lr
         self.rows = rows
         self.steps = np.zeros(rows, dtype=np.int64)  # cumulative local steps per row
+        # steps since each row's moments began (AdamW's bias correction): ``steps`` unless the
+        # recipe resets its moments every round (``keep_state=False``), when the schedule's
+        # position still carries over but the moments and their correction start afresh
+        self.moment_steps = np.zeros(rows, dtype=np.int64)
         self._moments: dict[str, dict[str, torch.Tensor]] = {}  # name -> kind -> [rows, ...]
         self._fast = recipe.plain_sgd
 
@@ -71,12 +84,13 @@ class SiteOptimizer:
         return m
 
     def load(self, states: Sequence[SiteState | None], params: Mapping[str, torch.Tensor]) -> None:
-        """Row i resumes ``states[i]`` (None: a fresh start). Whether a site's state outlives
-        its round (``keep_state``) is its keeper's decision: the emulator's per-site store."""
+        """Row i resumes ``states[i]`` (None: a fresh start). Whether the moments outlive a
+        round (``keep_state``) is the keeper's decision: ``SiteState.for_round``."""
         for row, st in enumerate(states):
             if st is None:
                 continue
             self.steps[row] = st.step
+            self.moment_steps[row] = st.step if st.moment_step is None else st.moment_step
             for name, kinds in st.moments.items():
                 mine = self._moment(name, params[name])
                 for kind, t in kinds.items():
@@ -89,6 +103,7 @@ class SiteOptimizer:
             SiteState(
                 int(self.steps[r]),
                 {n: {k: t[r].clone() for k, t in m.items()} for n, m in self._moments.items()},
+                None if self.moment_steps[r] == self.steps[r] else int(self.moment_steps[r]),
             )
             for r in rows
         ]
@@ -105,6 +120,7 @@ class SiteOptimizer:
             return
         r = self.recipe
         self.steps[:a] += 1
+        self.moment_steps[:a] += 1
         t = self.steps[:a]
         lr_np = self.lr * lr_factors(
             t - 1, r.schedule, r.warmup_steps, r.total_steps, r.min_lr_ratio, r.decay_fraction
@@ -117,7 +133,7 @@ class SiteOptimizer:
             coef = (r.clip_norm / (sq.sqrt() + _CLIP_EPS)).clamp(max=1.0).to(like.dtype)
             gs = {n: g * _rows(coef, g) for n, g in gs.items()}
         if r.name == "adamw":
-            self._adamw(params, gs, a, lr, t)
+            self._adamw(params, gs, a, lr, self.moment_steps[:a])
         else:
             self._sgd(params, gs, a, lr)
 

@@ -56,7 +56,7 @@ _OPTIONS = [
         "--reset-optimizer-state",
         is_flag=True,
         default=None,
-        help="Sites start every round with fresh moments (default: they keep theirs).",
+        help="Fresh moments every round (default: kept); the schedule runs on all steps.",
     ),
 ]
 

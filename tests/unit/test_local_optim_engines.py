@@ -11,6 +11,7 @@ from torch import nn
 
 from powertrip.learning.batches import site_schedule
 from powertrip.learning.local_optim import LocalOptimizer, decays
+from powertrip.learning.lr_schedule import lr_factors
 from powertrip.learning.site_loop import train_sites_in_turn
 from powertrip.learning.trainer import LocalTrainingConfig, SiteTrainer, get_params
 
@@ -43,8 +44,6 @@ def _alone(start: dict, x, y, idx, sched_rounds, recipe: LocalOptimizer) -> dict
         {"params": [p for n, p in ps.items() if not decays(n, tuple(p.shape))], "weight_decay": 0},
     ]
     opt = torch.optim.AdamW(groups, lr=recipe.lr, betas=recipe.betas, weight_decay=0.1)
-    from powertrip.learning.lr_schedule import lr_factors
-
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda k: float(lr_factors(np.array([k]), "cosine", 2, 12, 0.1)[0])
     )
@@ -98,6 +97,55 @@ def test_adamw_with_schedule_and_clipping_matches_torch_per_site_over_two_rounds
         want = _alone(start, x, y, idx, rounds, ADAMW)
         for name in want:
             torch.testing.assert_close(second.deltas[name][j], want[name], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("engine", ["stacked", "vmap"])
+def test_a_reset_recipe_rebuilds_adamw_each_round_on_the_schedule_of_cumulative_steps(engine):
+    """keep_state=False: torch's AdamW built afresh every round (the curtailment paper's
+    inner optimizer), its lr still read from the site's cumulative step count."""
+    x, y = _problem()
+    model = _model()
+    reset = ADAMW.model_copy(update={"keep_state": False})
+    cfg = LocalTrainingConfig(lr=0.3, batch_size=4, optimizer=reset)
+    start = get_params(model)
+    trainer = SiteTrainer(model, cfg, device="cpu", stacked=engine == "stacked")
+    first = trainer.train(start, x, y, SITES, SEEDS)
+    second = trainer.train(
+        start,
+        x,
+        y,
+        SITES,
+        [s + 100 for s in SEEDS],
+        [st.for_round(reset) for st in first.opt_state],
+    )
+    assert [(s.step, s.moment_step) for s in second.opt_state] == [(6, 3), (14, 7), (4, 2)]
+    for j, idx in enumerate(SITES):
+        m = _model()
+        ps = dict(m.named_parameters())
+        done = 0
+        for seed in (SEEDS[j], SEEDS[j] + 100):
+            with torch.no_grad():
+                for n, p in ps.items():
+                    p.copy_(start[n])
+            groups = [
+                {"params": [p for n, p in ps.items() if decays(n, tuple(p.shape))]},
+                {"params": [p for n, p in ps.items() if not decays(n, tuple(p.shape))],
+                 "weight_decay": 0},
+            ]  # fmt: skip
+            opt = torch.optim.AdamW(groups, lr=reset.lr, betas=reset.betas, weight_decay=0.1)
+            for step in site_schedule(cfg, len(idx), seed):
+                factor = lr_factors(np.array([done]), "cosine", 2, 12, 0.1)[0]
+                for g in opt.param_groups:
+                    g["lr"] = reset.lr * float(factor)
+                rows = idx[step[step >= 0]]
+                opt.zero_grad()
+                nn.functional.cross_entropy(m(x[rows]), y[rows]).backward()
+                torch.nn.utils.clip_grad_norm_(list(ps.values()), reset.clip_norm)
+                opt.step()
+                done += 1
+        for name, p in ps.items():
+            want = p.detach() - start[name]
+            torch.testing.assert_close(second.deltas[name][j], want, rtol=1e-4, atol=1e-5)
 
 
 def test_plain_sgd_default_keeps_no_state_and_the_old_update():

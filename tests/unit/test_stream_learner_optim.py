@@ -44,10 +44,13 @@ def test_checkpoint_chunks_of_a_lone_adamw_site_follow_the_uninterrupted_traject
         torch.testing.assert_close(plain.params[k], checked.params[k], rtol=1e-5, atol=1e-6)
 
 
-def test_a_site_resumes_its_step_count_next_round_only_with_keep_state():
+def test_a_site_resumes_its_moments_only_with_keep_state_and_its_step_count_always():
     kept, fresh = (_learner(LocalOptimizer(name="momentum", keep_state=k)) for k in (True, False))
     for learner in (kept, fresh):
         learner.train_round([_work(0, 0, 4), _work(1, 32, 2)], None)
         learner.train_round([_work(1, 64, 3)], None)
     assert {s: st.step for s, st in kept.site_states.items()} == {0: 4, 1: 5}
-    assert {s: st.step for s, st in fresh.site_states.items()} == {1: 3}
+    assert {s: st.step for s, st in fresh.site_states.items()} == {0: 4, 1: 5}
+    assert kept.site_states[1].moment_step is None  # moments as old as the step count
+    assert fresh.site_states[1].moment_step == 3  # moments began with this round
+    assert any(not torch.equal(kept.params[k], fresh.params[k]) for k in kept.params)
