@@ -6,6 +6,7 @@ plus the overrides below, so the service and ``powertrip experiment`` share one 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -19,6 +20,7 @@ from powertrip.experiment import (
     build_config,
     needs_dataset_path,
 )
+from powertrip.learning.local_optim import LocalOptimizer
 from powertrip.selection.registry import validate_policy_name
 from powertrip.workloads import validate_workload
 from services.common.config import (
@@ -69,6 +71,9 @@ class AggregatorConfig(ServiceConfig, CurtailSettings, DeviceSettings):
     outer: Literal["fedavg", "nesterov"] | None = None
     outer_lr: float | None = None
     outer_momentum: float | None = None
+    # Each site's local optimizer (powertrip/learning/local_optim.py) as JSON, e.g.
+    # {"name": "adamw", "lr": 0.001}; handed to the workers in the run's configuration
+    local_optimizer: LocalOptimizer | None = None
     # Wall clock: expected local training time at full power, for ranking before measurement.
     wall_tau_s: float = Field(1.0, gt=0)
     round_deadline_s: float = Field(120.0, gt=0)  # wall seconds a round waits for updates
@@ -159,6 +164,11 @@ class AggregatorConfig(ServiceConfig, CurtailSettings, DeviceSettings):
             )
         return self
 
+    @field_validator("local_optimizer", mode="before")
+    @classmethod
+    def _recipe_is_json(cls, v: object) -> object:
+        return (json.loads(v) if v.strip() else None) if isinstance(v, str) else v
+
     @field_validator("site_owners", "site_owners_file", mode="before")
     @classmethod
     def _empty_owners_is_unset(cls, v: object) -> object:
@@ -244,4 +254,5 @@ class AggregatorConfig(ServiceConfig, CurtailSettings, DeviceSettings):
             outer=self.outer,
             outer_lr=self.outer_lr,
             outer_momentum=self.outer_momentum,
+            local_optimizer=self.local_optimizer,
         )

@@ -28,6 +28,7 @@ from services.worker.config import WorkerConfig
 from services.worker.runner import RoundRunner
 from services.worker.servicer import WorkerServicer
 from services.worker.sites_host import SitesHost
+from services.worker.state_dir import SavedRun, SiteStateFileError, WorkerStateDir
 from services.worker.stream_host import StreamHost
 from services.worker.uploader import GrpcUploader
 
@@ -80,6 +81,52 @@ def join(
         return reply
 
 
+def sites_host(
+    run: SavedRun, cfg: WorkerConfig, device: object, state: WorkerStateDir | None
+) -> SitesHost:
+    run_cfg = ExperimentConfig.model_validate_json(run.run_config_json)
+    store = state.store(run) if state is not None else None
+    return SitesHost(run_cfg, run.run_seed, cfg.site_indices, device, store)  # type: ignore[arg-type]
+
+
+def join_run(
+    register: Callable[[bool], aggregator_pb2.RegisterWorkerResponse],
+    runner: RoundRunner,
+    cfg: WorkerConfig,
+    device: object,
+    state: WorkerStateDir | None,
+) -> None:
+    """Build the sites and register as ready. A worker restarted with a state directory
+    rebuilds them from the saved run before it reaches the aggregator and registers as ready at
+    once, so the sites never leave the selection; a fresh one fetches the run first
+    (registering as not ready: rounds wait), and saves it."""
+    saved = state.saved_run() if state is not None else None
+    if saved is not None:
+        runner.start(sites_host(saved, cfg, device, state))
+        logger.info(
+            "rebuilt run %s's sites from %s; rejoining", saved.identity, cfg.worker_state_dir
+        )
+        reply = join(register, True, cfg.heartbeat_s)
+        if reply.mode != "curtailment" and saved == SavedRun(reply.run_config_json, reply.run_seed):
+            return
+        assert state is not None
+        logger.warning(
+            "%s holds another run than the aggregator's: starting fresh", cfg.worker_state_dir
+        )
+        runner.start(None)  # Busy until rebuilt
+        state.forget()
+    reply = join(register, False, cfg.heartbeat_s)  # the run config first; rounds wait
+    if reply.mode == "curtailment":
+        curtail = CurtailmentConfig.model_validate_json(reply.curtail_config_json)
+        runner.start(StreamHost(curtail, cfg.site_indices, device))  # type: ignore[arg-type]
+    else:
+        run = SavedRun(reply.run_config_json, reply.run_seed)
+        if state is not None:
+            state.save_run(run)
+        runner.start(sites_host(run, cfg, device, state))
+    join(register, True, cfg.heartbeat_s)
+
+
 def main() -> int:
     parse_service_args("powertrip-worker", WorkerConfig, __doc__)
     try:
@@ -119,15 +166,13 @@ def main() -> int:
             timeout=cfg.rpc_timeout_s,
         )
 
+    state = WorkerStateDir(cfg.worker_state_dir) if cfg.worker_state_dir else None
     try:  # refused: NOT_SERVING (serve() not reached) and retrying, so no restart loop
-        reply = join(register, False, cfg.heartbeat_s)  # the run config first; rounds wait
-        if reply.mode == "curtailment":
-            curtail = CurtailmentConfig.model_validate_json(reply.curtail_config_json)
-            runner.start(StreamHost(curtail, cfg.site_indices, device))
-        else:
-            run_cfg = ExperimentConfig.model_validate_json(reply.run_config_json)
-            runner.start(SitesHost(run_cfg, reply.run_seed, cfg.site_indices, device))
-        join(register, True, cfg.heartbeat_s)
+        join_run(register, runner, cfg, device, state)
+    except SiteStateFileError as exc:  # never resumed from a state it cannot trust
+        logger.error("refusing to start: %s", exc)
+        server.stop(grace=None)
+        return 2
     except Exception as exc:
         logger.error("cannot join the run at %s: %s", cfg.aggregator_addr, exc)
         server.stop(grace=None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 from pydantic import Field, field_validator
 
@@ -22,6 +23,14 @@ class WorkerConfig(ServiceConfig, DeviceSettings):
     # Re-register this often: a heartbeat that lets a restarted aggregator find us again, and
     # renews this worker's lease there (the aggregator reads the same POWERTRIP_HEARTBEAT_S).
     heartbeat_s: float = Field(2.0, gt=0)
+    # Where this worker keeps what a restart needs (the run's registration, the hosted sites'
+    # local optimizer states, saved after each round); unset: in memory, a restart starts fresh.
+    worker_state_dir: Path | None = None
+
+    @field_validator("worker_state_dir", mode="before")
+    @classmethod
+    def _empty_dir_is_unset(cls, v: object) -> object:
+        return v or None
 
     @field_validator("worker_id")
     @classmethod

@@ -57,9 +57,13 @@ class RoundRunner:
         self._thread = threading.Thread(target=self._loop, name="round-runner", daemon=True)
         self.completed_rounds = 0
 
-    def start(self, host: SitesHost | StreamHost) -> None:
-        self._host = host
-        self._thread.start()
+    def start(self, host: SitesHost | StreamHost | None) -> None:
+        """Train rounds on ``host`` from now on (None: refuse them as Busy until a host is
+        given again: a worker rebuilding its sites for another run)."""
+        with self._cv:
+            self._host = host
+        if self._thread.ident is None:
+            self._thread.start()
 
     def stop(self) -> None:
         """Take no new round; the one in hand stops before its next site's upload or wait."""
@@ -111,14 +115,16 @@ class RoundRunner:
                 metrics.ROUNDS.labels("failed").inc(len(job.sites))
 
     def _run(self, job: RoundJob) -> None:
-        assert self._host is not None
+        host = self._host
+        if host is None:
+            raise Busy("the worker is rebuilding its sites")
         started = time.monotonic()
-        if isinstance(self._host, StreamHost):
+        if isinstance(host, StreamHost):
             if job.stream_rows is None:
                 raise ValueError("a curtailment-mode round needs stream rows for its sites")
-            updates = self._host.train_rows(job.params, job.stream_rows)
+            updates = host.train_rows(job.params, job.stream_rows)
         else:
-            updates = self._host.train(job.params, job.round, job.sites)
+            updates = host.train(job.params, job.round, job.sites)
         delays = release_delays(updates, job.power) if job.pace_by_power else [0.0] * len(updates)
         for delay, update in sorted(zip(delays, updates, strict=True), key=lambda p: p[0]):
             name = site_id(update.site)

@@ -21,6 +21,7 @@ from powertrip.experiment import ExperimentConfig
 from powertrip.learning.device import row_to_numpy, to_numpy, to_torch
 from powertrip.learning.federation import build_federation, load_workload
 from powertrip.learning.site_optim import SiteState
+from services.worker.state_dir import SiteStateStore
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class SitesHost:
         run_seed: int,
         sites: Sequence[int],
         device: torch.device | str = "auto",
+        store: SiteStateStore | None = None,
     ) -> None:
         bad = [s for s in sites if not 0 <= s < cfg.num_sites]
         if bad:
@@ -51,11 +53,17 @@ class SitesHost:
         self._fed: Federation = build_federation(cfg, data, run_seed, device)  # data resident
         recipe = self._fed.trainer.config.recipe
         # each hosted site's local optimizer state between the rounds that pick it, as the
-        # emulator keeps it (``keep_state``; plain SGD has none). In memory: a restarted worker
-        # starts its sites fresh.
+        # emulator keeps it (``keep_state``; plain SGD has none). With a ``store`` (the worker's
+        # state directory) it is saved after each round and resumed by a restarted worker;
+        # without one it lives in memory and a restarted worker starts its sites fresh.
         self.site_states: dict[int, SiteState] | None = (
             {} if recipe.keep_state and not recipe.plain_sgd else None
         )
+        self._store = store if self.site_states is not None else None
+        if self._store is not None and self.site_states is not None:
+            shapes = {k: tuple(v.shape) for k, v in self._fed.initial_params.items()}
+            device_of = next(iter(self._fed.initial_params.values())).device
+            self.site_states.update(self._store.load(shapes, self.sites, device_of))
 
     @property
     def template(self) -> dict[str, NDArray]:
@@ -81,6 +89,8 @@ class SitesHost:
         )
         if self.site_states is not None and updates.opt_state is not None:
             self.site_states.update(zip(sites, updates.opt_state, strict=True))
+            if self._store is not None:  # before any update leaves: a commit implies it
+                self._store.save(self.site_states, round_index)
         seconds = time.perf_counter() - started
         return [
             SiteUpdate(
