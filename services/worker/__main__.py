@@ -101,17 +101,14 @@ def join_run(
     once, so the sites never leave the selection; a fresh one fetches the run first
     (registering as not ready: rounds wait), and saves it."""
     saved = state.saved_run() if state is not None else None
-    if saved is not None:
+    if saved is not None and state is not None:
         runner.start(sites_host(saved, cfg, device, state))
-        logger.info(
-            "rebuilt run %s's sites from %s; rejoining", saved.identity, cfg.worker_state_dir
-        )
+        logger.info("rebuilt run %s's sites from %s; rejoining", saved.identity, state.directory)
         reply = join(register, True, cfg.heartbeat_s)
         if reply.mode != "curtailment" and saved == SavedRun(reply.run_config_json, reply.run_seed):
             return
-        assert state is not None
         logger.warning(
-            "%s holds another run than the aggregator's: starting fresh", cfg.worker_state_dir
+            "%s holds another run than the aggregator's: starting fresh", state.directory
         )
         runner.start(None)  # Busy until rebuilt
         state.forget()
@@ -166,7 +163,9 @@ def main() -> int:
             timeout=cfg.rpc_timeout_s,
         )
 
-    state = WorkerStateDir(cfg.worker_state_dir) if cfg.worker_state_dir else None
+    # one subdirectory per worker id: workers sharing a volume never read each other's states
+    state_root = cfg.worker_state_dir
+    state = WorkerStateDir(state_root / cfg.worker_id) if state_root else None
     try:  # refused: NOT_SERVING (serve() not reached) and retrying, so no restart loop
         join_run(register, runner, cfg, device, state)
     except SiteStateFileError as exc:  # never resumed from a state it cannot trust
