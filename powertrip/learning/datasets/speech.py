@@ -76,9 +76,14 @@ def read_wav(path: Path) -> tuple[np.ndarray, int]:
 def _fit(samples: np.ndarray, rate: int, target_rate: int, length: int) -> np.ndarray:
     """Resample to ``target_rate``, then centre pad with zeros or centre crop to ``length``."""
     if rate != target_rate:
-        import librosa  # heavy import (numba): only when a clip needs it
+        # soxr's high-quality resampler, which librosa.resample calls by default; called
+        # directly because librosa's wrapper JIT-compiles for tens of seconds on first use.
+        # The output is trimmed or zero-padded to ceil(n * ratio) samples, as librosa's ``fix``.
+        import soxr
 
-        samples = librosa.resample(samples, orig_sr=rate, target_sr=target_rate)
+        want = int(np.ceil(len(samples) * target_rate / rate))
+        samples = soxr.resample(samples, rate, target_rate, quality="soxr_hq")[:want]
+        samples = np.pad(samples, (0, want - len(samples))).astype(np.float32, copy=False)
     if len(samples) >= length:
         start = (len(samples) - length) // 2
         return samples[start : start + length]
