@@ -89,3 +89,56 @@ def test_a_corrupt_state_file_refuses_the_sites_naming_it(tmp_path):
     (tmp_path / "site-states.pt").write_bytes(b"garbage")
     with pytest.raises(SiteStateFileError, match="site-states.pt: unreadable"):
         host(ADAMW, WorkerStateDir(tmp_path))
+
+
+def test_a_corrupt_registration_is_refused_naming_it(tmp_path):
+    (tmp_path / "registration.json").write_text("{not json")
+    with pytest.raises(SiteStateFileError, match="registration.json: unreadable"):
+        WorkerStateDir(tmp_path).saved_run()
+
+
+class Runner:
+    def __init__(self) -> None:
+        self.hosts: list[SitesHost | None] = []
+
+    def start(self, host: SitesHost | None) -> None:
+        self.hosts.append(host)
+
+
+def test_a_worker_saved_in_another_run_rejoins_fresh_with_one_warning(tmp_path, caplog):
+    """The saved run is not the aggregator's: the sites are withdrawn, the directory cleared,
+    the sites rebuilt from the aggregator's run, and the worker registers as ready again."""
+    from powertrip.v1 import aggregator_pb2
+    from services.worker.__main__ import join_run
+    from services.worker.config import WorkerConfig
+
+    cfg_json = build_config("quick", num_sites=4, num_samples=1000, local_optimizer=ADAMW)
+    cfg = WorkerConfig(
+        aggregator_addr="agg:1",
+        sites="0-1",
+        worker_id="w",
+        insecure=True,
+        worker_state_dir=tmp_path,
+    )
+    state = WorkerStateDir(tmp_path / "w")
+    old = host(ADAMW, state, seed=7)  # another run's seed
+    state.save_run(SavedRun(cfg_json.model_dump_json(), 7))
+    old.train(old.template, 1, [0])
+    calls: list[bool] = []
+
+    def register(ready: bool) -> aggregator_pb2.RegisterWorkerResponse:
+        calls.append(ready)
+        return aggregator_pb2.RegisterWorkerResponse(
+            run_config_json=cfg_json.model_dump_json(), run_seed=0, mode="powertrip"
+        )
+
+    runner = Runner()
+    join_run(register, runner, cfg, "cpu", state)  # type: ignore[arg-type]
+    assert calls == [True, False, True]
+    assert [h is None for h in runner.hosts] == [False, True, False]
+    assert runner.hosts[-1].run_seed == 0 and runner.hosts[-1].site_states == {}
+    assert state.saved_run() == SavedRun(cfg_json.model_dump_json(), 0)
+    assert not (state.directory / "site-states.pt").exists()
+    assert [r.message for r in caplog.records if r.levelname == "WARNING"] == [
+        f"{state.directory} holds another run than the aggregator's: starting fresh"
+    ]
