@@ -71,38 +71,44 @@ def wait_for(cond, timeout_s: float, what: str):
     return got
 
 
-def restart_between_rounds(c: LocalCluster, name: str, after: int, keep_states: bool) -> None:
+def log_sizes(c: LocalCluster) -> dict[str, int]:
+    return {s.name: s.log_path.stat().st_size for s in c.services if s.log_path is not None}
+
+
+def logged_since(c: LocalCluster, name: str, since: dict[str, int]) -> str:
+    log = service(c, name).log_path
+    assert log is not None
+    with log.open("rb") as f:
+        f.seek(since.get(name, 0))
+        return f.read().decode(errors="replace")
+
+
+def restart_between_rounds(
+    c: LocalCluster, name: str, after: int, keep_states: bool, since: dict[str, int]
+) -> None:
     """Freeze the aggregator in its hold after round ``after``, SIGKILL worker ``name`` and
     start it again on its port (its saved optimizer states deleted unless ``keep_states``),
-    thaw the aggregator once the worker has rebuilt its sites."""
+    thaw the aggregator once the worker has rebuilt its sites. ``since``: where this run's
+    lines begin in each log."""
     agg = c.aggregator.process
     wait_for(lambda: c.status().round >= after, 60, f"round {after}")
     agg.send_signal(signal.SIGSTOP)
     try:
         for w in c.plan.worker_ids:  # frozen in the pace's hold: the next round not sent
-            log = service(c, w).log_path
-            assert log is not None
-            sent = f"StartRound] round={after + 1} " in log.read_text()
+            sent = f"StartRound] round={after + 1} " in logged_since(c, w, since)
             assert not sent, f"the freeze missed the gap after round {after}: machine too slow"
-        old = service(c, name)
-        old.process.kill()
-        old.process.wait()
-        c.services.remove(old)
-        states = Path(old.env["POWERTRIP_WORKER_STATE_DIR"]) / name / "site-states.pt"
-        assert states.exists()
+        states = Path(service(c, name).env["POWERTRIP_WORKER_STATE_DIR"]) / name
+        log_from = log_sizes(c)
+        proc = service(c, name).process
+        proc.kill()
+        proc.wait()
         if not keep_states:
-            states.unlink()
-        assert old.log_path is not None
-        log_from = old.log_path.stat().st_size
-        env = {**old.env, "POWERTRIP_GRPC_PORT": old.grpc_addr.rsplit(":", 1)[1]}
-        new = start_service(name, "worker", env, c.plan.log_dir)
-        c.services.append(new)
+            (states / "site-states.pt").unlink()
+        new = respawn(c, name)
 
         def rebuilt() -> bool:
             assert new.process.poll() is None, "the restarted worker exited"
-            with old.log_path.open("rb") as f:
-                f.seek(log_from)
-                return b"rejoining" in f.read()
+            return "rejoining" in logged_since(c, name, log_from)
 
         wait_for(rebuilt, 60, "the restarted worker rebuilding its sites")
     finally:
@@ -110,14 +116,39 @@ def restart_between_rounds(c: LocalCluster, name: str, after: int, keep_states: 
     new.wait_ready(60)
 
 
-def run(out: Path, kill: tuple[str, int, bool] | None = None):
-    with LocalCluster(plan(out)) as c:
-        c.start()
-        if kill is not None:
-            restart_between_rounds(c, *kill)
-        st = c.wait_done(timeout_s=120)
-        assert st.state == aggregator_pb2.RUN_STATE_DONE and st.round == ROUNDS, st.message
-        return st, model_sha256(out / "ckpt")
+def respawn(c: LocalCluster, name: str, **env: str) -> Service:
+    """SIGKILL ``name`` and start it again on its port with ``env`` changed; not waited for."""
+    old = service(c, name)
+    old.process.kill()
+    old.process.wait()
+    c.services.remove(old)
+    env = {**old.env, **env, "POWERTRIP_GRPC_PORT": old.grpc_addr.rsplit(":", 1)[1]}
+    new = start_service(name, old.kind, env, c.plan.log_dir)
+    c.services.append(new)
+    return new
+
+
+def run(c: LocalCluster, out: Path, kill: tuple[str, int, bool] | None = None):
+    """One run on ``c`` with its checkpoints and worker states in ``out``: the aggregator and
+    the workers started afresh on their ports, all at once (they retry registration until the
+    aggregator answers), so no in-memory state of the last run leaks in; the profiler stays."""
+    for w in c.plan.worker_ids:  # first: no old worker may join the new run
+        service(c, w).process.kill()
+    since = log_sizes(c)
+    started = [respawn(c, "aggregator", POWERTRIP_CHECKPOINT_DIR=str(out / "ckpt"))]
+    state = str(out / "worker-state")
+    started += [respawn(c, w, POWERTRIP_WORKER_STATE_DIR=state) for w in c.plan.worker_ids]
+    for s in started:
+        s.wait_ready(120)
+    if kill is not None:
+        restart_between_rounds(c, *kill, since)
+    return finished(c), model_sha256(out / "ckpt")
+
+
+def finished(c: LocalCluster):
+    st = c.wait_done(timeout_s=120)
+    assert st.state == aggregator_pb2.RUN_STATE_DONE and st.round == ROUNDS, st.message
+    return st
 
 
 def victim(golden) -> tuple[str, int]:
@@ -137,13 +168,16 @@ def test_a_worker_killed_between_rounds_resumes_its_optimizer_states_bit_identic
     tmp_path,
 ):
     t0 = time.monotonic()
-    golden, golden_sha = run(tmp_path / "golden")
-    name, after = victim(golden)
-    restarted, sha = run(tmp_path / "restarted", (name, after, True))
-    assert rounds(restarted) == rounds(golden)
-    assert sha == golden_sha
-    # the control: the same restart without the saved states changes the final model
-    control, control_sha = run(tmp_path / "control", (name, after, False))
+    with LocalCluster(plan(tmp_path / "golden")) as c:
+        c.start()  # the uninterrupted run; the profiler stays for the next two
+        golden = finished(c)
+        golden_sha = model_sha256(tmp_path / "golden" / "ckpt")
+        name, after = victim(golden)
+        restarted, sha = run(c, tmp_path / "restarted", (name, after, True))
+        assert rounds(restarted) == rounds(golden)
+        assert sha == golden_sha
+        # the control: the same restart without the saved states changes the final model
+        control, control_sha = run(c, tmp_path / "control", (name, after, False))
     assert [r[1] for r in rounds(control)] == [r[1] for r in rounds(golden)]  # same sites
     assert control_sha != golden_sha
     print(f"\n{name} killed after round {after}; three runs in {time.monotonic() - t0:.1f} s")
