@@ -71,6 +71,7 @@ def save_site_states(
         "states": {
             int(site): {
                 "step": int(st.step),
+                "moment_step": st.moment_step,
                 "moments": {
                     n: {k: t.detach().cpu().contiguous() for k, t in m.items()}
                     for n, m in st.moments.items()
@@ -156,11 +157,18 @@ def _state(
 ) -> SiteState:
     """One site's entry, validated: a step >= 0 and moments of the model's names and shapes."""
     where = f"{path}: site {site}"
-    if not isinstance(entry, dict) or set(entry) != {"step", "moments"}:
-        raise SiteStateFileError(f"{where}: entry must have exactly 'step' and 'moments'")
-    step, moments = entry["step"], entry["moments"]
+    if not isinstance(entry, dict) or set(entry) != {"step", "moment_step", "moments"}:
+        raise SiteStateFileError(
+            f"{where}: entry must have exactly 'step', 'moment_step' and 'moments'"
+        )
+    step, moment_step, moments = entry["step"], entry["moment_step"], entry["moments"]
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise SiteStateFileError(f"{where}: step {step!r} is not a non-negative integer")
+    if moment_step is not None and (
+        not isinstance(moment_step, int) or isinstance(moment_step, bool)
+        or not 0 <= moment_step <= step
+    ):  # fmt: skip
+        raise SiteStateFileError(f"{where}: moment_step {moment_step!r} is not in [0, {step}]")
     if not isinstance(moments, dict):
         raise SiteStateFileError(f"{where}: moments is not a mapping")
     out: dict[str, dict[str, torch.Tensor]] = {}
@@ -179,4 +187,4 @@ def _state(
                     f"{tuple(shapes[name])}"
                 )
             out[name][kind] = t.to(device)
-    return SiteState(step, out)
+    return SiteState(step, out, moment_step)

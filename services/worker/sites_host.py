@@ -53,17 +53,20 @@ class SitesHost:
         self._fed: Federation = build_federation(cfg, data, run_seed, device)  # data resident
         recipe = self._fed.trainer.config.recipe
         # each hosted site's local optimizer state between the rounds that pick it, as the
-        # emulator keeps it (``keep_state``; plain SGD has none). With a ``store`` (the worker's
+        # emulator keeps it (``LocalOptimizer.carries_over``). With a ``store`` (the worker's
         # state directory) it is saved after each round and resumed by a restarted worker;
         # without one it lives in memory and a restarted worker starts its sites fresh.
-        self.site_states: dict[int, SiteState] | None = (
-            {} if recipe.keep_state and not recipe.plain_sgd else None
-        )
+        self.site_states: dict[int, SiteState] | None = {} if recipe.carries_over else None
         self._store = store if self.site_states is not None else None
         if self._store is not None and self.site_states is not None:
             shapes = {k: tuple(v.shape) for k, v in self._fed.initial_params.items()}
             device_of = next(iter(self._fed.initial_params.values())).device
             self.site_states.update(self._store.load(shapes, self.sites, device_of))
+
+    def _resumed(self, site: int) -> SiteState | None:
+        assert self.site_states is not None
+        st = self.site_states.get(site)
+        return None if st is None else st.for_round(self._fed.trainer.config.recipe)
 
     @property
     def template(self) -> dict[str, NDArray]:
@@ -85,7 +88,7 @@ class SitesHost:
             fed.y_train,
             [fed.partitions[s] for s in sites],
             [site_seed(self.run_seed, round_index, s) for s in sites],
-            None if self.site_states is None else [self.site_states.get(s) for s in sites],
+            None if self.site_states is None else [self._resumed(s) for s in sites],
         )
         if self.site_states is not None and updates.opt_state is not None:
             self.site_states.update(zip(sites, updates.opt_state, strict=True))

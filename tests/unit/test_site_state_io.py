@@ -16,7 +16,7 @@ SHAPES = {"w": (3, 2), "b": (2,)}
 RUN = io.run_identity('{"seed": 0}', 0)
 
 
-def state(step: int, seed: int, dtype=torch.float32) -> SiteState:
+def state(step: int, seed: int, dtype=torch.float32, moment_step=None) -> SiteState:
     g = torch.Generator().manual_seed(seed)
     return SiteState(
         step,
@@ -24,11 +24,12 @@ def state(step: int, seed: int, dtype=torch.float32) -> SiteState:
             n: {k: torch.randn(s, generator=g).to(dtype) for k in ("exp_avg", "exp_avg_sq")}
             for n, s in SHAPES.items()
         },
+        moment_step,
     )
 
 
 def same(a: SiteState, b: SiteState) -> bool:
-    return a.step == b.step and all(
+    return (a.step, a.moment_step) == (b.step, b.moment_step) and all(
         torch.equal(a.moments[n][k], b.moments[n][k]) and a.moments[n][k].dtype == t.dtype
         for n, m in b.moments.items()
         for k, t in m.items()
@@ -37,7 +38,7 @@ def same(a: SiteState, b: SiteState) -> bool:
 
 def test_a_round_trip_is_bit_identical_and_drops_sites_no_longer_hosted(tmp_path):
     path = tmp_path / "s.pt"
-    saved = {0: state(7, 0), 3: state(12, 1, torch.bfloat16), 5: state(0, 2)}
+    saved = {0: state(7, 0, moment_step=3), 3: state(12, 1, torch.bfloat16), 5: state(0, 2)}
     io.save_site_states(path, saved, RUN, 4)
     loaded = io.load_site_states(path, RUN, SHAPES, hosted=[0, 3])
     assert loaded.round == 4 and loaded.fresh_because is None and loaded.dropped == (5,)
@@ -86,8 +87,11 @@ def bad(tmp_path, payload) -> str:
     return str(err.value)
 
 
-def entry(step=1, moments=None) -> dict:
-    return {"step": step, "moments": moments or {"w": {"exp_avg": torch.zeros(3, 2)}}}
+def entry(step=1, moments=None, moment_step=None) -> dict:
+    return {
+        "step": step, "moment_step": moment_step,
+        "moments": moments or {"w": {"exp_avg": torch.zeros(3, 2)}},
+    }  # fmt: skip
 
 
 def payload(**states) -> dict:
@@ -121,7 +125,8 @@ def test_a_truncated_file_is_refused(tmp_path):
         (entry(moments={"w": {"exp_avg": torch.zeros(2, 3)}}), "shape (2, 3)"),
         (entry(moments={"w": {"velocity": torch.zeros(3, 2)}}), "moment kinds"),
         (entry(moments={"w": {"exp_avg": torch.zeros(3, 2, dtype=torch.int64)}}), "float"),
-        ({"step": 1}, "exactly 'step' and 'moments'"),
+        (entry(step=2, moment_step=3), "moment_step 3 is not in [0, 2]"),
+        ({"step": 1}, "exactly 'step', 'moment_step' and 'moments'"),
     ],
 )
 def test_a_state_that_does_not_fit_the_model_is_refused(tmp_path, site_entry, message):

@@ -56,6 +56,22 @@ def test_plain_sgd_keeps_no_state():
     assert worker.site_states is None
 
 
+def test_a_reset_recipe_keeps_only_what_its_schedule_needs():
+    constant = host(ADAMW.model_copy(update={"keep_state": False}))
+    constant.train(constant.template, 1, [0])
+    assert constant.site_states is None  # fresh moments, constant lr: nothing carries over
+    cosine = ADAMW.model_copy(
+        update={"keep_state": False, "schedule": "cosine", "total_steps": 1000}
+    )
+    worker = host(cosine)
+    worker.train(worker.template, 1, [0])
+    steps = worker.site_states[0].step
+    worker.train(worker.template, 2, [0])
+    # the schedule runs on the site's cumulative steps; the moments began this round
+    assert worker.site_states[0].step == 2 * steps
+    assert worker.site_states[0].moment_step == steps
+
+
 def same_states(a, b) -> bool:
     return sorted(a) == sorted(b) and all(
         a[s].step == b[s].step
