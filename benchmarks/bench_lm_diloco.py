@@ -11,8 +11,9 @@ tokens) on tinyshakespeare's first 90 % as non-overlapping 64-byte windows; ever
   warm-up 100 + cosine to 1e-4, weight decay 0.1, clip 1.0);
 - ``single-4x`` (b'): one site, batch 48, 500 steps (warm-up 25): the data-parallel baseline;
 - ``diloco-H<h>-kept|reset`` (c): 4 iid sites, batch 12, 500 steps each in rounds of H inner
-  steps, outer Nesterov (lr 0.7, momentum 0.9) on the averaged pseudo-gradient; inner AdamW
-  moments kept across rounds (DiLoCo) or reset every round (the curtailment paper's code);
+  steps, outer Nesterov (lr 0.7, momentum 0.9: ``--outer-lr``, ``--outer-momentum``) on the
+  averaged pseudo-gradient; inner AdamW moments kept across rounds (DiLoCo) or reset every
+  round (the curtailment paper's code);
 - ``fedavg-H<h>`` (d): as (c) with kept moments and plain averaging as the outer step.
 
 Scored on the WHOLE validation split (last 10 %, ``evaluate_lm``): nats per byte and bits per
@@ -103,7 +104,7 @@ def run_row(row: Row, args: argparse.Namespace, data, val: torch.Tensor) -> tupl
                               max_local_steps=inner)  # fmt: skip
     trainer = SiteTrainer(model, cfg, device="cpu")
     parts = partition_iid(len(data.x_train), row.sites, np.random.default_rng(args.seed))
-    outer = make_outer(row.outer, 0.7, 0.9)
+    outer = make_outer(row.outer, args.outer_lr, args.outer_momentum)
     params = to_numpy(get_params(model), copy=True)
     states: dict[int, SiteState] = {}
     rounds = steps // inner  # the budget's steps, to a whole number of rounds
@@ -144,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=BASE_STEPS, help="steps at batch 12 (budget)")
     p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--outer-lr", type=float, default=0.7, help="Nesterov rows (DiLoCo: 0.7)")
+    p.add_argument("--outer-momentum", type=float, default=0.9, help="Nesterov rows (DiLoCo: 0.9)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json", type=Path, help="write the rows and their curves here")
     args = p.parse_args(argv)
@@ -161,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     val = torch.as_tensor(tokens[len(tokens) - round(len(tokens) * 0.1) :], dtype=torch.long)
     print(f"# {SHAPE}; {len(data.x_train):,} training windows; validation: all "
           f"{len(val) - 1:,} predicted bytes; seed {args.seed}; "
-          f"{args.steps} x {BASE_BATCH} windows per row")  # fmt: skip
+          f"{args.steps} x {BASE_BATCH} windows per row; outer Nesterov lr {args.outer_lr}, "
+          f"momentum {args.outer_momentum}")  # fmt: skip
     print(f"{'row':<18} {'sites':>5} {'batch':>5} {'H':>4} {'steps':>5} {'outer':>8} "
           f"{'nats/byte':>9} {'bits/byte':>9} {'s/run':>6}")  # fmt: skip
     results = {}
