@@ -15,6 +15,7 @@ from powertrip.curtailment.config import CurtailmentConfig
 from powertrip.curtailment.learner import check_stream_trainer, train_stream_rows
 from powertrip.learning.device import row_to_numpy, to_torch
 from powertrip.learning.federation import StreamSetup
+from powertrip.learning.site_optim import SiteState
 from services.worker.sites_host import SiteUpdate
 
 
@@ -26,6 +27,14 @@ class StreamHost:
         self.sites = sorted(sites)
         self.setup = StreamSetup.load(cfg, device)  # the stream is resident on ``device``
         check_stream_trainer(self.setup.trainer)
+        recipe = self.setup.trainer.config.recipe
+        # Each site's local optimizer state across the sub-rounds that train it, in memory, for
+        # a recipe that keeps its moments (the emulator's StreamLearner keeps it alike). A
+        # recipe that resets them every round starts each sub-round fresh here: the worker is
+        # not told which sub-rounds begin a round (a lone site's checkpoint chunks do not).
+        self.site_states: dict[int, SiteState] | None = (
+            {} if recipe.keep_state and recipe.carries_over else None
+        )
 
     @property
     def total_rows(self) -> int:
@@ -57,7 +66,10 @@ class StreamHost:
             s.order,
             torch_params,
             [rows[i] for i in sites],
+            None if self.site_states is None else [self.site_states.get(i) for i in sites],
         )
+        if self.site_states is not None and upd.opt_state is not None:
+            self.site_states.update(zip(sites, upd.opt_state, strict=True))
         seconds = time.perf_counter() - started
         return [
             SiteUpdate(

@@ -107,3 +107,21 @@ def test_a_partition_round_is_refused_by_a_stream_worker(worker, host):
     with pytest.raises(grpc.RpcError) as err:
         stub.StartRound(iter(stream), timeout=10)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_a_stream_site_resumes_its_kept_adamw_moments_as_the_emulators_learner_does():
+    """Two sub-rounds on one worker give what the StreamLearner gives over the same two calls."""
+    recipe = {"name": "adamw", "lr": 1e-3, "weight_decay": 0.1}
+    cfg = build_curtail_config("curtailment-quick", num_samples=1000, local_optimizer=recipe)
+    host = StreamHost(cfg, HOSTED)
+    reference = StreamSetup.load(cfg).learner()
+    params = {k: v.numpy() for k, v in host.setup.params.items()}
+    torch_params = {k: torch.from_numpy(v) for k, v in params.items()}
+    subrounds = [{0: np.arange(0, 64), 1: np.arange(64, 96)}, {0: np.arange(96, 160)}]
+    for rows in subrounds:
+        got = host.train_rows(params, rows)
+        want = reference.train_sites(torch_params, list(rows), list(rows.values()))
+        for update, delta in zip(got, want, strict=True):
+            for k, v in delta.items():
+                np.testing.assert_allclose(update.delta[k], v.numpy(), rtol=1e-5, atol=1e-7)
+    assert host.site_states is not None and host.site_states[0].step == 4  # 2 + 2 steps
