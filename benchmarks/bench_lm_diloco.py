@@ -41,7 +41,7 @@ from powertrip.fedavg import StreamingFedAvg
 from powertrip.learning.batches import LocalTrainingConfig
 from powertrip.learning.datasets.text import load_text, read_corpus
 from powertrip.learning.device import to_numpy, to_torch
-from powertrip.learning.gpt import GPT, GPTShape
+from powertrip.learning.gpt import GPT
 from powertrip.learning.lm_eval import LMEval, evaluate_lm
 from powertrip.learning.local_optim import LocalOptimizer
 from powertrip.learning.partition import partition_iid
@@ -50,9 +50,9 @@ from powertrip.learning.trainer import SiteTrainer, get_params
 from powertrip.outcome import round_outcome
 from powertrip.outer_step import make_outer
 
-DATA = Path(__file__).resolve().parents[2] / "shared/data/datasets/tinyshakespeare/input.txt"
-SHAPE = GPTShape(n_layer=4, n_head=4, d_model=128, context_length=64)
-BASE_STEPS, BASE_BATCH = 2000, 12  # nanoGPT's shakespeare-char CPU budget
+# the plain-loop reference's corpus, model shape and budget (run as a script: its folder is on
+# the path)
+from bench_lm_recipe import BASE_BATCH, BASE_STEPS, DATA, SHAPE  # isort: skip
 
 
 @dataclass(frozen=True)
