@@ -29,6 +29,8 @@ from client_app import make_client_app  # noqa: E402
 from server_app import RunConfig, make_server_app  # noqa: E402
 from task import TaskConfig  # noqa: E402
 
+from powertrip.learning.local_optim import LocalOptimizer  # noqa: E402
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     task, run = TaskConfig(), RunConfig()
@@ -41,6 +43,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--partition", choices=("iid", "dirichlet"), default=task.partition)
     p.add_argument("--samples", type=int, default=task.num_samples, help="MNIST-1D samples")
     p.add_argument("--local-epochs", type=int, default=task.local_epochs)
+    p.add_argument("--optimizer", choices=("sgd", "momentum", "nesterov", "adamw"), default=None,
+                   help="the nodes' local optimizer, sent in the train config (default: plain "
+                        "SGD at the task's lr, as without a recipe)")  # fmt: skip
+    p.add_argument("--optimizer-lr", type=float, default=None,
+                   help="its peak lr (default: the task's lr, 0.2)")  # fmt: skip
     p.add_argument("--ideal-compute-s", type=float, default=run.ideal_compute_s)
     p.add_argument("--update-gb", type=float, default=run.update_gb)
     p.add_argument("--seed", type=int, default=task.seed)
@@ -86,6 +93,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         partition=args.partition,
         local_epochs=args.local_epochs,
     )
+    optimizer = None
+    if args.optimizer is not None or args.optimizer_lr is not None:
+        optimizer = LocalOptimizer(name=args.optimizer or "sgd", lr=args.optimizer_lr)
     run = RunConfig(
         rounds=args.rounds,
         target=args.target,
@@ -93,6 +103,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         policy=args.policy,
         ideal_compute_s=args.ideal_compute_s,
         update_gb=args.update_gb,
+        optimizer=optimizer,
     )
     from flwr.simulation import run_simulation  # after the environment above
 
@@ -115,7 +126,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         raise SystemExit(f"the simulation did not finish both strategies (got {sorted(results)})")
     out = {
         "task": task.as_dict(),
-        "run": vars(run) | {"nodes": task.nodes},
+        "run": vars(run) | {"nodes": task.nodes, "optimizer": recipe_json(optimizer)},
         "wall_s": wall,
         **{k: summarise(v["strategy"], run.target, v["wall_s"]) for k, v in results.items()},
     }
@@ -125,6 +136,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.out is not None:
         args.out.write_text(json.dumps(out, indent=2) + "\n")
     return out
+
+
+def recipe_json(recipe: LocalOptimizer | None) -> dict[str, Any] | None:
+    return None if recipe is None else recipe.model_dump(mode="json", exclude_none=True)
 
 
 def report(out: dict[str, Any]) -> None:

@@ -4,7 +4,8 @@ Running them in one ServerApp means one Ray start-up, and the same nodes, data, 
 and site profiles for both: Flower's FedAvg sampling (``TimedFedAvg``, ``fraction_train`` of the
 nodes at random each round) first, then PowerTrip (``PowerTripStrategy``). Both evaluate the
 global model centrally on the MNIST-1D test set after each round and stop once it reaches the
-target, so each run's emulated clock at that round is its time-to-accuracy.
+target, so each run's emulated clock at that round is its time-to-accuracy. Both send the
+same local optimizer recipe (``RunConfig.optimizer``) in their train config, if one is set.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from powertrip.integrations.flower import (
     ReportedProperties,
     TimedFedAvg,
 )
+from powertrip.learning.local_optim import LocalOptimizer
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,8 @@ class RunConfig:
     policy: str = DEFAULT_POLICY  # powertrip-noise; "powertrip-paper": Eq. 8 + Algorithm 1
     ideal_compute_s: float = 50.0  # tau, powertrip's default: local training at full power
     update_gb: float = 1.5  # the paper's update size; the emulated link carries this much
+    #: the nodes' local optimizer, sent in every train config; None: plain SGD at the task's lr
+    optimizer: LocalOptimizer | None = None
 
 
 def make_server_app(task: TaskConfig, run: RunConfig, results: dict[str, Any]) -> ServerApp:
@@ -55,6 +59,7 @@ def make_server_app(task: TaskConfig, run: RunConfig, results: dict[str, Any]) -
             "fraction_evaluate": 0.0,  # centralized evaluation scores the rounds
             "min_available_nodes": task.nodes,
             "seed": task.seed,
+            "local_optimizer": run.optimizer,
         }
 
     @app.main()

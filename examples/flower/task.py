@@ -9,7 +9,7 @@ builds the task once and keeps it: Flower calls a ClientApp once per message.
 from __future__ import annotations
 
 import functools
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 import torch
@@ -17,6 +17,9 @@ import torch
 from powertrip.emulate import Federation, site_seed
 from powertrip.experiment import build_config
 from powertrip.learning.federation import build_federation, load_workload
+from powertrip.learning.local_optim import LocalOptimizer
+from powertrip.learning.site_optim import SiteState
+from powertrip.learning.trainer import SiteTrainer
 from powertrip.sites import SiteSet, generate_sites
 
 
@@ -57,18 +60,33 @@ def load_task(cfg: TaskConfig) -> Federation:
     return build_federation(run, load_workload(run, seed=cfg.seed), cfg.seed, device="cpu")
 
 
+@functools.cache
+def recipe_trainer(cfg: TaskConfig, recipe: LocalOptimizer) -> SiteTrainer:
+    """The task's trainer with the server's local optimizer recipe (its lr, when unset, is the
+    task's ``lr``), built once per process and recipe; it shares the task's model."""
+    base = load_task(cfg).trainer
+    return SiteTrainer(base.model, replace(base.config, optimizer=recipe), device=base.device)
+
+
 def train_node(
-    cfg: TaskConfig, node: int, server_round: int, params: dict[str, torch.Tensor]
-) -> tuple[dict[str, torch.Tensor], int, float]:
-    """Local epochs of SGD on node ``node``'s partition from ``params``: (new params, samples,
-    mean training loss). The batch order is seeded by (run, round, node), as in the emulator."""
+    cfg: TaskConfig,
+    node: int,
+    server_round: int,
+    params: dict[str, torch.Tensor],
+    recipe: LocalOptimizer | None = None,
+    state: SiteState | None = None,
+) -> tuple[dict[str, torch.Tensor], int, float, SiteState | None]:
+    """Local epochs on node ``node``'s partition from ``params`` with the server's ``recipe``
+    (None: plain SGD at ``cfg.lr``), resuming the node's optimizer ``state`` from its earlier
+    rounds: (new params, samples, mean training loss, the state to keep; None for plain SGD).
+    The batch order is seeded by (run, round, node), as in the emulator."""
     task = load_task(cfg)
-    part = task.partitions[node]
-    updates = task.trainer.train(
-        params, task.x_train, task.y_train, [part], [site_seed(cfg.seed, server_round, node)]
-    )
+    trainer = task.trainer if recipe is None else recipe_trainer(cfg, recipe)
+    part, seed = task.partitions[node], site_seed(cfg.seed, server_round, node)
+    updates = trainer.train(params, task.x_train, task.y_train, [part], [seed], [state])
     new = {k: params[k] + updates.deltas[k][0] for k in params}
-    return new, int(updates.num_samples[0]), float(updates.loss[0])
+    kept = updates.opt_state[0] if updates.opt_state else None
+    return new, int(updates.num_samples[0]), float(updates.loss[0]), kept
 
 
 def evaluate(cfg: TaskConfig, params: dict[str, torch.Tensor]) -> tuple[float, float]:

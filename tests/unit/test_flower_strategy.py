@@ -40,9 +40,11 @@ from powertrip.integrations.flower import (  # noqa: E402
     TimedFedAvg,
     TracedSites,
     profile_from_properties,
+    recipe_from_config,
     site_properties,
 )
 from powertrip.integrations.flower.client import properties_reply  # noqa: E402
+from powertrip.learning.local_optim import LocalOptimizer  # noqa: E402
 from powertrip.selection.base import RoundContext, RoundFeedback, StaticTopK  # noqa: E402
 from powertrip.selection.registry import build_policy  # noqa: E402
 from powertrip.sites import ModelledLinks, StaticPower, generate_sites, profile_at  # noqa: E402
@@ -267,6 +269,36 @@ def test_flower_fedavg_sampling_is_kept_and_timed():
     assert nodes == flower_pick
     s.aggregate_train(1, grid.send_and_receive(messages))
     assert s.clock.now() == pytest.approx(expected_duration(grid, nodes), rel=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["powertrip", "fedavg"])
+def test_the_strategies_send_their_local_optimizer_recipe_every_round(kind):
+    _, grid = sites_and_grid()
+    recipe = LocalOptimizer(name="nesterov", lr=0.05, schedule="cosine", total_steps=90)
+    if kind == "powertrip":
+        s = strategy(local_optimizer=recipe)
+    else:
+        s = TimedFedAvg(profiles=ReportedProperties(), ideal_compute_s=TAU, local_optimizer=recipe)
+    config = ConfigRecord({"epochs": 2})
+    for server_round in (1, 2):  # Flower hands the same train config to every round
+        messages = list(s.configure_train(server_round, model(), config, grid))
+        assert messages
+        for m in messages:
+            sent = m.content["config"]
+            assert recipe_from_config(sent) == recipe
+            assert sent["epochs"] == 2 and sent["server-round"] == server_round
+        s.aggregate_train(server_round, grid.send_and_receive(messages))
+        s.record_accuracy(server_round, 0.1 * server_round)
+
+
+def test_no_recipe_sends_no_recipe_and_a_second_recipe_is_refused():
+    _, grid = sites_and_grid()
+    (m, *_) = strategy().configure_train(1, model(), ConfigRecord(), grid)
+    assert recipe_from_config(m.content["config"]) is None
+    s = strategy(local_optimizer=LocalOptimizer(name="adamw"))
+    other = ConfigRecord({"local-optimizer.name": "sgd"})
+    with pytest.raises(ValueError, match="local-optimizer"):
+        s.configure_train(1, model(), other, grid)
 
 
 class Recording(StaticTopK):

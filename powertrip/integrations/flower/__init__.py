@@ -6,7 +6,9 @@
   so both report time-to-accuracy in emulated datacenter time;
 - ``ReportedProperties`` / ``TracedSites``: where the per-node power and link come from (the
   nodes' reports, or a PowerTrip ``SiteSet`` with its traces);
-- ``register_property_query``: the ClientApp side of the nodes' reports.
+- ``register_property_query``: the ClientApp side of the nodes' reports;
+- ``recipe_to_config`` / ``recipe_from_config``: the local optimizer recipe
+  (``LocalOptimizer``) in the train ConfigRecord, sent by the strategies' ``local_optimizer``.
 
 Importing this package checks that Flower is installed and says how to get it; the names load
 on first use, so listing the package (as the layering test does) imports no Flower.
@@ -42,6 +44,9 @@ _EXPORTS = {
     "RTT_MS": "site_info",
     "BANDWIDTH_MBPS": "site_info",
     "DISTANCE_MI": "site_info",
+    "RECIPE_PREFIX": "recipe",
+    "recipe_from_config": "recipe",
+    "recipe_to_config": "recipe",
 }
 __all__ = [
     "BANDWIDTH_MBPS",
@@ -52,6 +57,7 @@ __all__ = [
     "NodeProfiles",
     "POWER_FRACTION",
     "PowerTripStrategy",
+    "RECIPE_PREFIX",
     "RTT_MS",
     "ReportedProperties",
     "TimedFedAvg",
@@ -59,6 +65,8 @@ __all__ = [
     "profile_from_properties",
     "properties_reply",
     "query_properties",
+    "recipe_from_config",
+    "recipe_to_config",
     "register_property_query",
     "site_properties",
 ]
@@ -84,6 +92,11 @@ if TYPE_CHECKING:
         ReportedProperties,
         TracedSites,
         query_properties,
+    )
+    from powertrip.integrations.flower.recipe import (
+        RECIPE_PREFIX,
+        recipe_from_config,
+        recipe_to_config,
     )
     from powertrip.integrations.flower.site_info import (
         BANDWIDTH_MBPS,

@@ -63,7 +63,8 @@ class PowerTripStrategy(TimedFedAvg):
     ``policy``: a ``build_policy`` name or a fresh ``SelectionPolicy`` (policies keep per-run
     state: one instance per run). ``seed`` fixes the policy's own random stream. Flower's
     ``fraction_train`` / ``min_train_nodes`` are not used: the policy decides how many nodes
-    train. See ``TimedFedAvg`` for the clock, ``profiles`` and the other arguments.
+    train. See ``TimedFedAvg`` for the clock, ``profiles`` and the other arguments, among them
+    ``local_optimizer``, the recipe sent in every training message's config.
     """
 
     def __init__(

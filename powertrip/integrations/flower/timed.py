@@ -30,7 +30,9 @@ from numpy.typing import NDArray
 
 from powertrip.clock import EmulatedClock
 from powertrip.integrations.flower.profiles import NodeProfiles
+from powertrip.integrations.flower.recipe import RECIPE_PREFIX, recipe_to_config
 from powertrip.integrations.flower.site_info import NodeIndex
+from powertrip.learning.local_optim import LocalOptimizer
 from powertrip.rounds import RoundRecord, RunResult
 from powertrip.sites import SiteProfile
 from powertrip.timing import RoundTimeModel, round_time_s
@@ -60,6 +62,8 @@ class TimedFedAvg(FedAvg):
     ``update_bytes`` the size of an update on the wire (None: the global model's size).
     ``stop_at_accuracy`` ends training once reached: Flower's ``start`` runs a fixed number of
     rounds, and the rounds after the target then send no messages and cost nothing.
+    ``local_optimizer``: the recipe every training message carries in its config
+    (``recipe_to_config``; None: no recipe, the nodes train as they would anyway).
     Other keyword arguments go to Flower's FedAvg (``fraction_train``, ``min_train_nodes``...).
     """
 
@@ -76,6 +80,7 @@ class TimedFedAvg(FedAvg):
         initial_accuracy: float = 0.0,
         name: str = "fedavg",
         seed: int = 0,
+        local_optimizer: LocalOptimizer | None = None,
         **fedavg_kwargs: Any,
     ) -> None:
         super().__init__(**fedavg_kwargs)
@@ -90,6 +95,7 @@ class TimedFedAvg(FedAvg):
         self.accuracy_key = accuracy_key
         self.loss_key = loss_key
         self.stop_at_accuracy = stop_at_accuracy
+        self.local_optimizer = local_optimizer
         self.clock = EmulatedClock()
         self.result = RunResult(name, seed, stop_at_accuracy, initial_accuracy=initial_accuracy)
         self.accuracy, self.loss = initial_accuracy, math.nan
@@ -126,6 +132,7 @@ class TimedFedAvg(FedAvg):
             return []
         if self.update_bytes is None:
             self.update_bytes = float(arrays.count_bytes())
+        self._add_recipe(config)
         messages = list(self.choose_train(server_round, arrays, config, grid))
         if not messages:
             return []
@@ -141,6 +148,20 @@ class TimedFedAvg(FedAvg):
         )
         self._pending = PendingRound(server_round, nodes, rows, self.clock.now(), duration)
         return messages
+
+    def _add_recipe(self, config: ConfigRecord) -> None:
+        """Put the local optimizer recipe into the train config, refusing another recipe
+        already there (two recipes mixed key by key would train neither)."""
+        if self.local_optimizer is None:
+            return
+        recipe = recipe_to_config(self.local_optimizer)
+        there = {k: v for k, v in config.items() if k.startswith(RECIPE_PREFIX)}
+        if there and there != recipe:
+            raise ValueError(
+                "train_config carries its own local-optimizer.* keys and the strategy has a "
+                "local_optimizer: give the recipe once"
+            )
+        config.update(recipe)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
