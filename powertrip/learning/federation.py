@@ -19,7 +19,7 @@ from powertrip.curtailment.config import CurtailmentConfig
 from powertrip.curtailment.learner import StreamLearner
 from powertrip.curtailment.wall_clock import WallClockRounds
 from powertrip.emulate import Federation
-from powertrip.experiment import MODEL_FOR_WORKLOAD, ExperimentConfig, workload_default
+from powertrip.experiment import MODEL_FOR_WORKLOAD, ExperimentConfig, default_lr
 from powertrip.learning.datasets import Dataset, load_dataset
 from powertrip.learning.device import array, resolve_device
 from powertrip.learning.gpt import GPTShape, gpt_shape
@@ -133,7 +133,7 @@ class StreamSetup:
     ) -> None:
         torch.manual_seed(cfg.seed)
         model = _workload_model(cfg.workload, data, _shape(cfg))
-        lr = cfg.lr if cfg.lr is not None else workload_default(cfg.workload, "lr")
+        lr = cfg.lr if cfg.lr is not None else default_lr(cfg.workload, cfg.local_optimizer)
         self.trainer = SiteTrainer(
             model,
             LocalTrainingConfig(

@@ -8,9 +8,10 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from powertrip.curtailment.config import CurtailmentConfig
+from powertrip.curtailment.config import CurtailmentConfig, build_curtail_config
 from powertrip.experiment import build_config
 from powertrip.learning.federation import build_federation, load_workload
+from powertrip.learning.local_optim import LocalOptimizer
 
 
 def test_unset_it_is_left_out_of_the_dumped_configuration():
@@ -34,3 +35,23 @@ def test_a_bad_recipe_names_its_field():
         build_config("quick", local_optimizer={"clip_norm": -1})
     with pytest.raises(ValidationError, match="local_optimizer.name"):
         CurtailmentConfig(local_optimizer={"name": "lion"})
+
+
+def test_adamw_without_an_lr_takes_its_own_default_not_the_workloads_sgd_rate():
+    adamw = {"name": "adamw"}
+    assert build_config(None, workload="lm", local_optimizer=adamw).learning_rate == 2e-3
+    assert build_config(None, local_optimizer=adamw).learning_rate == 1e-3  # mnist1d
+    assert build_config(None, local_optimizer={"name": "momentum"}).learning_rate == 0.2
+    assert build_config(None, workload="lm", lr=5e-4, local_optimizer=adamw).learning_rate == 5e-4
+
+
+def test_the_lm_curtailment_preset_trains_adamw_and_flags_layer_on_it():
+    preset = build_curtail_config("curtailment").local_optimizer
+    assert preset is not None and preset.name == "adamw" and preset.clip_norm == 1.0
+    reset = build_curtail_config(
+        "curtailment", local_optimizer=LocalOptimizer(keep_state=False)
+    ).local_optimizer  # --reset-optimizer-state alone keeps the preset's AdamW
+    assert reset == preset.model_copy(update={"keep_state": False})
+    sgd = build_curtail_config("curtailment", local_optimizer=LocalOptimizer(name="sgd"))
+    assert sgd.local_optimizer == LocalOptimizer(name="sgd")  # no AdamW decay or clipping
+    assert build_curtail_config("curtailment-quick").local_optimizer is None  # mnist1d: SGD
