@@ -33,7 +33,7 @@ class LocalOptimizer(BaseModel):
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = Field(1e-8, gt=0, allow_inf_nan=False)
     #: AdamW: decoupled; sgd/momentum/nesterov: added to the gradient (L2). Never on 1-D
-    #: parameters (biases, norm weights) nor embeddings.
+    #: parameters (biases, norm weights) nor tensors named as embeddings (``decays``).
     weight_decay: float = Field(0.0, ge=0, allow_inf_nan=False)
     schedule: ScheduleName = "constant"
     warmup_steps: int = Field(0, ge=0)
@@ -88,7 +88,8 @@ class LocalOptimizer(BaseModel):
 
 def decays(name: str, param_shape: tuple[int, ...]) -> bool:
     """Whether weight decay applies to a parameter: not to biases and norm weights (1-D),
-    nor to embeddings (by name), as in GPT-style AdamW recipes."""
+    nor to tensors whose name says ``emb``. Only the name says what a tensor is here: the
+    project's GPT names its tables ``tok``/``pos`` and so decays them, as nanoGPT does."""
     return len(param_shape) >= 2 and "emb" not in name.lower()
 
 

@@ -49,7 +49,7 @@ _OPTIONS = [
     click.option(
         "--weight-decay",
         type=float,
-        help="AdamW: decoupled; others: L2. Never on biases, norm weights or embeddings.",
+        help="AdamW: decoupled; others: L2. Never on 1-D tensors (biases, norms) or *emb* names.",
     ),
     click.option("--local-clip-norm", type=float, help="Clip each site's gradient L2 norm."),
     click.option(
