@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from powertrip.learning.device import to_host
 from powertrip.learning.site_optim import SiteState
 
 __all__ = [
@@ -73,7 +74,7 @@ def save_site_states(
                 "step": int(st.step),
                 "moment_step": st.moment_step,
                 "moments": {
-                    n: {k: t.detach().cpu().contiguous() for k, t in m.items()}
+                    n: {k: to_host(t.detach()).contiguous() for k, t in m.items()}
                     for n, m in st.moments.items()
                 },
             }
