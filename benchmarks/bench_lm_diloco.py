@@ -14,7 +14,8 @@ tokens) on tinyshakespeare's first 90 % as non-overlapping 64-byte windows; ever
   steps, outer Nesterov (lr 0.7, momentum 0.9: ``--outer-lr``, ``--outer-momentum``) on the
   averaged pseudo-gradient; inner AdamW moments kept across rounds (DiLoCo) or reset every
   round (the curtailment paper's code);
-- ``fedavg-H<h>`` (d): as (c) with kept moments and plain averaging as the outer step.
+- ``fedavg-H10``, ``fedavg-H50`` (d): as (c) with kept moments and plain averaging as the outer
+  step.
 
 Scored on the WHOLE validation split (last 10 %, ``evaluate_lm``): nats per byte and bits per
 byte, with each row's distance to (b') and (b).
@@ -84,7 +85,7 @@ def all_rows() -> dict[str, Row]:
             Row(f"diloco-H{h}-kept", 4, 12, h),
             Row(f"diloco-H{h}-reset", 4, 12, h, keep_state=False),
         ]
-    rows.append(Row("fedavg-H50", 4, 12, 50, "fedavg"))
+    rows += [Row("fedavg-H10", 4, 12, 10, "fedavg"), Row("fedavg-H50", 4, 12, 50, "fedavg")]
     return {r.name: r for r in rows}
 
 
