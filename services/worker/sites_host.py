@@ -8,6 +8,7 @@ trains it.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -20,8 +21,10 @@ from powertrip.emulate import Federation, site_seed
 from powertrip.experiment import ExperimentConfig
 from powertrip.learning.device import row_to_numpy, to_numpy, to_torch
 from powertrip.learning.federation import build_federation, load_workload
-from powertrip.learning.site_optim import SiteState
+from powertrip.learning.site_optim import SiteState, SiteStateLog
 from services.worker.state_dir import SiteStateStore
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -56,16 +59,28 @@ class SitesHost:
         # emulator keeps it (``LocalOptimizer.carries_over``). With a ``store`` (the worker's
         # state directory) it is saved after each round and resumed by a restarted worker;
         # without one it lives in memory and a restarted worker starts its sites fresh.
-        self.site_states: dict[int, SiteState] | None = {} if recipe.carries_over else None
-        self._store = store if self.site_states is not None else None
-        if self._store is not None and self.site_states is not None:
+        # A round trained again (the aggregator resumed from before it) starts from the state
+        # the site had before it: ``SiteStateLog`` keeps one round of history.
+        self._log: SiteStateLog | None = SiteStateLog() if recipe.carries_over else None
+        self._store = store if self._log is not None else None
+        if self._store is not None and self._log is not None:
             shapes = {k: tuple(v.shape) for k, v in self._fed.initial_params.items()}
             device_of = next(iter(self._fed.initial_params.values())).device
-            self.site_states.update(self._store.load(shapes, self.sites, device_of))
+            for site, state in self._store.load(shapes, self.sites, device_of).items():
+                self._log.record(site, -1, state)  # from before this process: any round's start
 
-    def _resumed(self, site: int) -> SiteState | None:
-        assert self.site_states is not None
-        st = self.site_states.get(site)
+    @property
+    def site_states(self) -> dict[int, SiteState] | None:
+        """Each hosted site's newest optimizer state (None: the recipe carries nothing)."""
+        return None if self._log is None else self._log.latest()
+
+    def _resumed(self, site: int, round_index: int) -> SiteState | None:
+        assert self._log is not None
+        try:
+            st = self._log.before(site, round_index)
+        except LookupError as exc:  # a redo further back than the history kept
+            logger.warning("%s; it starts this round fresh", exc)
+            st = None
         return None if st is None else st.for_round(self._fed.trainer.config.recipe)
 
     @property
@@ -88,12 +103,13 @@ class SitesHost:
             fed.y_train,
             [fed.partitions[s] for s in sites],
             [site_seed(self.run_seed, round_index, s) for s in sites],
-            None if self.site_states is None else [self._resumed(s) for s in sites],
+            None if self._log is None else [self._resumed(s, round_index) for s in sites],
         )
-        if self.site_states is not None and updates.opt_state is not None:
-            self.site_states.update(zip(sites, updates.opt_state, strict=True))
+        if self._log is not None and updates.opt_state is not None:
+            for site, state in zip(sites, updates.opt_state, strict=True):
+                self._log.record(site, round_index, state)
             if self._store is not None:  # before any update leaves: a commit implies it
-                self._store.save(self.site_states, round_index)
+                self._store.save(self._log.latest(), round_index)
         seconds = time.perf_counter() - started
         return [
             SiteUpdate(

@@ -158,3 +158,28 @@ def test_a_worker_saved_in_another_run_rejoins_fresh_with_one_warning(tmp_path, 
     assert [r.message for r in caplog.records if r.levelname == "WARNING"] == [
         f"{state.directory} holds another run than the aggregator's: starting fresh"
     ]
+
+
+def test_a_round_trained_again_starts_from_the_state_before_it_and_gives_the_same_update():
+    """The aggregator killed in round 2's fold resumes from round 1's checkpoint and asks for
+    round 2 again: the worker must not start it from its own post-round-2 moments."""
+    worker = host(ADAMW)
+    params = worker.template
+    worker.train(params, 1, [0, 1])
+    first = {u.site: u for u in worker.train(params, 2, [0, 1])}
+    again = {u.site: u for u in worker.train(params, 2, [0, 1])}
+    for site in (0, 1):
+        for k in first[site].delta:
+            assert np.array_equal(again[site].delta[k], first[site].delta[k]), (site, k)
+
+
+def test_a_redo_further_back_than_the_history_starts_fresh_with_a_warning(caplog):
+    worker = host(ADAMW)
+    params = worker.template
+    for r in (1, 2, 3):
+        worker.train(params, r, [0])
+    fresh = host(ADAMW).train(params, 1, [0])[0]
+    with caplog.at_level("WARNING"):
+        redo = worker.train(params, 1, [0])[0]
+    assert "older than its kept optimizer states" in caplog.text
+    assert all(np.array_equal(redo.delta[k], fresh.delta[k]) for k in fresh.delta)
