@@ -2,6 +2,10 @@
 middle of a fold and restarted must resume it from the checkpoint, or the rounds after the
 restart step from a different momentum and the final model differs from an uninterrupted run's.
 
+The sites train inner AdamW with kept state, which lives on the workers: the round redone
+after the restart must start from each site's state before that round, not the one the killed
+aggregator's round left behind (``SiteStateLog``).
+
 The machinery is ``test_crash_recovery``'s (one cluster, the golden run first, the crashed run
 in its own checkpoint directory), with ``POWERTRIP_OUTER=nesterov``.
 """
@@ -23,12 +27,14 @@ from tests.integration.test_crash_recovery import (
 )
 
 pytestmark = pytest.mark.slow
+ADAMW = '{"name": "adamw", "lr": 0.001}'
 
 
 @pytest.fixture(scope="module")
 def nesterov_bench(tmp_path_factory):
     out = tmp_path_factory.mktemp("crash-outer")
-    yield from golden_run(out, crash_plan(out, POWERTRIP_OUTER="nesterov"))
+    plan = crash_plan(out, POWERTRIP_OUTER="nesterov", POWERTRIP_LOCAL_OPTIMIZER=ADAMW)
+    yield from golden_run(out, plan)
 
 
 @pytest.mark.reliability("R6")
