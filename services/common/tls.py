@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import grpc
+from prometheus_client import Counter
 
 from services.common.auth_metrics import TLS_AUTHENTICATED, TLS_CONNECTIONS
 from services.common.cert_check import pair_mismatch
@@ -121,7 +122,12 @@ class RefusedSummary:
 
 
 def _counts() -> tuple[float, float]:
-    return TLS_CONNECTIONS._value.get(), TLS_AUTHENTICATED._value.get()
+    return _total(TLS_CONNECTIONS), _total(TLS_AUTHENTICATED)
+
+
+def _total(counter: Counter) -> float:
+    """A label-less counter's value through prometheus-client's public ``collect``."""
+    return next(s.value for s in counter.collect()[0].samples if s.name.endswith("_total"))
 
 
 def server_credentials(cfg: ServiceConfig) -> grpc.ServerCredentials | None:
