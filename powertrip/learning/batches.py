@@ -18,7 +18,7 @@ import numpy as np
 
 from powertrip.learning.local_optim import LocalOptimizer
 
-__all__ = ["LocalTrainingConfig", "RoundBatches", "round_batches", "site_schedule"]
+__all__ = ["LocalTrainingConfig", "RoundBatches", "local_steps", "round_batches", "site_schedule"]
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,12 @@ class LocalTrainingConfig:
     def recipe(self) -> LocalOptimizer:
         """The resolved local optimizer: ``optimizer`` with ``lr`` filled in, or plain SGD."""
         return (self.optimizer or LocalOptimizer()).with_lr(self.lr)
+
+
+def local_steps(config: LocalTrainingConfig, n: int) -> int:
+    """The steps of one round of a site with ``n`` samples (``site_schedule``'s rows)."""
+    steps = config.local_epochs * math.ceil(n / config.batch_size)
+    return steps if config.max_local_steps is None else min(steps, config.max_local_steps)
 
 
 def site_schedule(config: LocalTrainingConfig, n: int, seed: int) -> np.ndarray:

@@ -20,6 +20,7 @@ from powertrip.curtailment.learner import StreamLearner
 from powertrip.curtailment.wall_clock import WallClockRounds
 from powertrip.emulate import Federation
 from powertrip.experiment import MODEL_FOR_WORKLOAD, ExperimentConfig, default_lr
+from powertrip.learning.batches import local_steps
 from powertrip.learning.datasets import Dataset, load_dataset
 from powertrip.learning.device import array, resolve_device
 from powertrip.learning.gpt import GPTShape, gpt_shape
@@ -99,17 +100,16 @@ def build_federation(
         )
     torch.manual_seed(seed)
     model = _workload_model(cfg.workload, data, _shape(cfg))
-    trainer = SiteTrainer(
-        model,
-        LocalTrainingConfig(
-            lr=cfg.learning_rate,
-            batch_size=cfg.local_batch_size,
-            local_epochs=cfg.local_epochs,
-            max_local_steps=cfg.max_local_steps,
-            optimizer=cfg.local_optimizer,
-        ),
-        device=resolve_device(device),
+    local = LocalTrainingConfig(
+        lr=cfg.learning_rate,
+        batch_size=cfg.local_batch_size,
+        local_epochs=cfg.local_epochs,
+        max_local_steps=cfg.max_local_steps,
+        optimizer=cfg.local_optimizer,
     )
+    per_round = max(local_steps(local, len(p)) for p in parts)
+    local.recipe.check_fits(per_round * cfg.max_rounds, f"{cfg.max_rounds} rounds of {per_round}")
+    trainer = SiteTrainer(model, local, device=resolve_device(device))
     on = trainer.resident
     return Federation(
         trainer=trainer,
@@ -134,13 +134,13 @@ class StreamSetup:
         torch.manual_seed(cfg.seed)
         model = _workload_model(cfg.workload, data, _shape(cfg))
         lr = cfg.lr if cfg.lr is not None else default_lr(cfg.workload, cfg.local_optimizer)
-        self.trainer = SiteTrainer(
-            model,
-            LocalTrainingConfig(
-                lr=lr, batch_size=cfg.batch_size, shuffle=False, optimizer=cfg.local_optimizer
-            ),
-            device=resolve_device(device),
+        local = LocalTrainingConfig(
+            lr=lr, batch_size=cfg.batch_size, shuffle=False, optimizer=cfg.local_optimizer
         )
+        # one site can at most train the whole stream
+        stream = local_steps(local, len(data.y_train))
+        local.recipe.check_fits(stream, f"the whole stream of {len(data.y_train)} samples")
+        self.trainer = SiteTrainer(model, local, device=resolve_device(device))
         self.params = get_params(model)
         on = self.trainer.resident  # the data moves to the trainer's device once, here
         self.data = replace(

@@ -66,6 +66,15 @@ class LocalOptimizer(BaseModel):
             raise ValueError(f"lr must be a positive finite number, got {lr}")
         return self.model_copy(update={"lr": float(lr)})
 
+    def check_fits(self, max_site_steps: int, why: str) -> None:
+        """A schedule must end within the run: past the most local steps any site can take
+        (``max_site_steps``, explained by ``why``) its decay would never finish."""
+        if self.total_steps is not None and self.total_steps > max_site_steps:
+            raise ValueError(
+                f"local_optimizer.total_steps ({self.total_steps}) is longer than the run: a "
+                f"site takes at most {max_site_steps} local steps ({why})"
+            )
+
     @property
     def carries_over(self) -> bool:
         """Whether a site's round depends on its earlier rounds: moments kept across rounds

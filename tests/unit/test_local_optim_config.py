@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from powertrip.curtailment.config import CurtailmentConfig, build_curtail_config
 from powertrip.experiment import build_config
-from powertrip.learning.federation import build_federation, load_workload
+from powertrip.learning.federation import StreamSetup, build_federation, load_workload
 from powertrip.learning.local_optim import LocalOptimizer
 
 
@@ -55,3 +55,19 @@ def test_the_lm_curtailment_preset_trains_adamw_and_flags_layer_on_it():
     sgd = build_curtail_config("curtailment", local_optimizer=LocalOptimizer(name="sgd"))
     assert sgd.local_optimizer == LocalOptimizer(name="sgd")  # no AdamW decay or clipping
     assert build_curtail_config("curtailment-quick").local_optimizer is None  # mnist1d: SGD
+
+
+def test_a_schedule_longer_than_the_run_is_refused_naming_the_field():
+    cosine = {"name": "adamw", "schedule": "cosine", "total_steps": 10_000}
+    cfg = build_config(None, num_sites=4, num_samples=400, max_rounds=3, local_optimizer=cosine)
+    # 80 samples per site at batch 20: 4 steps a round, 12 in 3 rounds
+    with pytest.raises(ValueError, match=r"total_steps \(10000\) is longer than the run.* 12 "):
+        build_federation(cfg, load_workload(cfg), 0)
+    fits = build_config(
+        None, num_sites=4, num_samples=400, max_rounds=3,
+        local_optimizer={**cosine, "total_steps": 12},
+    )  # fmt: skip
+    build_federation(fits, load_workload(fits), 0)
+    stream = {**cosine, "total_steps": 10**6}
+    with pytest.raises(ValueError, match="longer than the run.*the whole stream"):
+        StreamSetup.load(CurtailmentConfig(num_samples=1000, local_optimizer=stream))

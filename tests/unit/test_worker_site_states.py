@@ -61,7 +61,7 @@ def test_a_reset_recipe_keeps_only_what_its_schedule_needs():
     constant.train(constant.template, 1, [0])
     assert constant.site_states is None  # fresh moments, constant lr: nothing carries over
     cosine = ADAMW.model_copy(
-        update={"keep_state": False, "schedule": "cosine", "total_steps": 1000}
+        update={"keep_state": False, "schedule": "cosine", "total_steps": 500}
     )
     worker = host(cosine)
     worker.train(worker.template, 1, [0])
