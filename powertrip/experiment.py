@@ -9,6 +9,7 @@ from typing import Annotated, Literal, Self
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from powertrip.learning.local_optim import LocalOptimizer, LocalOptimizerSettings
+from powertrip.learning.tokenizer_settings import TokenizerSettings
 from powertrip.outer_step import OuterSettings
 from powertrip.presets import preset_values
 from powertrip.robust import check_settings, check_trim_beta
@@ -140,10 +141,9 @@ class RunConfig(BaseModel):
         return self
 
 
-class ExperimentConfig(LocalOptimizerSettings, OuterSettings, RunConfig):
+class ExperimentConfig(LocalOptimizerSettings, OuterSettings, TokenizerSettings, RunConfig):
     """The PowerTrip study: sites, power, network, the policies to compare and the protocol;
-    the outer step after the aggregate (``outer``, ``outer_lr``, ``outer_momentum``) comes
-    from ``OuterSettings``, the sites' ``local_optimizer`` from ``LocalOptimizerSettings``."""
+    the outer step, the sites' local optimizer and the LM's tokenizer come from the mixins."""
 
     num_samples: int = Field(
         20_000, ge=100, description="samples to generate (mnist1d) or keep (shakespeare)"

@@ -13,6 +13,7 @@ from powertrip.curtailment.availability import PROVISIONING_S
 from powertrip.curtailment.emissions import IDLE_KW, TRAIN_KW
 from powertrip.experiment import RunConfig, TargetAccuracy, preset_values
 from powertrip.learning.local_optim import LocalOptimizerSettings
+from powertrip.learning.tokenizer_settings import TokenizerSettings
 from powertrip.traces.carbon import HOLD_S, THRESHOLD
 
 #: curtailment: curtailed sites only, all of them; combined: curtailed sites chosen by PowerTrip's
@@ -20,7 +21,7 @@ from powertrip.traces.carbon import HOLD_S, THRESHOLD
 CURTAIL_POLICIES = ("powertrip", "curtailment", "combined")
 
 
-class CurtailmentConfig(LocalOptimizerSettings, RunConfig):
+class CurtailmentConfig(LocalOptimizerSettings, TokenizerSettings, RunConfig):
     """The curtailment study. Learning is one pass over a data stream: a run ends when the data
     is used up."""
 

@@ -47,6 +47,7 @@ def load_workload(cfg: ExperimentConfig | CurtailmentConfig, seed: int = 0) -> D
     elif cfg.workload == "lm":  # num_samples: training windows of the model's context
         kwargs["max_samples"] = cfg.num_samples
         kwargs["context_length"] = lm_shape(cfg).context_length
+        kwargs["tokenizer"] = cfg.tokenizer  # the LM's vocabulary follows from it
     return load_dataset(cfg.workload, cfg.dataset_path, **kwargs)
 
 

@@ -33,6 +33,9 @@ class Dataset:
     groups_train: np.ndarray | None  # natural group id per training sample, else None
     group_names: tuple[str, ...] = ()  # name per group id
     synthetic: bool = False  # True for generated data (mnist1d)
+    #: lm with a subword tokenizer: UTF-8 bytes the validation targets (y_test) spell, for
+    #: bits per byte (lm_eval's ``num_bytes``); None: one byte per token
+    val_bytes: int | None = None
 
     @property
     def in_shape(self) -> tuple[int, ...]:

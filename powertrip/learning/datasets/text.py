@@ -5,7 +5,10 @@ Text is tokenized as UTF-8 bytes (vocabulary 256). At the CPU sizes this project
 byte vocabulary keeps the embedding and the tied head small (33 k parameters at d_model 128,
 against ~0.5 M for a 4 k BPE), needs no trained vocabulary that every worker would have to
 rebuild identically, and round-trips any text exactly. A corpus tokenized elsewhere (any BPE)
-comes in as a ``.npy`` of token ids, which is the way to larger vocabularies.
+comes in as a ``.npy`` of token ids; ``tokenizer="bpe-N"`` instead trains a byte-level BPE of
+N ids on the training text (bpe.py: deterministic, cached, identified by its sha256). Then the
+Dataset's ``val_bytes`` counts the bytes its validation targets spell, so bits per byte stays
+comparable with byte tokens.
 
 Without a file, the loader generates an English-like corpus from a small seeded grammar, so a
 study runs on a fresh, offline machine; that data is marked synthetic wherever it is reported.
@@ -19,8 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
+from powertrip.learning.datasets.bpe import cached_bpe, encode, token_byte_lengths
 from powertrip.learning.datasets.record import Dataset, DatasetError, check_fraction
 from powertrip.learning.device import tensor
+from powertrip.learning.tokenizer_settings import bpe_vocab_size
 
 __all__ = [
     "BYTE_VOCAB",
@@ -127,13 +132,16 @@ def load_text(
     max_samples: int | None = None,
     val_fraction: float = 0.1,
     seed: int = 0,
+    tokenizer: str = "bytes",
 ) -> Dataset:
     """Windows of ``context_length`` tokens from ``path`` (None: the synthetic corpus).
 
     ``max_samples`` caps the training windows (the first ones of the stream) and the
-    validation windows in proportion; ``seed`` only seeds the synthetic corpus.
+    validation windows in proportion; ``seed`` only seeds the synthetic corpus. ``tokenizer``:
+    ``"bytes"`` (UTF-8 bytes) or ``"bpe-N"`` (byte-level BPE trained on the training split).
     """
     check_fraction(val_fraction)
+    bpe_vocab = bpe_vocab_size(tokenizer)
     if context_length < 1:
         raise ValueError(f"context_length must be >= 1, got {context_length}")
     if path is None:
@@ -142,8 +150,14 @@ def load_text(
         tokens, vocab = encode_bytes(synthetic_corpus(num_bytes, seed)), BYTE_VOCAB
     else:
         tokens, vocab = read_corpus(Path(path))
+    if bpe_vocab is not None and vocab != BYTE_VOCAB:
+        raise DatasetError(f"{path}: a .npy of token ids is already tokenized; use 'bytes'")
     n_val = round(len(tokens) * val_fraction)
     train, val = tokens[: len(tokens) - n_val], tokens[len(tokens) - n_val :]
+    byte_lengths = None
+    if bpe_vocab is not None:  # the same byte split, re-cut at a character boundary
+        train, val, byte_lengths = _bpe_split(train, val, bpe_vocab)
+        vocab, n_val = bpe_vocab, len(val)
     val_limit = None if max_samples is None else max(1, round(max_samples * n_val / len(train)))
     x_tr, y_tr = _windows(train, context_length, max_samples)
     x_te, y_te = _windows(val, context_length, val_limit)
@@ -164,4 +178,20 @@ def load_text(
         num_classes=vocab,
         groups_train=None,
         synthetic=path is None,
+        val_bytes=None if byte_lengths is None else int(byte_lengths[y_te].sum()),
     )
+
+
+def _bpe_split(
+    train: np.ndarray, val: np.ndarray, vocab_size: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The byte split's two sides as BPE ids (the tokenizer sees only the training text) and
+    the bytes each id spells. The boundary moves back to the start of a character, so both
+    sides are valid UTF-8."""
+    cut = len(train)
+    raw = np.concatenate([train, val]).astype(np.uint8).tobytes()
+    while 0 < cut < len(raw) and (raw[cut] & 0xC0) == 0x80:  # a continuation byte
+        cut -= 1
+    train_text, val_text = raw[:cut].decode("utf-8"), raw[cut:].decode("utf-8")
+    tok, _, _ = cached_bpe(train_text, vocab_size)
+    return encode(tok, train_text), encode(tok, val_text), token_byte_lengths(tok)

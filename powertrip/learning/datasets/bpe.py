@@ -1,0 +1,125 @@
+"""A byte-level BPE tokenizer for the ``lm`` workload, trained offline with HF ``tokenizers``.
+
+Why this shape: a subword vocabulary shortens the token stream (more text per context window),
+but every site of a federation must tokenize exactly alike or their updates train different
+models. So the tokenizer is (1) trained deterministically on the TRAINING split only (the
+validation text never leaks into the vocabulary), (2) saved as one JSON file whose sha256
+names it, and (3) loaded only when that hash matches, so a worker holding a different
+tokenizer refuses to start instead of silently training on other ids. Byte-level BPE starts
+from the 256 byte symbols, so any UTF-8 text encodes and decodes back exactly, and every token
+spells a known number of bytes, which keeps bits per byte comparable with byte tokens.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from powertrip.learning.datasets.record import DatasetError
+from powertrip.learning.tokenizer_settings import BPE_MAX_VOCAB, BPE_MIN_VOCAB, bpe_vocab_size
+
+__all__ = [
+    "BPE_MAX_VOCAB",
+    "BPE_MIN_VOCAB",
+    "TokenizerMismatch",
+    "bpe_vocab_size",
+    "cached_bpe",
+    "encode",
+    "load_tokenizer",
+    "save_tokenizer",
+    "token_byte_lengths",
+    "tokenizer_sha256",
+    "train_bpe",
+]
+
+
+class TokenizerMismatch(DatasetError):
+    """A saved tokenizer's hash differs from the one the run expects."""
+
+
+def train_bpe(text: str, vocab_size: int) -> Tokenizer:
+    """A byte-level BPE with at most ``vocab_size`` ids trained on ``text``. Every setting is
+    pinned (no special tokens, min frequency 2, the full byte alphabet, no progress bar) so two
+    trainings on the same text give the same JSON, and so the same hash."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        show_progress=False,
+        special_tokens=[],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(text.splitlines(keepends=True), trainer=trainer, length=None)
+    return tok
+
+
+def tokenizer_sha256(tok: Tokenizer) -> str:
+    """The identity of a tokenizer: sha256 of its saved JSON (what ``save_tokenizer`` writes)."""
+    return hashlib.sha256(tok.to_str().encode("utf-8")).hexdigest()
+
+
+def save_tokenizer(tok: Tokenizer, path: Path) -> str:
+    """Write ``tok`` as JSON to ``path`` (atomically: a crashed write leaves no half file that
+    a later run would refuse) and return its sha256."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(tok.to_str(), encoding="utf-8")
+    tmp.replace(path)
+    return tokenizer_sha256(tok)
+
+
+def load_tokenizer(path: Path, expected_sha256: str | None = None) -> Tokenizer:
+    """The tokenizer saved at ``path``; with ``expected_sha256`` it must be that exact file,
+    else ``TokenizerMismatch`` (one line naming the file and both hashes)."""
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise DatasetError(f"{path}: cannot read tokenizer ({exc})") from exc
+    actual = hashlib.sha256(raw).hexdigest()
+    if expected_sha256 is not None and actual != expected_sha256:
+        raise TokenizerMismatch(
+            f"{path}: tokenizer sha256 {actual} differs from the run's {expected_sha256}"
+        )
+    return Tokenizer.from_str(raw.decode("utf-8"))
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("POWERTRIP_CACHE_DIR", "~/.cache/powertrip")).expanduser()
+
+
+def cached_bpe(
+    train_text: str, vocab_size: int, cache_dir: Path | None = None
+) -> tuple[Tokenizer, Path, str]:
+    """(tokenizer, its file, its sha256) for ``train_text``: loaded from the cache when a
+    previous run trained it (keyed by the text's sha256 and the vocabulary size), otherwise
+    trained and saved there. The returned hash is what other workers must match."""
+    corpus = hashlib.sha256(train_text.encode("utf-8")).hexdigest()
+    root = _cache_dir() if cache_dir is None else Path(cache_dir)
+    path = root / "bpe" / f"{corpus[:32]}-{vocab_size}.json"
+    if path.is_file():
+        tok = load_tokenizer(path)
+        return tok, path, tokenizer_sha256(tok)
+    tok = train_bpe(train_text, vocab_size)
+    return tok, path, save_tokenizer(tok, path)
+
+
+def encode(tok: Tokenizer, text: str) -> np.ndarray:
+    """``text`` as int64 token ids, encoded whole (split into lines, a whitespace run that
+    spans a newline would pre-tokenize differently)."""
+    return np.asarray(tok.encode(text, add_special_tokens=False).ids, dtype=np.int64)
+
+
+def token_byte_lengths(tok: Tokenizer) -> np.ndarray:
+    """UTF-8 bytes each id spells (byte-level: one alphabet symbol per byte), to turn a count
+    of predicted tokens into the byte count bits per byte divides by."""
+    vocab = tok.get_vocab()
+    lengths = np.zeros(max(vocab.values()) + 1, dtype=np.int64)
+    for token, i in vocab.items():
+        lengths[i] = len(token)
+    return lengths
