@@ -193,6 +193,11 @@ def lm_options(command):  # noqa: ANN001, ANN201 - a click decorator
         click.option("--n-head", type=click.IntRange(min=1), help="LM: attention heads."),
         click.option("--d-model", type=click.IntRange(min=1), help="LM: embedding width."),
         click.option("--context-length", type=click.IntRange(min=1), help="LM: tokens per window."),
+        click.option(
+            "--tokenizer",
+            help="LM: 'bytes' (default, vocabulary 256) or 'bpe-N', a byte-level BPE of N ids "
+            "(260..65536) trained on the training text, cached and checked by sha256.",
+        ),
     ]
     for option in reversed(options):
         command = option(command)

@@ -112,3 +112,15 @@ def test_the_lm_workload_takes_its_vocabulary_from_the_configured_tokenizer():
     cfg = ExperimentConfig(workload="lm", num_samples=200, context_length=16, tokenizer="bpe-300")
 
     assert load_workload(cfg).num_classes == 300
+
+
+def test_both_study_commands_take_a_tokenizer_flag_and_refuse_a_bad_one():
+    from click.testing import CliRunner
+
+    from services.cli.main import main
+
+    runner = CliRunner()
+    bad = runner.invoke(main, ["experiment", "--workload", "lm", "--tokenizer", "bpe-1"])
+
+    assert bad.exit_code != 0 and "--tokenizer" in bad.output and "bpe-1" in bad.output
+    assert "--tokenizer" in runner.invoke(main, ["curtail", "--help"]).output
