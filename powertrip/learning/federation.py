@@ -48,6 +48,7 @@ def load_workload(cfg: ExperimentConfig | CurtailmentConfig, seed: int = 0) -> D
         kwargs["max_samples"] = cfg.num_samples
         kwargs["context_length"] = lm_shape(cfg).context_length
         kwargs["tokenizer"] = cfg.tokenizer  # the LM's vocabulary follows from it
+        kwargs["tokenizer_sha256"] = cfg.tokenizer_sha256  # a worker must rebuild that one
     return load_dataset(cfg.workload, cfg.dataset_path, **kwargs)
 
 

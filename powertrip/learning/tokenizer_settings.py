@@ -8,11 +8,17 @@ summaries of existing runs do not change.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Self
+from typing import Annotated, Self, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["BPE_MAX_VOCAB", "BPE_MIN_VOCAB", "TokenizerSettings", "bpe_vocab_size"]
+__all__ = [
+    "BPE_MAX_VOCAB",
+    "BPE_MIN_VOCAB",
+    "TokenizerSettings",
+    "bpe_vocab_size",
+    "with_tokenizer_hash",
+]
 
 #: byte-level BPE needs the 256 byte symbols plus a few merges to be worth the name; 65536
 #: keeps ids in a uint16 and the tied embedding within reach of the sizes this project trains
@@ -46,10 +52,28 @@ class TokenizerSettings(BaseModel):
     tokenizer: Annotated[str, AfterValidator(_valid)] = Field(
         "bytes", exclude_if=lambda v: v == "bytes"
     )
+    #: the sha256 of the BPE's saved JSON that every process must rebuild; the aggregator fills
+    #: it in from its own before handing the config to the workers (None: not checked)
+    tokenizer_sha256: str | None = Field(
+        None, pattern=r"^[0-9a-f]{64}$", exclude_if=lambda v: v is None
+    )
 
     @model_validator(mode="after")
     def _lm_only(self) -> Self:
         workload = getattr(self, "workload", "lm")
         if self.tokenizer != "bytes" and workload != "lm":
             raise ValueError(f"--tokenizer {self.tokenizer} is for the lm workload, not {workload}")
+        if self.tokenizer_sha256 is not None and self.tokenizer == "bytes":
+            raise ValueError("tokenizer_sha256 names a BPE; byte tokens have nothing to check")
         return self
+
+
+_C = TypeVar("_C", bound=TokenizerSettings)
+
+
+def with_tokenizer_hash(cfg: _C, sha256: str | None) -> _C:
+    """``cfg`` carrying the hash of the tokenizer its dataset was built with, for the workers
+    to match (unchanged for byte tokens, or when it already names that hash)."""
+    if sha256 is None or cfg.tokenizer_sha256 == sha256:
+        return cfg
+    return cfg.model_copy(update={"tokenizer_sha256": sha256})

@@ -26,6 +26,7 @@ from powertrip.curtailment.learner import Evaluate, FoldingLearner
 from powertrip.curtailment.sites import build_sites
 from powertrip.learning.device import TorchParams, to_numpy, to_torch
 from powertrip.learning.federation import StreamSetup
+from powertrip.learning.tokenizer_settings import with_tokenizer_hash
 from powertrip.outer_step import NesterovOuter
 from powertrip.rounds import RoundRecord
 from powertrip.sites import site_id
@@ -124,6 +125,8 @@ class CurtailmentRun(RunLifecycle):
         self.run_seed = config.seed
         self.target = cfg.target_accuracy
         self.setup = StreamSetup.load(self.config, cfg.device)  # evaluates there
+        # the workers get the hash of this BPE with the config, and refuse to train with another
+        self.config = with_tokenizer_hash(self.config, self.setup.data.tokenizer_sha256)
         x_test, y_test = self.setup.eval_set
         trainer = self.setup.trainer
         params = to_numpy(self.setup.params, copy=True)

@@ -17,6 +17,7 @@ from powertrip.fedavg import NumpyParams
 from powertrip.journal import JournaledExecutor
 from powertrip.learning.device import to_numpy, to_torch
 from powertrip.learning.federation import build_federation, load_workload
+from powertrip.learning.tokenizer_settings import with_tokenizer_hash
 from powertrip.robust import Aggregation
 from powertrip.rounds import RoundRecord, TimeModel, run_rounds
 from powertrip.selection.registry import build_policy
@@ -50,6 +51,8 @@ class AggregatorRun(RunLifecycle):
         self._last_failure = ""
         self._quorum_lost = False
         data = load_workload(exp, seed=exp.seed)
+        # the workers get the hash of this BPE with the config, and refuse to train with another
+        exp = self.experiment = with_tokenizer_hash(exp, data.tokenizer_sha256)
         fed = build_federation(exp, data, self.run_seed, cfg.device)  # evaluates there
         self._trainer, self._x_test, self._y_test = fed.trainer, fed.x_test, fed.y_test
         params = to_numpy(fed.initial_params, copy=True)

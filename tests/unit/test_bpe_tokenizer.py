@@ -124,3 +124,26 @@ def test_both_study_commands_take_a_tokenizer_flag_and_refuse_a_bad_one():
 
     assert bad.exit_code != 0 and "--tokenizer" in bad.output and "bpe-1" in bad.output
     assert "--tokenizer" in runner.invoke(main, ["curtail", "--help"]).output
+
+
+def test_a_worker_with_another_tokenizer_refuses_the_aggregators_config(tmp_path, monkeypatch):
+    """The aggregator stamps its BPE's hash into the config it hands out; a worker whose
+    cached tokenizer differs (here: the cached file was altered) refuses to build its sites."""
+    from powertrip.learning.federation import load_workload
+    from powertrip.learning.tokenizer_settings import with_tokenizer_hash
+    from services.worker.sites_host import SitesHost
+
+    cfg = ExperimentConfig(
+        workload="lm", num_samples=200, context_length=16, tokenizer="bpe-300", num_sites=4
+    )
+    data = load_workload(cfg)
+    handed_out = with_tokenizer_hash(cfg, data.tokenizer_sha256).model_dump_json()
+    worker_cfg = ExperimentConfig.model_validate_json(handed_out)
+
+    assert worker_cfg.tokenizer_sha256 == data.tokenizer_sha256
+    assert load_workload(worker_cfg).num_classes == 300  # same tokenizer: joins
+    (cached,) = (tmp_path / "cache" / "bpe").glob("*.json")
+    cached.write_text(cached.read_text().replace('"vocab"', '"vocab" '))
+    with pytest.raises(TokenizerMismatch, match=rf"{cached}.*differs from the run's"):
+        SitesHost(worker_cfg, run_seed=0, sites=[0, 1])
+    assert "tokenizer_sha256" not in cfg.model_dump()

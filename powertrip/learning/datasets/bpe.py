@@ -94,19 +94,31 @@ def _cache_dir() -> Path:
 
 
 def cached_bpe(
-    train_text: str, vocab_size: int, cache_dir: Path | None = None
+    train_text: str,
+    vocab_size: int,
+    cache_dir: Path | None = None,
+    expected_sha256: str | None = None,
 ) -> tuple[Tokenizer, Path, str]:
     """(tokenizer, its file, its sha256) for ``train_text``: loaded from the cache when a
     previous run trained it (keyed by the text's sha256 and the vocabulary size), otherwise
-    trained and saved there. The returned hash is what other workers must match."""
+    trained and saved there. The returned hash is what other workers must match; with
+    ``expected_sha256`` a tokenizer with another hash is refused (``TokenizerMismatch``)."""
     corpus = hashlib.sha256(train_text.encode("utf-8")).hexdigest()
     root = _cache_dir() if cache_dir is None else Path(cache_dir)
     path = root / "bpe" / f"{corpus[:32]}-{vocab_size}.json"
     if path.is_file():
-        tok = load_tokenizer(path)
-        return tok, path, tokenizer_sha256(tok)
+        return load_tokenizer(path, expected_sha256), path, _file_sha256(path)
     tok = train_bpe(train_text, vocab_size)
-    return tok, path, save_tokenizer(tok, path)
+    sha = save_tokenizer(tok, path)
+    if expected_sha256 is not None and sha != expected_sha256:
+        raise TokenizerMismatch(
+            f"{path}: tokenizer sha256 {sha} differs from the run's {expected_sha256}"
+        )
+    return tok, path, sha
+
+
+def _file_sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def encode(tok: Tokenizer, text: str) -> np.ndarray:

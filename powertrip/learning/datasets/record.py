@@ -36,6 +36,7 @@ class Dataset:
     #: lm with a subword tokenizer: UTF-8 bytes the validation targets (y_test) spell, for
     #: bits per byte (lm_eval's ``num_bytes``); None: one byte per token
     val_bytes: int | None = None
+    tokenizer_sha256: str | None = None  # lm with a BPE: the sha256 of its saved JSON
 
     @property
     def in_shape(self) -> tuple[int, ...]:

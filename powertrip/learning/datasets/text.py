@@ -133,12 +133,14 @@ def load_text(
     val_fraction: float = 0.1,
     seed: int = 0,
     tokenizer: str = "bytes",
+    tokenizer_sha256: str | None = None,
 ) -> Dataset:
     """Windows of ``context_length`` tokens from ``path`` (None: the synthetic corpus).
 
     ``max_samples`` caps the training windows (the first ones of the stream) and the
     validation windows in proportion; ``seed`` only seeds the synthetic corpus. ``tokenizer``:
-    ``"bytes"`` (UTF-8 bytes) or ``"bpe-N"`` (byte-level BPE trained on the training split).
+    ``"bytes"`` (UTF-8 bytes) or ``"bpe-N"`` (byte-level BPE trained on the training split);
+    ``tokenizer_sha256``: the BPE must be exactly that one (``bpe.TokenizerMismatch`` if not).
     """
     check_fraction(val_fraction)
     bpe_vocab = bpe_vocab_size(tokenizer)
@@ -154,9 +156,9 @@ def load_text(
         raise DatasetError(f"{path}: a .npy of token ids is already tokenized; use 'bytes'")
     n_val = round(len(tokens) * val_fraction)
     train, val = tokens[: len(tokens) - n_val], tokens[len(tokens) - n_val :]
-    byte_lengths = None
+    byte_lengths, sha = None, None
     if bpe_vocab is not None:  # the same byte split, re-cut at a character boundary
-        train, val, byte_lengths = _bpe_split(train, val, bpe_vocab)
+        train, val, byte_lengths, sha = _bpe_split(train, val, bpe_vocab, tokenizer_sha256)
         vocab, n_val = bpe_vocab, len(val)
     val_limit = None if max_samples is None else max(1, round(max_samples * n_val / len(train)))
     x_tr, y_tr = _windows(train, context_length, max_samples)
@@ -179,19 +181,20 @@ def load_text(
         groups_train=None,
         synthetic=path is None,
         val_bytes=None if byte_lengths is None else int(byte_lengths[y_te].sum()),
+        tokenizer_sha256=sha,
     )
 
 
 def _bpe_split(
-    train: np.ndarray, val: np.ndarray, vocab_size: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The byte split's two sides as BPE ids (the tokenizer sees only the training text) and
-    the bytes each id spells. The boundary moves back to the start of a character, so both
-    sides are valid UTF-8."""
+    train: np.ndarray, val: np.ndarray, vocab_size: int, expected_sha256: str | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
+    """The byte split's two sides as BPE ids (the tokenizer sees only the training text), the
+    bytes each id spells and the tokenizer's sha256. The boundary moves back to the start of a
+    character, so both sides are valid UTF-8."""
     cut = len(train)
     raw = np.concatenate([train, val]).astype(np.uint8).tobytes()
     while 0 < cut < len(raw) and (raw[cut] & 0xC0) == 0x80:  # a continuation byte
         cut -= 1
     train_text, val_text = raw[:cut].decode("utf-8"), raw[cut:].decode("utf-8")
-    tok, _, _ = cached_bpe(train_text, vocab_size)
-    return encode(tok, train_text), encode(tok, val_text), token_byte_lengths(tok)
+    tok, _, sha = cached_bpe(train_text, vocab_size, expected_sha256=expected_sha256)
+    return encode(tok, train_text), encode(tok, val_text), token_byte_lengths(tok), sha
