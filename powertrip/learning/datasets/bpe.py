@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from powertrip.learning.datasets.record import DatasetError
+from powertrip.learning.datasets.record import DatasetError, default_cache_dir
 from powertrip.learning.tokenizer_settings import BPE_MAX_VOCAB, BPE_MIN_VOCAB, bpe_vocab_size
 
 __all__ = [
@@ -89,10 +89,6 @@ def load_tokenizer(path: Path, expected_sha256: str | None = None) -> Tokenizer:
     return Tokenizer.from_str(raw.decode("utf-8"))
 
 
-def _cache_dir() -> Path:
-    return Path(os.environ.get("POWERTRIP_CACHE_DIR", "~/.cache/powertrip")).expanduser()
-
-
 def cached_bpe(
     train_text: str,
     vocab_size: int,
@@ -104,7 +100,7 @@ def cached_bpe(
     trained and saved there. The returned hash is what other workers must match; with
     ``expected_sha256`` a tokenizer with another hash is refused (``TokenizerMismatch``)."""
     corpus = hashlib.sha256(train_text.encode("utf-8")).hexdigest()
-    root = _cache_dir() if cache_dir is None else Path(cache_dir)
+    root = default_cache_dir() if cache_dir is None else Path(cache_dir)
     path = root / "bpe" / f"{corpus[:32]}-{vocab_size}.json"
     if path.is_file():
         return load_tokenizer(path, expected_sha256), path, _file_sha256(path)

@@ -11,14 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
-from powertrip.learning.datasets.record import Dataset, check_fraction
+from powertrip.learning.datasets.record import Dataset, check_fraction, default_cache_dir
 from powertrip.learning.device import tensor
 
 __all__ = ["load_mnist1d"]
-
-
-def _default_cache_dir() -> Path:
-    return Path(os.environ.get("POWERTRIP_CACHE_DIR", "~/.cache/powertrip")).expanduser()
 
 
 def _generate_mnist1d(num_samples: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -56,7 +52,7 @@ def load_mnist1d(
     check_fraction(test_fraction)
     if num_samples < 20:
         raise ValueError(f"num_samples must be >= 20, got {num_samples}")
-    cache_dir = _default_cache_dir() if cache_dir is None else Path(cache_dir)
+    cache_dir = default_cache_dir() if cache_dir is None else Path(cache_dir)
     cache_file = cache_dir / f"mnist1d_n{num_samples}_seed{seed}_v1.npz"
     x = y = None
     if cache_file.is_file():

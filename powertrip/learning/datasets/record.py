@@ -6,12 +6,14 @@ a study that silently trains on half a file is worse than one that refuses to st
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 
-__all__ = ["Dataset", "DatasetError", "check_fraction", "split_indices"]
+__all__ = ["Dataset", "DatasetError", "check_fraction", "default_cache_dir", "split_indices"]
 
 
 class DatasetError(ValueError):
@@ -58,3 +60,8 @@ def split_indices(n: int, test_fraction: float, seed: int) -> tuple[np.ndarray, 
     n_test = min(max(1, round(n * test_fraction)), n - 1)
     perm = np.random.default_rng(seed).permutation(n)
     return np.sort(perm[n_test:]), np.sort(perm[:n_test])
+
+
+def default_cache_dir() -> Path:
+    """Where generated or trained dataset artefacts are cached (``POWERTRIP_CACHE_DIR``)."""
+    return Path(os.environ.get("POWERTRIP_CACHE_DIR", "~/.cache/powertrip")).expanduser()
