@@ -77,16 +77,25 @@ def save_tokenizer(tok: Tokenizer, path: Path) -> str:
 def load_tokenizer(path: Path, expected_sha256: str | None = None) -> Tokenizer:
     """The tokenizer saved at ``path``; with ``expected_sha256`` it must be that exact file,
     else ``TokenizerMismatch`` (one line naming the file and both hashes)."""
+    return _load(path, expected_sha256)[0]
+
+
+def _load(path: Path, expected_sha256: str | None) -> tuple[Tokenizer, str]:
+    """The tokenizer at ``path`` and the sha256 of its file, read once."""
     try:
         raw = Path(path).read_bytes()
     except OSError as exc:
         raise DatasetError(f"{path}: cannot read tokenizer ({exc})") from exc
     actual = hashlib.sha256(raw).hexdigest()
-    if expected_sha256 is not None and actual != expected_sha256:
+    _check(path, actual, expected_sha256)
+    return Tokenizer.from_str(raw.decode("utf-8")), actual
+
+
+def _check(path: Path, actual: str, expected: str | None) -> None:
+    if expected is not None and actual != expected:
         raise TokenizerMismatch(
-            f"{path}: tokenizer sha256 {actual} differs from the run's {expected_sha256}"
+            f"{path}: tokenizer sha256 {actual} differs from the run's {expected}"
         )
-    return Tokenizer.from_str(raw.decode("utf-8"))
 
 
 def cached_bpe(
@@ -103,18 +112,12 @@ def cached_bpe(
     root = default_cache_dir() if cache_dir is None else Path(cache_dir)
     path = root / "bpe" / f"{corpus[:32]}-{vocab_size}.json"
     if path.is_file():
-        return load_tokenizer(path, expected_sha256), path, _file_sha256(path)
+        tok, sha = _load(path, expected_sha256)
+        return tok, path, sha
     tok = train_bpe(train_text, vocab_size)
     sha = save_tokenizer(tok, path)
-    if expected_sha256 is not None and sha != expected_sha256:
-        raise TokenizerMismatch(
-            f"{path}: tokenizer sha256 {sha} differs from the run's {expected_sha256}"
-        )
+    _check(path, sha, expected_sha256)
     return tok, path, sha
-
-
-def _file_sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def encode(tok: Tokenizer, text: str) -> np.ndarray:
