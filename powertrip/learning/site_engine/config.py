@@ -1,0 +1,54 @@
+"""How a site trains as a distributed job: ranks, sharding, precision, compile.
+
+The defaults follow the device: on CUDA a site runs bf16 autocast and ``torch.compile`` (the
+fast path); on the CPU it runs float32, eager, which is what the tests and the CPU benchmarks
+measure. Every field is a worker setting (``POWERTRIP_SITE_*``) and a CLI flag.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["SiteEngineConfig"]
+
+
+class SiteEngineConfig(BaseModel):
+    """One site's distributed training job."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: processes training the site together (one per GPU on CUDA)
+    ranks: int = Field(1, ge=1, le=64)
+    #: ddp: every rank holds the whole model; fsdp: FSDP2 ``fully_shard``, for a model that
+    #: does not fit one device
+    sharding: Literal["ddp", "fsdp"] = "ddp"
+    #: bf16: autocast to bfloat16 (weights, optimizer state and updates stay float32);
+    #: auto: bf16 on CUDA, fp32 on the CPU
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    #: torch.compile the model; auto: on CUDA only (compiling on the CPU costs more than it saves
+    #: for the short rounds tested here)
+    compile: Literal["auto", "on", "off"] = "auto"
+    #: recompute each transformer block's activations in the backward pass (less memory)
+    activation_checkpointing: bool = False
+    #: sequences per rank per forward pass; a step's batch is split into micro-batches of this
+    #: size and their gradients accumulated (None: the rank's whole share at once)
+    micro_batch: int | None = Field(None, ge=1)
+    #: torch.distributed backend; auto: nccl on CUDA, gloo on the CPU
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    #: seconds a collective may wait for a silent rank before the round fails
+    timeout_s: float = Field(300.0, gt=0)
+
+    def resolved_precision(self, device_type: str) -> Literal["fp32", "bf16"]:
+        if self.precision != "auto":
+            return self.precision
+        return "bf16" if device_type == "cuda" else "fp32"
+
+    def resolved_compile(self, device_type: str) -> bool:
+        return self.compile == "on" or (self.compile == "auto" and device_type == "cuda")
+
+    def resolved_backend(self, device_type: str) -> Literal["gloo", "nccl"]:
+        if self.backend != "auto":
+            return self.backend
+        return "nccl" if device_type == "cuda" else "gloo"
