@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator
 
+from powertrip.learning.site_engine.config import SiteEngineConfig
 from powertrip.sites import parse_site_list
 from services.common.config import DeviceSettings, ServiceConfig
 from services.common.identity import validate_id
@@ -26,6 +28,14 @@ class WorkerConfig(ServiceConfig, DeviceSettings):
     # Where this worker keeps what a restart needs (the run's registration, the hosted sites'
     # local optimizer states, saved after each round); unset: in memory, a restart starts fresh.
     worker_state_dir: Path | None = None
+    # 0: the in-process engine (all hosted sites batched on one device). N >= 1: each site
+    # trains as a torch.distributed job over N rank processes, one per GPU on CUDA (a site
+    # that is a GPU cluster); the other site_* settings shape that job (SiteEngineConfig).
+    site_ranks: int = Field(0, ge=0, le=64)
+    site_sharding: Literal["ddp", "fsdp"] = "ddp"  # fsdp: FSDP2, a model too big for one GPU
+    site_precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 on CUDA
+    site_compile: Literal["auto", "on", "off"] = "auto"  # auto: on CUDA
+    site_micro_batch: int | None = Field(None, ge=1)  # sequences per rank per forward pass
 
     @field_validator("worker_state_dir", mode="before")
     @classmethod
@@ -42,6 +52,19 @@ class WorkerConfig(ServiceConfig, DeviceSettings):
     def _sites_parse(cls, v: str) -> str:
         parse_site_list(v)
         return v
+
+    @property
+    def site_engine(self) -> SiteEngineConfig | None:
+        """The distributed site job's settings; None: the in-process engine."""
+        if self.site_ranks == 0:
+            return None
+        return SiteEngineConfig(
+            ranks=self.site_ranks,
+            sharding=self.site_sharding,
+            precision=self.site_precision,
+            compile=self.site_compile,
+            micro_batch=self.site_micro_batch,
+        )
 
     @property
     def site_indices(self) -> list[int]:
