@@ -11,8 +11,6 @@ from typing import TypeGuard
 
 import grpc
 
-from powertrip.curtailment.config import CurtailmentConfig
-from powertrip.experiment import ExperimentConfig
 from powertrip.sites import site_id
 from powertrip.v1 import aggregator_pb2, aggregator_pb2_grpc, worker_pb2_grpc
 from services.common.command_line import parse_service_args
@@ -25,11 +23,10 @@ from services.common.logging import configure
 from services.common.metrics import start_metrics_server
 from services.common.tensor_stream import DEFAULT_CHUNK_BYTES
 from services.worker.config import WorkerConfig
+from services.worker.run_mode import UnsupportedMode, host_for_reply, partition_host
 from services.worker.runner import RoundRunner
 from services.worker.servicer import WorkerServicer
-from services.worker.sites_host import SitesHost
 from services.worker.state_dir import SavedRun, SiteStateFileError, WorkerStateDir
-from services.worker.stream_host import StreamHost
 from services.worker.uploader import GrpcUploader
 
 logger = logging.getLogger("services.worker")
@@ -81,19 +78,11 @@ def join(
         return reply
 
 
-def sites_host(
-    run: SavedRun, cfg: WorkerConfig, device: object, state: WorkerStateDir | None
-) -> SitesHost:
-    run_cfg = ExperimentConfig.model_validate_json(run.run_config_json)
-    store = state.store(run) if state is not None else None
-    return SitesHost(run_cfg, run.run_seed, cfg.site_indices, device, store)  # type: ignore[arg-type]
-
-
 def join_run(
     register: Callable[[bool], aggregator_pb2.RegisterWorkerResponse],
     runner: RoundRunner,
     cfg: WorkerConfig,
-    device: object,
+    device: str,
     state: WorkerStateDir | None,
 ) -> None:
     """Build the sites and register as ready. A worker restarted with a state directory
@@ -102,7 +91,7 @@ def join_run(
     (registering as not ready: rounds wait), and saves it."""
     saved = state.saved_run() if state is not None else None
     if saved is not None and state is not None:
-        runner.start(sites_host(saved, cfg, device, state))
+        runner.start(partition_host(saved, cfg, device, state))
         logger.info("rebuilt run %s's sites from %s; rejoining", saved.identity, state.directory)
         reply = join(register, True, cfg.heartbeat_s)
         if reply.mode != "curtailment" and saved == SavedRun(reply.run_config_json, reply.run_seed):
@@ -113,14 +102,7 @@ def join_run(
         runner.start(None)  # Busy until rebuilt
         state.forget()
     reply = join(register, False, cfg.heartbeat_s)  # the run config first; rounds wait
-    if reply.mode == "curtailment":
-        curtail = CurtailmentConfig.model_validate_json(reply.curtail_config_json)
-        runner.start(StreamHost(curtail, cfg.site_indices, device))  # type: ignore[arg-type]
-    else:
-        run = SavedRun(reply.run_config_json, reply.run_seed)
-        if state is not None:
-            state.save_run(run)
-        runner.start(sites_host(run, cfg, device, state))
+    runner.start(host_for_reply(reply, cfg, device, state))
     join(register, True, cfg.heartbeat_s)
 
 
@@ -168,8 +150,8 @@ def main() -> int:
     state = WorkerStateDir(state_root / cfg.worker_id) if state_root else None
     try:  # refused: NOT_SERVING (serve() not reached) and retrying, so no restart loop
         join_run(register, runner, cfg, device, state)
-    except SiteStateFileError as exc:  # never resumed from a state it cannot trust
-        logger.error("refusing to start: %s", exc)
+    except (SiteStateFileError, UnsupportedMode) as exc:  # never resumed from a state it
+        logger.error("refusing to start: %s", exc)  # cannot trust, nor a run it cannot train
         server.stop(grace=None)
         return 2
     except Exception as exc:
@@ -198,6 +180,7 @@ def main() -> int:
         runner.stop()
         if not runner.join(deadline - time.monotonic()):
             logger.warning("stopping: training still running at the grace period's end")
+        runner.start(None)  # closes the host: a distributed site's rank processes end too
 
     serve("worker", server, health, [SERVICE], address, metrics_port, on_stop=stop)
     return 0

@@ -12,34 +12,22 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 
 import numpy as np
 from numpy.typing import NDArray
 
 from powertrip.sites import site_id
+from powertrip.v1 import common_pb2
 from services.common.errors import Busy
 from services.worker import metrics
-from services.worker.sites_host import SitesHost, SiteUpdate
-from services.worker.stream_host import StreamHost
+from services.worker.site_host import RoundJob, SiteHost, SiteUpdate
+
+__all__ = ["RoundJob", "RoundRunner", "Uploader", "release_delays"]
 
 logger = logging.getLogger(__name__)
 
 #: sends one site's update; raises on failure. Arguments: round, update, timeout seconds.
 Uploader = Callable[[int, SiteUpdate, float], None]
-
-
-@dataclass
-class RoundJob:
-    round: int
-    sites: list[int]
-    params: Mapping[str, NDArray]
-    deadline_s: float
-    pace_by_power: bool = False
-    power: dict[int, float] = field(default_factory=dict)
-    # curtailment mode: the data-stream positions each site trains on (None: its partition)
-    stream_rows: dict[int, NDArray[np.int64]] | None = None
-    received_at: float = field(default_factory=time.monotonic)
 
 
 def release_delays(updates: list[SiteUpdate], power: Mapping[int, float]) -> list[float]:
@@ -50,18 +38,21 @@ def release_delays(updates: list[SiteUpdate], power: Mapping[int, float]) -> lis
 class RoundRunner:
     def __init__(self, upload: Uploader) -> None:
         self._upload = upload
-        self._host: SitesHost | StreamHost | None = None
+        self._host: SiteHost | None = None
         self._pending: RoundJob | None = None
         self._cv = threading.Condition()
         self._stopped = False
         self._thread = threading.Thread(target=self._loop, name="round-runner", daemon=True)
         self.completed_rounds = 0
 
-    def start(self, host: SitesHost | StreamHost | None) -> None:
+    def start(self, host: SiteHost | None) -> None:
         """Train rounds on ``host`` from now on (None: refuse them as Busy until a host is
-        given again: a worker rebuilding its sites for another run)."""
+        given again: a worker rebuilding its sites for another run). A host replaced here is
+        closed once no round is using it."""
         with self._cv:
-            self._host = host
+            old, self._host = self._host, host
+        if old is not None and old is not host:
+            old.close()
         if self._thread.ident is None:
             self._thread.start()
 
@@ -81,10 +72,12 @@ class RoundRunner:
     def ready(self) -> bool:
         return self._host is not None
 
-    @property
-    def streams(self) -> bool:
-        """Whether this worker trains data-stream rows (curtailment mode)."""
-        return isinstance(self._host, StreamHost)
+    def round_inputs(self, spec: common_pb2.RoundSpec) -> dict[int, NDArray[np.int64]] | None:
+        """The host's part of ``spec``, checked before the model is read (ValueError)."""
+        host = self._host
+        if host is None:
+            raise Busy("the worker is still loading its sites; retry shortly")
+        return host.round_inputs(spec)
 
     def submit(self, job: RoundJob) -> None:
         if self._host is None:
@@ -119,12 +112,7 @@ class RoundRunner:
         if host is None:
             raise Busy("the worker is rebuilding its sites")
         started = time.monotonic()
-        if isinstance(host, StreamHost):
-            if job.stream_rows is None:
-                raise ValueError("a curtailment-mode round needs stream rows for its sites")
-            updates = host.train_rows(job.params, job.stream_rows)
-        else:
-            updates = host.train(job.params, job.round, job.sites)
+        updates = host.run_round(job)
         delays = release_delays(updates, job.power) if job.pace_by_power else [0.0] * len(updates)
         for delay, update in sorted(zip(delays, updates, strict=True), key=lambda p: p[0]):
             name = site_id(update.site)

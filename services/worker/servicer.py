@@ -10,7 +10,6 @@ import logging
 from collections.abc import Iterator
 
 import grpc
-import numpy as np
 
 from powertrip.sites import site_id, site_index
 from powertrip.v1 import worker_pb2, worker_pb2_grpc
@@ -56,19 +55,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         unknown = [site_id(s) for s in sites if s not in self.hosted]
         if unknown:
             raise NotFound(f"sites {unknown} are not hosted by this worker")
-        stream_rows = None
-        if spec.stream_rows or self.runner.streams:
-            if sorted(spec.stream_rows) != sorted(spec.site_ids) or not self.runner.streams:
-                raise BadRequest(
-                    "stream rows must be given for exactly the round's sites, and only to a "
-                    "curtailment-mode worker"
-                )
-            stream_rows = {  # in the RoundSpec's site order: the same batch on every run
-                site_index(k): np.asarray(spec.stream_rows[k].positions, dtype=np.int64)
-                for k in spec.site_ids
-            }
-            if any(r.size == 0 for r in stream_rows.values()):
-                raise BadRequest("every site of a stream round needs at least one row")
+        try:
+            stream_rows = self.runner.round_inputs(spec)
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
         with TensorStreamReceiver() as rx:
             try:
                 rx.consume(request_iterator)

@@ -11,9 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
-import numpy as np
 import torch
 from numpy.typing import NDArray
 
@@ -22,20 +20,21 @@ from powertrip.experiment import ExperimentConfig
 from powertrip.learning.device import row_to_numpy, to_numpy, to_torch
 from powertrip.learning.federation import build_federation, load_workload
 from powertrip.learning.site_optim import SiteState, SiteStateLog
+from powertrip.v1 import common_pb2
+from services.worker.site_host import RoundJob, SiteUpdate, no_stream_rows
 from services.worker.state_dir import SiteStateStore
+
+__all__ = ["SiteUpdate", "SitesHost"]  # SiteUpdate: re-exported, where callers long found it
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class SiteUpdate:
-    site: int
-    delta: dict[str, NDArray[np.float32]]
-    num_samples: float
-    train_seconds: float  # wall time of the (batched) local training that produced it
-
-
 class SitesHost:
+    """Partitioned sites (the paper's mode), trained together in this process: the
+    ``SiteHost`` for a worker with the in-process engine."""
+
+    mode = "powertrip"
+
     def __init__(
         self,
         cfg: ExperimentConfig,
@@ -68,6 +67,15 @@ class SitesHost:
             device_of = next(iter(self._fed.initial_params.values())).device
             for site, state in self._store.load(shapes, self.sites, device_of).items():
                 self._log.record(site, -1, state)  # from before this process: any round's start
+
+    def round_inputs(self, spec: common_pb2.RoundSpec) -> None:
+        no_stream_rows(spec)
+
+    def run_round(self, job: RoundJob) -> list[SiteUpdate]:
+        return self.train(job.params, job.round, job.sites)
+
+    def close(self) -> None:
+        pass  # memory only
 
     @property
     def site_states(self) -> dict[int, SiteState] | None:

@@ -16,10 +16,16 @@ from powertrip.curtailment.learner import check_stream_trainer, train_stream_row
 from powertrip.learning.device import row_to_numpy, to_torch
 from powertrip.learning.federation import StreamSetup
 from powertrip.learning.site_optim import SiteState
-from services.worker.sites_host import SiteUpdate
+from powertrip.sites import site_index
+from powertrip.v1 import common_pb2
+from services.worker.site_host import RoundJob, SiteUpdate
 
 
 class StreamHost:
+    """The ``SiteHost`` of a curtailment-mode worker."""
+
+    mode = "curtailment"
+
     def __init__(
         self, cfg: CurtailmentConfig, sites: Sequence[int], device: torch.device | str = "auto"
     ) -> None:
@@ -39,6 +45,27 @@ class StreamHost:
     @property
     def total_rows(self) -> int:
         return len(self.setup.data.y_train)
+
+    def round_inputs(self, spec: common_pb2.RoundSpec) -> dict[int, NDArray[np.int64]]:
+        """Each site's stream positions, in the spec's site order (the same batch on every
+        run): a stream round must name rows for exactly its sites, and at least one each."""
+        if sorted(spec.stream_rows) != sorted(spec.site_ids):
+            raise ValueError("stream rows must be given for exactly the round's sites")
+        rows = {
+            site_index(k): np.asarray(spec.stream_rows[k].positions, dtype=np.int64)
+            for k in spec.site_ids
+        }
+        if any(r.size == 0 for r in rows.values()):
+            raise ValueError("every site of a stream round needs at least one row")
+        return rows
+
+    def run_round(self, job: RoundJob) -> list[SiteUpdate]:
+        if job.stream_rows is None:
+            raise ValueError("a curtailment-mode round needs stream rows for its sites")
+        return self.train_rows(job.params, job.stream_rows)
+
+    def close(self) -> None:
+        pass  # memory only
 
     def train_rows(
         self, params: Mapping[str, NDArray], rows: Mapping[int, NDArray[np.int64]]

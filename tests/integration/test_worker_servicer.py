@@ -73,6 +73,19 @@ def test_a_round_before_the_sites_are_loaded_is_refused_as_busy(worker, host):
     assert code == C.RESOURCE_EXHAUSTED and "loading" in details
 
 
+def test_stream_rows_sent_to_a_partition_worker_are_refused_before_the_model(worker, host):
+    stub, runner, _ = worker
+    runner.start(host)
+
+    def with_rows():
+        spec = common_pb2.RoundSpec(round=1, run_seed=0, site_ids=["site-000"])
+        spec.stream_rows["site-000"].positions.extend([0, 1, 2])
+        yield worker_pb2.StartRoundRequest(spec=spec)  # and no model: refused on the spec
+
+    code, details = error_of(lambda: stub.StartRound(with_rows(), timeout=5))
+    assert code == C.INVALID_ARGUMENT and "curtailment-mode" in details
+
+
 def test_a_round_for_a_site_hosted_elsewhere_is_not_found(worker, host):
     stub, runner, _ = worker
     runner.start(host)
