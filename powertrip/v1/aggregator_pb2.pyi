@@ -46,18 +46,22 @@ class RegisterWorkerResponse(_message.Message):
     def __init__(self, run_config_json: _Optional[str] = ..., run_seed: _Optional[int] = ..., mode: _Optional[str] = ..., curtail_config_json: _Optional[str] = ...) -> None: ...
 
 class UpdateHeader(_message.Message):
-    __slots__ = ("worker_id", "site_id", "round", "num_samples", "train_seconds")
+    __slots__ = ("worker_id", "site_id", "round", "num_samples", "train_seconds", "shard_index", "shard_count")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     SITE_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     TRAIN_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SHARD_INDEX_FIELD_NUMBER: _ClassVar[int]
+    SHARD_COUNT_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     site_id: str
     round: int
     num_samples: float
     train_seconds: float
-    def __init__(self, worker_id: _Optional[str] = ..., site_id: _Optional[str] = ..., round: _Optional[int] = ..., num_samples: _Optional[float] = ..., train_seconds: _Optional[float] = ...) -> None: ...
+    shard_index: int
+    shard_count: int
+    def __init__(self, worker_id: _Optional[str] = ..., site_id: _Optional[str] = ..., round: _Optional[int] = ..., num_samples: _Optional[float] = ..., train_seconds: _Optional[float] = ..., shard_index: _Optional[int] = ..., shard_count: _Optional[int] = ...) -> None: ...
 
 class SubmitUpdateRequest(_message.Message):
     __slots__ = ("update", "header", "chunk", "trailer")
