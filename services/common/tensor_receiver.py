@@ -3,6 +3,9 @@
 spools it, in memory while small and on disk beyond ``spool_bytes``, so a stream that dies
 half-way or fails its checksum leaves nothing behind, and memory stays bounded whatever the
 model size or the number of concurrent senders. ``pieces()`` replays a verified stream.
+
+A bfloat16 tensor (``services.common.bf16``) is scanned on its bits (exponent all ones: inf or
+NaN) and replayed widened to float32 piece by piece, never as a whole float32 copy.
 """
 
 from __future__ import annotations
@@ -17,12 +20,14 @@ from numpy.typing import NDArray
 
 from powertrip.fold_inputs import all_finite
 from powertrip.v1 import common_pb2
+from services.common.bf16 import BF16, all_finite_bf16, widen_into
 from services.common.tensor_stream import (
     ALLOWED_DTYPES,
     MiB,
     StreamError,
     TensorSpec,
     new_digest,
+    wire_dtype,
 )
 
 __all__ = ["TensorStreamReceiver"]
@@ -31,8 +36,9 @@ __all__ = ["TensorStreamReceiver"]
 class TensorStreamReceiver:
     """Validates and spools one incoming stream; ``pieces()`` replays it once it is complete.
 
-    ``expected`` pins the tensor set, shapes and dtypes (an update must match the model); without
-    it any allowed spec up to ``max_total_bytes`` is accepted (a worker receiving the model).
+    ``expected`` pins the tensor set, shapes and dtypes (an update must match the model; a
+    float32 tensor may come as bfloat16); without it any allowed spec up to ``max_total_bytes``
+    is accepted (a worker receiving the model).
     """
 
     def __init__(
@@ -86,7 +92,7 @@ class TensorStreamReceiver:
             raise StreamError("size", f"stream of {total} bytes exceeds {self._max_total}")
         start = 0
         for s in specs:
-            self._bounds.append((start, start + s.nbytes, np.dtype(s.dtype).newbyteorder("<")))
+            self._bounds.append((start, start + s.nbytes, wire_dtype(s.dtype)))
             start += s.nbytes
         self.specs, self.total_bytes = specs, total
 
@@ -152,17 +158,19 @@ class TensorStreamReceiver:
                 part = part[take:]
                 if len(self._carry) < size:
                     continue
-                self._scan(self._carry, dtype, spec.name)
+                self._scan(self._carry, dtype, spec)
                 self._carry = b""
             usable = len(part) - len(part) % size
             if usable < len(part):
                 self._carry = bytes(part[usable:])
             if usable:
-                self._scan(part[:usable], dtype, spec.name)
+                self._scan(part[:usable], dtype, spec)
 
-    def _scan(self, buf: bytes | memoryview, dtype: np.dtype, name: str) -> None:
-        if not all_finite(np.frombuffer(buf, dtype=dtype)):  # FedAvg's own check, one read
-            raise StreamError("non_finite", f"tensor {name!r} contains NaN or Inf")
+    def _scan(self, buf: bytes | memoryview, dtype: np.dtype, spec: TensorSpec) -> None:
+        values = np.frombuffer(buf, dtype=dtype)
+        # FedAvg's own check, one read; bfloat16 on its exponent bits
+        if not (all_finite_bf16(values) if spec.dtype == BF16 else all_finite(values)):
+            raise StreamError("non_finite", f"tensor {spec.name!r} contains NaN or Inf")
 
     def pieces(self, piece_bytes: int = 4 * MiB) -> Iterator[tuple[str, int, NDArray]]:
         """(tensor name, first flat element index, values) covering every tensor in order.
@@ -171,7 +179,8 @@ class TensorStreamReceiver:
         fresh multi-MiB allocation, hence no mmap/munmap and page faults per piece): a piece is
         valid until the next one is asked for. A caller that keeps values must copy them (the
         FedAvg fold adds them into its sums, a robust rule copies them into its own update,
-        ``arrays()`` into the result).
+        ``arrays()`` into the result). A bfloat16 tensor's pieces are float32, widened into a
+        second reused buffer.
         """
         if not self.complete:
             raise RuntimeError("stream is not complete")
@@ -180,7 +189,9 @@ class TensorStreamReceiver:
         # multi-MiB buffer ran at ~2.6 GB/s on the benchmark VM, into this one at ~15 GB/s.
         # Unmapped when the last view of it goes.
         buf = memoryview(mmap.mmap(-1, max(piece_bytes, 16)))
+        wide: NDArray[np.uint32] | None = None  # bfloat16 pieces widened (made when needed)
         for (lo, hi, dtype), spec in zip(self._bounds, self.specs, strict=True):
+            bf16 = spec.dtype == BF16
             step = max(dtype.itemsize, piece_bytes - piece_bytes % dtype.itemsize)
             pos = lo
             while pos < hi:
@@ -188,22 +199,29 @@ class TensorStreamReceiver:
                 if self._spool.readinto(buf[:n]) != n:
                     raise RuntimeError("the spool is shorter than the stream it holds")
                 values = np.frombuffer(buf[:n], dtype=dtype)
-                yield (
-                    spec.name,
-                    (pos - lo) // dtype.itemsize,
-                    values.astype(dtype.newbyteorder("="), copy=False),
-                )
+                if bf16:
+                    if wide is None:
+                        wide = np.frombuffer(mmap.mmap(-1, 2 * max(piece_bytes, 16)), np.uint32)
+                    out = widen_into(values, wide[: values.size])
+                else:
+                    out = values.astype(dtype.newbyteorder("="), copy=False)
+                yield spec.name, (pos - lo) // dtype.itemsize, out
                 pos += n
             if lo == hi:
-                yield spec.name, 0, np.empty(0, dtype=dtype)
+                yield spec.name, 0, np.empty(0, dtype=np.float32 if bf16 else dtype)
 
     def arrays(self) -> dict[str, NDArray]:
-        """The whole stream as arrays (for a model the receiver must hold anyway)."""
-        out = {s.name: np.empty(s.shape, dtype=np.dtype(s.dtype)) for s in self.specs}
+        """The whole stream as arrays (for a model the receiver must hold anyway); bfloat16
+        tensors as float32."""
+        out = {s.name: np.empty(s.shape, dtype=_value_dtype(s.dtype)) for s in self.specs}
         for name, start, values in self.pieces():
             flat = out[name].reshape(-1)
             flat[start : start + values.size] = values
         return out
+
+
+def _value_dtype(name: str) -> np.dtype:
+    return np.dtype(np.float32 if name == BF16 else name)
 
 
 def _match(got: list[TensorSpec], expected: list[TensorSpec]) -> None:
@@ -220,5 +238,6 @@ def _match(got: list[TensorSpec], expected: list[TensorSpec]) -> None:
         w = want[s.name]
         if s.shape != w.shape:
             raise StreamError("shape", f"tensor {s.name!r} has shape {s.shape}, expected {w.shape}")
-        if s.dtype != w.dtype:
+        # the model's dtype, or bfloat16 for a float32 tensor (widened exactly when folded)
+        if s.dtype != w.dtype and not (s.dtype == BF16 and w.dtype == "float32"):
             raise StreamError("dtype", f"tensor {s.name!r} has dtype {s.dtype}, expected {w.dtype}")
