@@ -6,11 +6,19 @@
 delta into the message, where going through protobuf copies them three times (the chunk
 message, the request wrapping it, the serialization) and each copy costs about as much as the
 network on loopback. The bytes equal what protobuf would produce (tests/unit/test_tensor_stream.py).
+
+Two options halve or split an upload. ``bf16``: float32 tensors travel as bfloat16 (half the
+bytes, rounded to nearest even; the aggregator widens them exactly). Shards: a site trained by N
+ranks sends N concurrent streams (``GrpcUploader.send_shards``), stream i holding rows
+``shard_rows(dim0, N, i)`` of every tensor (``shard_updates`` cuts a whole update so); the
+aggregator counts the site once every shard arrived and verified.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import grpc
@@ -23,6 +31,7 @@ from services.common.tensor_stream import (
     chunk_views,
     encode,
     new_digest,
+    shard_of,
     stream_header,
     wrap_tensor_stream,
 )
@@ -62,36 +71,52 @@ def chunk_request(offset: int, views: list[memoryview]) -> bytes:
     return b"".join([_CHUNK_TAG, _varint(len(inner) + size), inner, *views])
 
 
+#: (shard index, shard count) of a sharded stream; None: the whole update
+Shard = tuple[int, int] | None
+
+
 def _update_header(
-    worker_id: str, round_index: int, update: SiteUpdate
+    worker_id: str, round_index: int, update: SiteUpdate, shard: Shard = None
 ) -> aggregator_pb2.UpdateHeader:
+    index, count = shard or (0, 0)  # zeros are not serialized: a whole update's bytes as before
     return aggregator_pb2.UpdateHeader(
         worker_id=worker_id,
         site_id=site_id(update.site),
         round=round_index,
         num_samples=update.num_samples,
         train_seconds=update.train_seconds,
+        shard_index=index,
+        shard_count=count,
     )
 
 
 def update_messages(
-    worker_id: str, round_index: int, update: SiteUpdate, chunk_bytes: int
+    worker_id: str,
+    round_index: int,
+    update: SiteUpdate,
+    chunk_bytes: int,
+    bf16: bool = False,
+    shard: Shard = None,
 ) -> Iterator[aggregator_pb2.SubmitUpdateRequest]:
     """The reference stream through protobuf (tests compare ``update_wire`` with it, and tamper
-    with its messages); the worker sends ``update_wire``."""
-    yield aggregator_pb2.SubmitUpdateRequest(update=_update_header(worker_id, round_index, update))
+    with its messages); the worker sends ``update_wire``. ``shard``: ``update.delta`` is shard
+    (index, count) of the site's update (``shard_updates``)."""
+    head = _update_header(worker_id, round_index, update, shard)
+    yield aggregator_pb2.SubmitUpdateRequest(update=head)
     yield from wrap_tensor_stream(
-        encode(update.delta, chunk_bytes), aggregator_pb2.SubmitUpdateRequest
+        encode(update.delta, chunk_bytes, bf16), aggregator_pb2.SubmitUpdateRequest
     )
 
 
-def tensor_wire(params: Mapping[str, NDArray], chunk_bytes: int) -> Iterator[bytes]:
+def tensor_wire(
+    params: Mapping[str, NDArray], chunk_bytes: int, bf16: bool = False
+) -> Iterator[bytes]:
     """The serialized ``SubmitUpdateRequest`` parts of a tensor stream: header, chunks, trailer
     (the messages ``encode`` + ``wrap_tensor_stream`` make, already as bytes)."""
     request = aggregator_pb2.SubmitUpdateRequest
-    yield request(header=stream_header(params)).SerializeToString()
+    yield request(header=stream_header(params, bf16)).SerializeToString()
     digest = new_digest()
-    for offset, views in chunk_views(params, chunk_bytes):
+    for offset, views in chunk_views(params, chunk_bytes, bf16):
         for v in views:
             digest.update(v)
         yield chunk_request(offset, views)
@@ -100,19 +125,35 @@ def tensor_wire(params: Mapping[str, NDArray], chunk_bytes: int) -> Iterator[byt
 
 
 def update_wire(
-    worker_id: str, round_index: int, update: SiteUpdate, chunk_bytes: int
+    worker_id: str,
+    round_index: int,
+    update: SiteUpdate,
+    chunk_bytes: int,
+    bf16: bool = False,
+    shard: Shard = None,
 ) -> Iterator[bytes]:
     """``update_messages``, serialized: what ``GrpcUploader`` sends."""
-    head = aggregator_pb2.SubmitUpdateRequest(update=_update_header(worker_id, round_index, update))
-    yield head.SerializeToString()
-    for i, message in enumerate(tensor_wire(update.delta, chunk_bytes)):
+    head = _update_header(worker_id, round_index, update, shard)
+    yield aggregator_pb2.SubmitUpdateRequest(update=head).SerializeToString()
+    for i, message in enumerate(tensor_wire(update.delta, chunk_bytes, bf16)):
         yield message
         if i == 1:  # the stream's header and first chunk are out
             fault_point("upload", round_index, settle_s=0.3)
 
 
+def shard_updates(update: SiteUpdate, count: int) -> list[SiteUpdate]:
+    """``update`` cut into ``count`` shards as FSDP2's ranks hold it (``shard_of``: views, no
+    copy), each with the site's weight and train time: what ``send_shards`` takes."""
+    return [replace(update, delta=shard_of(update.delta, count, i)) for i in range(count)]
+
+
 class GrpcUploader:
-    def __init__(self, channel: grpc.Channel, worker_id: str, chunk_bytes: int) -> None:
+    """Sends a site's update: whole (``__call__``) or as per-rank shards (``send_shards``);
+    ``bf16``: float32 tensors travel as bfloat16."""
+
+    def __init__(
+        self, channel: grpc.Channel, worker_id: str, chunk_bytes: int, bf16: bool = False
+    ) -> None:
         # Requests go out as the bytes update_wire builds: no request serializer.
         self._submit = channel.stream_unary(
             SUBMIT_UPDATE,
@@ -121,9 +162,29 @@ class GrpcUploader:
         )
         self.worker_id = worker_id
         self.chunk_bytes = chunk_bytes
+        self.bf16 = bf16
 
-    def __call__(self, round_index: int, update: SiteUpdate, timeout_s: float) -> None:
+    def __call__(
+        self, round_index: int, update: SiteUpdate, timeout_s: float, shard: Shard = None
+    ) -> None:
         # Not retried: a resend after a partial failure is the aggregator's call (stale round).
-        self._submit(
-            update_wire(self.worker_id, round_index, update, self.chunk_bytes), timeout=timeout_s
-        )
+        wire = update_wire(self.worker_id, round_index, update, self.chunk_bytes, self.bf16, shard)
+        self._submit(wire, timeout=timeout_s)
+
+    def send_shards(self, round_index: int, shards: Sequence[SiteUpdate], timeout_s: float) -> None:
+        """One site's update as ``len(shards)`` concurrent streams: ``shards[i].delta`` holds rows
+        ``shard_rows(dim0, len(shards), i)`` of every tensor (0-d tensors in shard 0 only), e.g.
+        rank i's FSDP2 shard or ``shard_updates(update, n)[i]``; every shard names the same site
+        and weight. Waits for all; raises the first failure (the site then counts for nothing
+        this round unless every shard is sent again)."""
+        if not shards or len({(u.site, u.num_samples) for u in shards}) != 1:
+            raise ValueError("the shards must be one site's, with one weight")
+        n = len(shards)
+        with ThreadPoolExecutor(n, thread_name_prefix="upload-shard") as pool:
+            calls = [
+                pool.submit(self, round_index, u, timeout_s, (i, n)) for i, u in enumerate(shards)
+            ]
+            errors = [c.exception() for c in calls]
+        first = next((e for e in errors if e is not None), None)
+        if first is not None:
+            raise first
