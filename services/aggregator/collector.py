@@ -2,7 +2,9 @@
 
 ``RoundGate`` holds what every kind of round shares (admission, failures, the wait for the
 last update, closing at the deadline); ``RoundCollector`` folds FedAvg sums on top of it (PowerTrip
-mode), and ``DeltaInbox`` keeps each delta whole (curtailment mode's sub-rounds).
+mode), and ``DeltaInbox`` keeps each delta whole (curtailment mode's sub-rounds). A site may
+send its update as per-rank shards (``services.aggregator.shards``): it is committed once all
+of them verified, as one update.
 
 Updates are checked chunk by chunk while they stream in (``TensorStreamReceiver``) and folded
 once the checksum matches: a stream that dies mid-way or carries a bad value never touches the
@@ -28,6 +30,7 @@ from powertrip.fold_inputs import weight_problem
 from powertrip.robust import Aggregation
 from powertrip.sites import site_id
 from services.aggregator import metrics
+from services.aggregator.shards import ShardedUpdate, ShardIntake
 from services.common.errors import Duplicate, StaleRound
 from services.common.fault_points import fault_point
 from services.common.tensor_receiver import TensorStreamReceiver
@@ -49,7 +52,7 @@ class CountedReceiver(TensorStreamReceiver):
             metrics.UPDATE_STREAMS_OPEN.dec()
 
 
-class RoundGate:
+class RoundGate(ShardIntake):
     """Who may submit to one open round, which sites are still owed, and when it is over.
 
     ``allowance`` is the most weight each site may claim this round, from what the aggregator
@@ -70,6 +73,7 @@ class RoundGate:
         self.closed = False
         self._expected = set(self.selected)
         self._in_flight: set[int] = set()
+        self._shards: dict[int, ShardedUpdate] = {}  # sites whose shards are arriving
         # Sites kept so far: ``done`` is O(1) per wake instead of a pass over every selected
         # site (quadratic in sites over a round); failures are counted by ``failed``.
         self._delivered_count = 0
@@ -97,13 +101,7 @@ class RoundGate:
     def admit(self, site: int, round_index: int) -> None:
         """Check an update header before its bytes are read."""
         with self._cv:
-            if round_index != self.round or self.closed:
-                state = "closed" if round_index == self.round else f"not open (open: {self.round})"
-                raise StaleRound(f"round {round_index} is {state}")
-            if site not in self._expected:
-                raise StaleRound(f"{site_id(site)} was not selected in round {self.round}")
-            if self._delivered(site) or site in self._in_flight:
-                raise Duplicate(f"{site_id(site)} already submitted round {self.round}")
+            self._check_open(site, round_index)
             # A rejected stream may be sent again whole while the round is open.
             self.failed.pop(site, None)
             self._in_flight.add(site)
@@ -168,6 +166,7 @@ class RoundGate:
     def close(self) -> None:
         with self._cv:
             self.closed = True
+            self._drop_shards()
             for s in self.selected:
                 if not self._delivered(s):
                     self.failed.setdefault(s, "deadline")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import grpc
 
@@ -24,7 +25,7 @@ from services.common.identity import (
     require_id,
     require_role,
 )
-from services.common.tensor_stream import StreamError, specs_of
+from services.common.tensor_stream import StreamError, TensorSpec, shard_specs, specs_of
 
 logger = logging.getLogger(__name__)
 SERVICE = "AggregatorService"  # as metrics and refusal logs name it
@@ -141,8 +142,53 @@ class AggregatorServicer(aggregator_pb2_grpc.AggregatorServiceServicer):
         collector = self.run.executor.collector
         if collector is None:
             raise StaleRound(f"no round is open (update for round {head.round})")
-        collector.admit(site, head.round)
-        expected = specs_of(self.run.executor.params)
+        model = specs_of(self.run.executor.params)
+        if head.shard_count or head.shard_index:  # one of a site's per-rank shards (R31)
+            index, count = head.shard_index, head.shard_count
+            what = f"update from {head.site_id} for round {head.round}, shard {index} of {count},"
+            try:
+                collector.admit_shard(site, head.round, index, count, head.num_samples, model)
+            except StreamError as exc:
+                collector.fail_shard(site, None, exc.reason)
+                metrics.UPDATES.labels(exc.reason).inc()
+                raise BadRequest(f"{what} refused: {exc}") from None
+            rx = self._receive(
+                collector,
+                site,
+                head,
+                shard_specs(model, count, index),
+                request_iterator,
+                what,
+                lambda reason: collector.fail_shard(site, index, reason),
+            )
+            collector.commit_shard(site, index, rx)  # the collector owns rx from here
+        else:
+            collector.admit(site, head.round)
+            rx = self._receive(
+                collector,
+                site,
+                head,
+                model,
+                request_iterator,
+                f"update from {head.site_id}",
+                lambda reason: collector.fail(site, reason),
+            )
+            collector.commit(site, rx, head.num_samples)  # the collector owns rx from here
+        metrics.UPDATE_BYTES.labels(head.site_id, "up").inc(rx.total_bytes)
+        metrics.UPDATES.labels("accepted").inc()
+        return aggregator_pb2.SubmitUpdateResponse(accepted=True)
+
+    @staticmethod
+    def _receive(
+        collector: Any,
+        site: int,
+        head: aggregator_pb2.UpdateHeader,
+        expected: list[TensorSpec],
+        requests: Iterator[aggregator_pb2.SubmitUpdateRequest],
+        what: str,
+        fail: Callable[[str], None],
+    ) -> CountedReceiver:
+        """An admitted stream, verified (weight, then every chunk); ``fail`` on any refusal."""
         rx = CountedReceiver(expected)  # powertrip_update_streams_open while it lives
         try:
             # the weight is checked against what this round assigned the site before a byte of
@@ -150,20 +196,17 @@ class AggregatorServicer(aggregator_pb2_grpc.AggregatorServiceServicer):
             bad_weight = collector.weight_problem(site, head.num_samples)
             if bad_weight is not None:
                 raise StreamError("bad_weight", bad_weight)
-            rx.consume(request_iterator)
+            rx.consume(requests)
         except StreamError as exc:
             rx.close()
-            collector.fail(site, exc.reason)
+            fail(exc.reason)
             metrics.UPDATES.labels(exc.reason).inc()
-            raise BadRequest(f"update from {head.site_id} rejected: {exc}") from None
+            raise BadRequest(f"{what} rejected: {exc}") from None
         except BaseException:
             rx.close()
-            collector.fail(site, "aborted")
+            fail("aborted")
             raise
-        collector.commit(site, rx, head.num_samples)  # the collector owns rx from here
-        metrics.UPDATE_BYTES.labels(head.site_id, "up").inc(rx.total_bytes)
-        metrics.UPDATES.labels("accepted").inc()
-        return aggregator_pb2.SubmitUpdateResponse(accepted=True)
+        return rx
 
     @translate_errors
     def GetStatus(  # noqa: N802
