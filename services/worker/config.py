@@ -6,7 +6,7 @@ import socket
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from powertrip.learning.site_engine.config import SiteEngineConfig
 from powertrip.sites import parse_site_list
@@ -52,6 +52,17 @@ class WorkerConfig(ServiceConfig, DeviceSettings):
     def _sites_parse(cls, v: str) -> str:
         parse_site_list(v)
         return v
+
+    @model_validator(mode="after")
+    def _a_distributed_site_per_worker(self) -> WorkerConfig:
+        # the ranks hold one site's model, optimizer state and devices: a second site would
+        # need a second set of GPUs, i.e. another worker
+        if self.site_ranks and len(self.site_indices) != 1:
+            raise ValueError(
+                f"site_ranks={self.site_ranks} trains one site over this worker's devices, so "
+                f"sites must name exactly one site, not {len(self.site_indices)}"
+            )
+        return self
 
     @property
     def site_engine(self) -> SiteEngineConfig | None:

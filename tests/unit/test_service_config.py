@@ -76,6 +76,27 @@ def test_bad_site_lists_name_the_site():
         load_config(WorkerConfig, {**WORKER, "POWERTRIP_SITES": "x-3"})
 
 
+def test_the_site_engine_is_off_by_default_and_built_from_the_site_settings():
+    assert load_config(WorkerConfig, WORKER).site_engine is None
+    one = {**WORKER, "POWERTRIP_SITES": "site-002", "POWERTRIP_SITE_RANKS": "4"}
+    engine = load_config(WorkerConfig, {**one, "POWERTRIP_SITE_SHARDING": "fsdp"}).site_engine
+    assert engine is not None and (engine.ranks, engine.sharding) == (4, "fsdp")
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"POWERTRIP_SITE_RANKS": "2"}, "exactly one site, not 5"),
+        ({"POWERTRIP_SITES": "0", "POWERTRIP_SITE_RANKS": "-1"}, "POWERTRIP_SITE_RANKS='-1'"),
+        ({"POWERTRIP_SITES": "0", "POWERTRIP_SITE_PRECISION": "fp8"}, "POWERTRIP_SITE_PRECISION"),
+        ({"POWERTRIP_SITES": "0", "POWERTRIP_SITE_SHARDING": "zero3"}, "POWERTRIP_SITE_SHARDING"),
+    ],
+)
+def test_bad_site_engine_settings_name_the_problem(env, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(WorkerConfig, {**WORKER, **env})
+
+
 def test_config_is_frozen():
     cfg = load_config(WorkerConfig, WORKER)
     with pytest.raises(ValueError):
