@@ -24,7 +24,7 @@ TORCH_INDEX := $(if $(NVIDIA_DRIVER),$(shell [ $(NVIDIA_DRIVER) -lt 580 ] \
 endif
 OUTPUT ?= results/quick
 
-.PHONY: experiment test lint clean certs certs-renew certs-modes
+.PHONY: experiment test gpu-check lint clean certs certs-renew certs-modes
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -46,6 +46,11 @@ experiment: $(VENV)/.installed
 test: $(VENV)/.installed-extras
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/pytest -q --durations=25
+
+# Every GPU check in one step (CUDA tests, the quick study on CUDA, the GPU benchmarks), one
+# table at the end; on a machine with a GPU only (benchmarks/gpu_check.py).
+gpu-check: $(VENV)/.installed-extras
+	$(PY) benchmarks/gpu_check.py --output results/gpu-check
 
 clean:
 	rm -rf $(VENV) results
