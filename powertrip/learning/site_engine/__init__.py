@@ -1,3 +1,30 @@
 """Site training as a ``torch.distributed`` job: one big model per site, trained over the
 site's devices (DDP, or FSDP2 where the model does not fit one device). The batched ``vmap``
-engine stays for many small sites; this engine is for a site that is a GPU cluster."""
+engine stays for many small sites; this engine is for a site that is a GPU cluster
+(docs/site-engine.md).
+
+The package itself imports nothing heavy (the worker's settings import ``config`` without
+torch); ``SiteGroup``, ``SiteRoundResult`` and ``RankFailed`` load ``group`` on first use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from powertrip.learning.site_engine.config import SiteEngineConfig
+    from powertrip.learning.site_engine.group import RankFailed, SiteGroup, SiteRoundResult
+
+__all__ = ["RankFailed", "SiteEngineConfig", "SiteGroup", "SiteRoundResult"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "SiteEngineConfig":
+        from powertrip.learning.site_engine import config
+
+        return config.SiteEngineConfig
+    if name in ("RankFailed", "SiteGroup", "SiteRoundResult"):
+        from powertrip.learning.site_engine import group
+
+        return getattr(group, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,287 @@
+"""One site trained as a ``torch.distributed`` job over N rank processes, supervised.
+
+``SiteGroup`` spawns the ranks (torch.multiprocessing's *spawn* context; they meet at a
+``FileStore`` in the group's temporary directory), keeps them across rounds (each keeps its
+model and its optimizer's state) and waits for every round on both the ranks' pipes and their
+process sentinels: a rank that dies, fails, or a round past its deadline makes ``train_round``
+raise ``RankFailed`` within about a second of it, the remaining ranks are killed, and the next
+call starts fresh ranks (the optimizer's moments start afresh then; the site's step count, and
+so its lr schedule, carries on).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import time
+import weakref
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from multiprocessing.connection import wait
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from powertrip.learning.device import resolve_device
+from powertrip.learning.local_optim import LocalOptimizer
+from powertrip.learning.shards import shard_rows
+from powertrip.learning.site_engine.config import SiteEngineConfig
+from powertrip.learning.site_engine.files import TensorFile, layout_of, save_tokens
+from powertrip.learning.site_engine.rank import RankSpec, rank_main
+from powertrip.learning.site_engine.split import check_rows
+
+__all__ = ["RankFailed", "SiteGroup", "SiteRoundResult"]
+
+
+class RankFailed(RuntimeError):
+    """A rank of a site's job died, failed or missed the round's deadline; the group has ended
+    its other ranks and starts fresh ones on the next ``train_round``."""
+
+    def __init__(self, site: str, rank: int | None, round_index: int, reason: str) -> None:
+        who = f"rank {rank}" if rank is not None else "the ranks"
+        super().__init__(f"site {site}: {who} {reason} during round {round_index}")
+        self.site, self.rank, self.round_index, self.reason = site, rank, round_index, reason
+
+
+@dataclass(frozen=True)
+class SiteRoundResult:
+    """One round of one site."""
+
+    delta: dict[str, torch.Tensor]  # params after minus the global params, float32, host
+    loss: float  # mean training loss over the round's steps (each the batch's mean)
+    steps: int  # optimizer steps taken
+    num_samples: int  # distinct samples the round trained on (the FedAvg weight)
+    seconds: float  # wall time of ``train_round``, the delta in host memory included
+    #: shard r: rows ``shard_rows(dim0, ranks, r)`` of every tensor of ``delta`` (views; a 0-d
+    #: tensor is whole in shard 0), what rank r sends in a sharded upload
+    shards: tuple[dict[str, torch.Tensor], ...]
+    #: the optimizer's moments started afresh this round (first round, ``state_reset``,
+    #: ``keep_state=False``, or fresh ranks after a failure)
+    fresh_state: bool
+    first_step: int  # the site's cumulative local steps before the round (schedule position)
+
+
+class SiteGroup:
+    """A site's N training ranks, alive across rounds. ``factory()`` builds the model (a
+    picklable callable, e.g. ``functools.partial(GPT, vocab, shape, fused_attention=True)``);
+    ``x``/``y`` are the site's samples ([n, T] tokens and targets), written once to a
+    memory-mapped file every rank reads; ``recipe`` the local optimizer (its lr resolved)."""
+
+    def __init__(
+        self,
+        factory: Callable[[], nn.Module],
+        x: np.ndarray | torch.Tensor,
+        y: np.ndarray | torch.Tensor,
+        recipe: LocalOptimizer,
+        config: SiteEngineConfig | None = None,
+        *,
+        device: str = "auto",
+        site: int | str = 0,
+        threads: int | None = None,
+        workdir: str | Path | None = None,
+    ) -> None:
+        if recipe.lr is None:
+            raise ValueError("the recipe's lr must be resolved (LocalOptimizer.with_lr)")
+        self.config = config or SiteEngineConfig()
+        self.recipe, self.factory, self.site = recipe, factory, str(site)
+        self.device_type = resolve_device(device).type
+        if self.device_type not in ("cpu", "cuda"):
+            raise ValueError(f"a site trains on cpu or cuda, not {self.device_type}")
+        ranks = self.config.ranks
+        if self.device_type == "cuda" and ranks > torch.cuda.device_count():
+            raise ValueError(f"{ranks} ranks need {ranks} GPUs; {torch.cuda.device_count()} seen")
+        if threads is None and self.device_type == "cpu":
+            threads = max(1, (os.cpu_count() or 1) // ranks)
+        self.threads = threads
+        with torch.device("meta"):
+            self.layout = layout_of(list(factory().named_parameters()))
+        self._dir = Path(tempfile.mkdtemp(prefix=f"powertrip-site-{self.site}-", dir=workdir))
+        self._cleanup = weakref.finalize(self, _remove, [], self._dir)
+        self.num_rows = save_tokens(self._dir, x, y)
+        self._global = TensorFile(self._dir / "global.f32", self.layout, create=True)
+        self._delta = TensorFile(self._dir / "delta.f32", self.layout, create=True)
+        self._procs: list = []
+        self._conns: list = []
+        self._generation = 0
+        self._closed = False
+        self._fresh = True  # the ranks' moments are empty (no round since they started)
+        self.step = 0  #: the site's cumulative local steps (its schedule's position)
+        self.rounds = 0  #: rounds trained (successfully or not)
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    @property
+    def running(self) -> bool:
+        return bool(self._procs)
+
+    @property
+    def pids(self) -> list[int]:
+        """The ranks' process ids (empty while none runs)."""
+        return [p.pid for p in self._procs]
+
+    def start(self, timeout_s: float | None = None) -> None:
+        """Spawn the ranks and wait until each has built its model and joined the group (done
+        by ``train_round`` when needed; call it to pay the start-up before the first round)."""
+        if self.running:
+            return
+        import torch.multiprocessing as tmp
+
+        ctx = tmp.get_context("spawn")
+        self._generation += 1
+        store = self._dir / f"store.{self._generation}"
+        spec = RankSpec(
+            self.site, self.config.ranks, self.factory, self.recipe, self.config,
+            self.device_type, str(self._dir), str(store), self.layout, self.threads,
+        )  # fmt: skip
+        for rank in range(self.config.ranks):
+            mine, theirs = ctx.Pipe(duplex=True)
+            proc = ctx.Process(
+                target=rank_main, args=(rank, spec, theirs), name=f"site{self.site}-rank{rank}"
+            )
+            proc.start()
+            theirs.close()
+            self._procs.append(proc)
+            self._conns.append(mine)
+        self._cleanup.detach()
+        self._cleanup = weakref.finalize(self, _remove, list(self._procs), self._dir)
+        self._fresh = True
+        deadline = time.monotonic() + (timeout_s or self.config.timeout_s)
+        self._collect("ready", deadline, "starting", self.rounds)
+
+    def close(self) -> None:
+        """End the ranks (asked to, then killed if they linger) and remove the group's files."""
+        for conn in self._conns:
+            with contextlib.suppress(OSError):
+                conn.send(("close", None))
+        end = time.monotonic() + 10
+        for p in self._procs:
+            p.join(max(0.1, end - time.monotonic()))
+        self._kill()
+        self._closed = True
+        self._global.close()
+        self._delta.close()
+        self._cleanup()
+
+    def __enter__(self) -> SiteGroup:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _kill(self) -> None:
+        for p in self._procs:
+            if p.is_alive():
+                p.kill()
+        for p in self._procs:
+            p.join(5)
+        for c in self._conns:
+            c.close()
+        self._procs, self._conns = [], []
+
+    # -- a round ------------------------------------------------------------------------------
+    def train_round(
+        self,
+        global_params: Mapping[str, torch.Tensor],
+        rows: np.ndarray,
+        state_reset: bool = False,
+        *,
+        first_step: int | None = None,
+        deadline_s: float | None = None,
+        round_index: int | None = None,
+    ) -> SiteRoundResult:
+        """Train the site from ``global_params`` (host tensors, the model's names and shapes)
+        over ``rows`` ([steps, B] indices into the site's samples, -1 padding: e.g. a
+        ``site_schedule`` mapped through the site's partition). ``state_reset``: fresh
+        optimizer moments this round; ``first_step``: the site's cumulative step count to
+        resume the schedule at (default: the group's own count, ``self.step``);
+        ``deadline_s``: RankFailed when the round (start-up excluded) takes longer."""
+        started = time.perf_counter()
+        if self._closed:
+            raise RuntimeError(f"site {self.site}: the group is closed")
+        r = check_rows(rows, self.num_rows)
+        index = self.rounds if round_index is None else round_index
+        self.rounds += 1
+        self._global.write(global_params)
+        first = self.step if first_step is None else int(first_step)
+        self.start()
+        fresh = self._fresh or state_reset or not self.recipe.keep_state
+        payload = {"rows": r, "first_step": first, "reset": bool(state_reset)}
+        deadline = None if deadline_s is None else time.monotonic() + deadline_s
+        for rank, conn in enumerate(self._conns):
+            try:
+                conn.send(("round", payload))
+            except OSError as exc:
+                self._fail(rank, f"could not be reached ({exc})", index)
+        replies = self._collect("done", deadline, "training", index)
+        self._fresh = False
+        self.step = first + r.shape[0]
+        delta = {name: t.clone() for name, t in self._delta.tensors.items()}
+        return SiteRoundResult(
+            delta=delta,
+            loss=float(replies[0]["loss"]),
+            steps=int(r.shape[0]),
+            num_samples=int(np.unique(r[r >= 0]).size),
+            seconds=time.perf_counter() - started,
+            shards=split_shards(delta, self.config.ranks),
+            fresh_state=fresh,
+            first_step=first,
+        )
+
+    def _collect(self, kind: str, deadline: float | None, doing: str, index: int) -> list:
+        """Every rank's ``kind`` reply, watching their pipes and process sentinels."""
+        replies: dict[int, object] = {}
+        by_obj = {c: r for r, c in enumerate(self._conns)}
+        by_obj.update((p.sentinel, r) for r, p in enumerate(self._procs))
+        while len(replies) < len(self._conns):
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                self._fail(None, f"missed the deadline while {doing}", index)
+            pending = [c for r, c in enumerate(self._conns) if r not in replies]
+            ready = wait(pending + [p.sentinel for p in self._procs], left)
+            for obj in sorted(ready, key=lambda o: not hasattr(o, "recv")):  # pipes first
+                rank = by_obj[obj]
+                if hasattr(obj, "recv"):
+                    try:
+                        got, payload = obj.recv()
+                    except (EOFError, OSError):
+                        continue  # its sentinel says why
+                    if got == "error":
+                        last = str(payload).strip().splitlines()[-1]
+                        self._fail(rank, f"failed while {doing}: {last}\n{payload}", index)
+                    if got == kind:
+                        replies[rank] = payload
+                else:  # a rank's process ended: the group cannot go on without it
+                    proc = self._procs[rank]
+                    proc.join(1)
+                    self._fail(rank, f"exited with code {proc.exitcode} while {doing}", index)
+        return [replies[r] for r in range(len(self._conns))]
+
+    def _fail(self, rank: int | None, reason: str, index: int):
+        self._kill()
+        raise RankFailed(self.site, rank, index, reason)
+
+
+def split_shards(delta: Mapping[str, torch.Tensor], count: int) -> tuple[dict, ...]:
+    """Views of ``delta``'s rows each rank owns (``shard_rows``; 0-d tensors in shard 0)."""
+    out: list[dict[str, torch.Tensor]] = [{} for _ in range(count)]
+    for name, t in delta.items():
+        for i in range(count):
+            if t.dim() == 0:
+                if i == 0:
+                    out[0][name] = t
+                continue
+            lo, hi = shard_rows(t.shape[0], count, i)
+            out[i][name] = t[lo:hi]
+    return tuple(out)
+
+
+def _remove(procs: list, directory: Path) -> None:
+    """The group's last resort (garbage collection, interpreter exit): kill, then delete."""
+    for p in procs:
+        with contextlib.suppress(Exception):
+            if p.is_alive():
+                p.kill()
+    shutil.rmtree(directory, ignore_errors=True)
