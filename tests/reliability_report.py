@@ -48,6 +48,7 @@ ROWS: dict[str, str] = {
     "R28": "site squatting and role confusion",
     "R29": "certificate lifecycle",
     "R30": "journal and status growth",
+    "R31": "sharded update faults",
 }
 
 
