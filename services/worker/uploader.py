@@ -167,7 +167,14 @@ class GrpcUploader:
     def __call__(
         self, round_index: int, update: SiteUpdate, timeout_s: float, shard: Shard = None
     ) -> None:
+        """Send ``update``: whole, as shard ``shard`` (index, count) of its site's update, or,
+        when it carries per-rank ``shards`` (a site trained over N ranks), as N streams."""
         # Not retried: a resend after a partial failure is the aggregator's call (stale round).
+        shards = getattr(update, "shards", None)
+        if shard is None and shards:
+            parts = [replace(update, delta=d) for d in shards]
+            self.send_shards(round_index, parts, timeout_s)
+            return
         wire = update_wire(self.worker_id, round_index, update, self.chunk_bytes, self.bf16, shard)
         self._submit(wire, timeout=timeout_s)
 

@@ -1,6 +1,6 @@
 """A site's update in per-rank shards, at the round gate: the layout, the assembly (equal to the
 whole update bit for bit, whatever the arrival order), and an incomplete site counting for
-nothing. The gRPC path and the refusals: tests/integration/test_sharded_upload.py."""
+nothing. The gRPC path and the refusals: tests/integration/test_sharded_upload_grpc.py."""
 
 from __future__ import annotations
 
