@@ -7,6 +7,7 @@ torch, generated stubs or a cluster.
 from __future__ import annotations
 
 import ast
+import copy
 import functools
 import os
 import re
@@ -172,15 +173,17 @@ def add_labels(doc: dict[str, Any], pairs: dict[str, str], selectors: bool) -> N
 
 
 def render_kustomize_in_python(
-    root: Path = K8S, docs: list[dict[str, Any]] | None = None
+    root: Path = K8S, docs: list[dict[str, Any]] | None = None, *, final: bool = True
 ) -> list[dict[str, Any]]:
     """What ``kustomize build`` emits, minus most transformations (images, namespaces, name
     references, labels other than a selector's).
 
     Follows resources and components (a component works on what its parent has accumulated),
     runs configMapGenerator (create, merge, replace), nameSuffix, selector labels and
-    strategic-merge patches (also ``$patch: delete``), which is all the structural checks need;
-    used when kubectl is absent.
+    strategic-merge patches (also ``$patch: delete``) and replacements, and leaves out
+    ``config.kubernetes.io/local-config`` resources from the ``final`` output (kustomize keeps
+    them while it builds, for the replacements of any level), which is all the structural checks
+    need; used when kubectl is absent.
     """
     kustomization = load_yaml(root / "kustomization.yaml")
     docs = [] if docs is None else docs
@@ -188,11 +191,13 @@ def render_kustomize_in_python(
     for entry in kustomization.get("resources", []):
         path = root / entry
         own += (
-            render_kustomize_in_python(path) if path.is_dir() else load_yaml_all(path.read_text())
+            render_kustomize_in_python(path, final=False)
+            if path.is_dir()
+            else load_yaml_all(path.read_text())
         )
     docs += own
     for entry in kustomization.get("components", []):
-        docs = render_kustomize_in_python(root / entry, docs)
+        docs = render_kustomize_in_python(root / entry, docs, final=False)
     for gen in kustomization.get("configMapGenerator", []):
         data: dict[str, str] = {}
         for env_file in gen.get("envs", []):
@@ -227,7 +232,68 @@ def render_kustomize_in_python(
     if suffix := kustomization.get("nameSuffix"):
         for doc in docs:
             doc["metadata"]["name"] += suffix
+    for entry in kustomization.get("replacements", []):  # kustomize runs them last
+        replace(docs, entry)
+    if final:  # used by the build (a replacement's source), never part of its output
+        docs = [d for d in docs if not is_local_config(d)]
     return docs
+
+
+def is_local_config(doc: dict[str, Any]) -> bool:
+    annotations = doc["metadata"].get("annotations") or {}
+    return annotations.get("config.kubernetes.io/local-config") == "true"
+
+
+def field_path(path: str) -> list[str]:
+    """A kustomize fieldPath's segments: ``a.b``, ``[name=x]`` (the list item named x) and
+    ``[key.with.dots]`` (a map key)."""
+    return [m.group(1) or m.group(2) for m in re.finditer(r"\[([^\]]*)\]|([^.\[\]]+)", path)]
+
+
+def _step(node: Any, segment: str) -> tuple[Any, Any]:
+    """(container, key) of one fieldPath segment below ``node``."""
+    if isinstance(node, list):
+        key, eq, value = segment.partition("=")
+        assert eq, f"list segment {segment!r} must select KEY=VALUE"
+        (index,) = [i for i, e in enumerate(node) if str(e.get(key)) == value]
+        return node, index
+    assert isinstance(node, dict) and segment in node, f"fieldPath segment {segment!r} not found"
+    return node, segment
+
+
+def get_field(doc: dict[str, Any], path: str) -> Any:
+    node: Any = doc
+    for segment in field_path(path):
+        container, key = _step(node, segment)
+        node = container[key]
+    return node
+
+
+def set_field(doc: dict[str, Any], path: str, value: Any) -> None:
+    """Sets an existing field (kustomize's replacements without ``options.create``)."""
+    *parents, last = field_path(path)
+    node: Any = doc
+    for segment in parents:
+        container, key = _step(node, segment)
+        node = container[key]
+    container, key = _step(node, last)
+    container[key] = value
+
+
+def replace(docs: list[dict[str, Any]], entry: dict[str, Any]) -> None:
+    """One kustomize ``replacements`` entry: a source field copied into target fields (the
+    subset with kind/name selectors and whole-value copies)."""
+    source = entry["source"]
+    assert set(source) <= {"kind", "name", "fieldPath"}, f"unmodelled replacement {source}"
+    (src,) = [d for d in docs if patch_hits(d, source)]
+    value = get_field(src, source.get("fieldPath", "metadata.name"))
+    for target in entry["targets"]:
+        assert set(target) <= {"select", "fieldPaths"}, f"unmodelled replacement {target}"
+        hits = [d for d in docs if patch_hits(d, target["select"])]
+        assert hits, f"replacement target {target['select']} not found"
+        for doc in hits:
+            for path in target["fieldPaths"]:
+                set_field(doc, path, copy.deepcopy(value))
 
 
 @functools.cache
@@ -278,14 +344,40 @@ def compose_env_files(service: dict[str, Any]) -> list[Path]:
     return [REPO / f for f in ([files] if isinstance(files, str) else files)]
 
 
-def compose_service_env(service: dict[str, Any]) -> dict[str, str]:
+def compose_service_env(
+    service: dict[str, Any], variables: dict[str, str] | None = None
+) -> dict[str, str]:
     """A compose service's environment as its container sees it: env files in order (later
-    win), then ``environment``."""
+    win), then ``environment``, interpolated (``compose_interpolate``)."""
     env: dict[str, str] = {}
     for path in compose_env_files(service):
         env.update(read_env_file(path))
-    env.update({k: str(v) for k, v in (service.get("environment") or {}).items()})
+    environment = service.get("environment") or {}
+    env.update({k: compose_interpolate(str(v), variables) for k, v in environment.items()})
     return env
+
+
+def compose_interpolate(text: str, variables: dict[str, str] | None = None) -> str:
+    """Compose's variable interpolation (``${VAR}``, ``${VAR:-default}``, ``${VAR-default}``,
+    ``$VAR``, ``$$``) with ``variables`` as the shell's environment (default: nothing set, so
+    the files' own defaults: the tests do not depend on the shell they run in)."""
+    variables = variables or {}
+
+    def one(m: re.Match[str]) -> str:
+        if m.group(0) == "$$":
+            return "$"
+        name = m.group("braced") or m.group("bare")
+        op, default = m.group("op"), m.group("default") or ""
+        value = variables.get(name)
+        if op == ":-":
+            return value if value else default
+        if op == "-":
+            return default if value is None else value
+        assert op is None, f"interpolation {m.group(0)!r} not modelled"
+        return value or ""
+
+    pattern = r"\$\$|\$\{(?P<braced>\w+)(?:(?P<op>:?-)(?P<default>[^}]*))?\}|\$(?P<bare>\w+)"
+    return re.sub(pattern, one, text)
 
 
 @functools.cache
