@@ -50,9 +50,7 @@ def build_optimizer(
     ]
     kernel = {"fused": True} if fused else {}
     if recipe.name == "adamw":
-        return torch.optim.AdamW(
-            groups, lr=recipe.lr, betas=recipe.betas, eps=recipe.eps, **kernel
-        )
+        return torch.optim.AdamW(groups, lr=recipe.lr, betas=recipe.betas, eps=recipe.eps, **kernel)
     momentum = 0.0 if recipe.name == "sgd" else recipe.momentum
     nesterov = recipe.name == "nesterov" and momentum > 0  # at 0, nesterov is plain SGD
     return torch.optim.SGD(groups, lr=recipe.lr, momentum=momentum, nesterov=nesterov, **kernel)

@@ -193,8 +193,9 @@ class _Rank:
         total = torch.zeros((), device=self.device)
         for k, lo in enumerate(starts):
             last = k == len(starts) - 1
-            with self._sync(last), torch.autocast(
-                self.device.type, dtype=torch.bfloat16, enabled=self.bf16
+            with (
+                self._sync(last),
+                torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16),
             ):
                 logits = self.net(xb[lo : lo + size])
                 per = sample_losses(logits.float(), yb[lo : lo + size])
@@ -249,4 +250,3 @@ class _Rank:
                 continue
             mine = p.to_local() if self.fsdp else p[rows]
             torch.sub(to_host(mine), self.global_[name][rows], out=self.delta[name][rows])
-
