@@ -3,9 +3,10 @@
 (compose.gpu.yaml) give each worker N NVIDIA GPUs and as many site ranks
 (POWERTRIP_SITE_RANKS = N, set in one place: gpus.yaml of the k8s overlay, the shell variable
 POWERTRIP_SITE_RANKS for compose; 1 by default), a memory-backed /dev/shm, writable
-torch.compile caches, the CUDA build of the image and POWERTRIP_DEVICE=cuda, and change nothing
-else; the default variants ask for no GPU. Hardening, probes, names, required variables: the
-variant-parametrized tests in test_manifests, test_compose and test_env_drift."""
+torch.compile caches, the CUDA build of the image and POWERTRIP_DEVICE=cuda, host one site per
+worker (a worker with ranks refuses more: POWERTRIP_NUM_SITES=3, the owners map to match), and
+change nothing else; the default variants ask for no GPU. Hardening, probes, names, required
+variables: the variant-parametrized tests in test_manifests, test_compose and test_env_drift."""
 
 from __future__ import annotations
 
