@@ -31,6 +31,13 @@ The exit status is non-zero only when an upload fails or the new model is wrong;
 size. Besides memory it reports how long the last fold took after its stream ended and the CPU
 seconds of the aggregator and the uploaders over the uploads.
 
+Options the LLM upload benchmark (``bench_llm_upload.py``) drives: ``--shapes-file`` (a JSON
+object of tensor name -> shape: a real model's shapes instead of ``--model-mib``), ``--bf16``
+(the uploaders send float32 as bfloat16), ``--shards N`` (each site's update goes as N
+concurrent shard streams, ``GrpcUploader.send_shards``) and ``--rows`` (each delta varies with
+the row, ``delta_block``, so a shard folded at the wrong rows shows; the values are exact in
+bfloat16).
+
     .venv/bin/python benchmarks/bench_upload_rss.py [--model-mib 256] [--uploads 8] [--no-naive]
 """
 
@@ -75,15 +82,39 @@ def shapes_for(model_mib: int, tensors: int) -> dict[str, tuple[int, ...]]:
     return {f"layer{j}.weight": (n // 1024, 1024) for j in range(tensors)}
 
 
+def model_shapes(args: argparse.Namespace) -> dict[str, tuple[int, ...]]:
+    """``--shapes-file``'s shapes, else ``--model-mib`` MiB in ``--tensors`` tensors."""
+    if getattr(args, "shapes_file", None):
+        raw = json.loads(Path(args.shapes_file).read_text())
+        return {name: tuple(int(d) for d in shape) for name, shape in raw.items()}
+    return shapes_for(args.model_mib, args.tensors)
+
+
+ROW_STEPS = 8  # --rows: row r of site i's delta is delta_value(i) + (r % 8) / 8
+
+
+def row_delta(site: int, rows: bool, lo: int, hi: int) -> np.ndarray:
+    """The delta of rows [lo, hi) of site ``site``, one value per row (float64, exact)."""
+    base = np.full(hi - lo, delta_value(site))
+    return base + (np.arange(lo, hi) % ROW_STEPS) / ROW_STEPS if rows else base
+
+
+def delta_block(site: int, shape: tuple[int, ...], rows: bool, row0: int = 0) -> np.ndarray:
+    """Rows [row0, row0 + shape[0]) of site ``site``'s delta of a tensor (a 0-d tensor: the
+    site's constant), as float32."""
+    out = np.empty(shape, np.float32)
+    if not shape:
+        out.fill(delta_value(site))
+        return out
+    column = row_delta(site, rows, row0, row0 + shape[0]).astype(np.float32)
+    out[...] = column.reshape((-1,) + (1,) * (len(shape) - 1))
+    return out
+
+
 def cpu_s() -> float:
     """User + system CPU seconds of this process so far (all its threads)."""
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
-
-
-def expected_value(uploads: int) -> float:
-    total = sum(weight(s) for s in range(uploads))
-    return P0 + sum(weight(s) * delta_value(s) for s in range(uploads)) / total
 
 
 # --- aggregator side --------------------------------------------------------------------------
@@ -135,7 +166,24 @@ class NaiveCollector:
         }
 
 
-def serve(mode: str, model_mib: int, tensors: int, uploads: int, timeout_s: float) -> None:
+def model_error(
+    new: Mapping[str, np.ndarray], shapes: Mapping[str, tuple[int, ...]], uploads: int, rows: bool
+) -> tuple[float, float]:
+    """(largest |new - analytic FedAvg value| over every element, largest |analytic value|),
+    one tensor at a time; the analytic value per row is computed in float64."""
+    total = sum(weight(s) for s in range(uploads))
+    err = top = 0.0
+    for name, shape in shapes.items():
+        n = shape[0] if shape else 1
+        acc = sum(weight(s) * row_delta(s, rows and bool(shape), 0, n) for s in range(uploads))
+        want = P0 + acc / total
+        a = new[name].reshape(n, -1) if shape else new[name].reshape(1, 1)
+        err = max(err, float(np.abs(a - want.astype(np.float32)[:, None]).max(initial=0.0)))
+        top = max(top, float(np.abs(want).max()))
+    return err, top
+
+
+def serve(mode: str, args: argparse.Namespace) -> None:
     """Aggregator child: print {"port"}, wait for the uploads, commit, print the result."""
     from powertrip.fedavg import delta_sketch, sketch_stride
     from powertrip.v1 import aggregator_pb2_grpc
@@ -146,6 +194,7 @@ def serve(mode: str, model_mib: int, tensors: int, uploads: int, timeout_s: floa
     from services.common.grpc_server import build_server
     from services.common.memory import pin_mmap_threshold
 
+    uploads, timeout_s, rows = args.uploads, args.timeout, args.rows
     pin_mmap_threshold()  # as services/aggregator/__main__.py does
     cfg = ServiceConfig(insecure=True)  # the wire path alone: loopback, no TLS
     registry = WorkerRegistry(num_sites=uploads)
@@ -164,10 +213,8 @@ def serve(mode: str, model_mib: int, tensors: int, uploads: int, timeout_s: floa
 
     exact = reset_peak()
     rss_pre = status_kib("VmRSS")
-    params = {
-        n: np.full(shape, P0, dtype=np.float32)
-        for n, shape in shapes_for(model_mib, tensors).items()
-    }
+    shapes = model_shapes(args)
+    params = {n: np.full(shape, P0, dtype=np.float32) for n, shape in shapes.items()}
     # The default policy projects updates on the last global delta: the aggregator keeps its
     # strided sketch (at most fold_inputs.SKETCH_MAX coordinates), as GrpcRoundExecutor does.
     stride = sketch_stride(params)
@@ -212,10 +259,7 @@ def serve(mode: str, model_mib: int, tensors: int, uploads: int, timeout_s: floa
     t_done = time.time()
     server.stop(None)
 
-    want = expected_value(uploads)
-    values = {float(a.flat[0]) for a in new.values()}
-    uniform = all(bool((a == a.flat[0]).all()) for a in new.values())
-    max_err = max(abs(v - want) for v in values)
+    max_err, want = model_error(new, shapes, uploads, rows)
     print(
         json.dumps(
             {
@@ -231,9 +275,9 @@ def serve(mode: str, model_mib: int, tensors: int, uploads: int, timeout_s: floa
                 "commit_s": t_done - t_commit,
                 "t_done": t_done,
                 "commits": folds,
-                "correct": uniform and max_err <= 1e-6 * abs(want) and accepted == uploads,
-                "value": sorted(values),
-                "expected": want,
+                "correct": max_err <= 1e-6 * want and accepted == uploads,
+                "bit_exact": max_err == 0.0,
+                "max_error": max_err,
             }
         ),
         flush=True,
@@ -244,24 +288,30 @@ def serve(mode: str, model_mib: int, tensors: int, uploads: int, timeout_s: floa
 
 
 class LazyFull:
-    """Array-like constant: shape and dtype for the stream header, data only when encoded."""
+    """Array-like delta block (``delta_block``): shape and dtype for the stream header, data
+    only when encoded; slicing rows (``shard_of``) stays lazy."""
 
-    def __init__(self, shape: tuple[int, ...], value: float) -> None:
-        self.shape = shape
+    def __init__(self, site: int, shape: tuple[int, ...], rows: bool, row0: int = 0) -> None:
+        self.site, self.shape, self.rows, self.row0 = site, shape, rows, row0
         self.dtype = np.dtype(np.float32)
-        self.value = value
+        self.ndim = len(shape)
+
+    def __getitem__(self, key: slice) -> LazyFull:
+        lo, hi, _ = key.indices(self.shape[0])
+        return LazyFull(self.site, (hi - lo, *self.shape[1:]), self.rows, self.row0 + lo)
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        return np.full(self.shape, self.value, dtype=dtype or self.dtype)
+        a = delta_block(self.site, self.shape, self.rows, self.row0)
+        return a if dtype is None else a.astype(dtype, copy=False)
 
 
 class LazyDelta(Mapping[str, LazyFull]):
-    def __init__(self, shapes: Mapping[str, tuple[int, ...]], value: float) -> None:
+    def __init__(self, shapes: Mapping[str, tuple[int, ...]], site: int, rows: bool) -> None:
         self._shapes = dict(shapes)
-        self._value = value
+        self._site, self._rows = site, rows
 
     def __getitem__(self, name: str) -> LazyFull:
-        return LazyFull(self._shapes[name], self._value)
+        return LazyFull(self._site, self._shapes[name], self._rows)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._shapes)
@@ -270,22 +320,23 @@ class LazyDelta(Mapping[str, LazyFull]):
         return len(self._shapes)
 
 
-def client(
-    port: int, sites: list[int], model_mib: int, tensors: int, timeout_s: float, prebuilt: bool
-) -> None:
-    """Uploader child: one thread and one channel per site; starts on "go" from stdin."""
+def client(port: int, sites: list[int], args: argparse.Namespace) -> None:
+    """Uploader child: one thread and one channel per site (its shards, with ``--shards``, as
+    concurrent streams on that channel); starts on "go" from stdin."""
     import grpc
 
     from services.common.config import ServiceConfig
     from services.common.grpc_client import make_channel
     from services.common.tensor_stream import DEFAULT_CHUNK_BYTES
     from services.worker.sites_host import SiteUpdate
-    from services.worker.uploader import GrpcUploader
+    from services.worker.uploader import GrpcUploader, shard_updates
+
+    timeout_s, prebuilt, rows = args.timeout, args.uploads == 1, args.rows
 
     chunk_bytes = int(os.environ.get("POWERTRIP_BENCH_CHUNK_BYTES", DEFAULT_CHUNK_BYTES))
 
     cfg = ServiceConfig(insecure=True)  # the wire path alone: loopback, no TLS
-    shapes = shapes_for(model_mib, tensors)
+    shapes = model_shapes(args)
     channels = [make_channel(f"127.0.0.1:{port}", cfg) for _ in sites]
     for ch in channels:
         grpc.channel_ready_future(ch).result(timeout=30)
@@ -293,14 +344,14 @@ def client(
     # One upload measures the rate: its delta exists before "go", as a worker's does. Several
     # measure memory: lazy constants keep the uploader processes small.
     deltas: dict[int, Mapping[str, Any]] = {
-        s: {n: np.full(shape, delta_value(s), np.float32) for n, shape in shapes.items()}
+        s: {n: delta_block(s, shape, rows) for n, shape in shapes.items()}
         if prebuilt
-        else LazyDelta(shapes, delta_value(s))
+        else LazyDelta(shapes, s, rows)
         for s in sites
     }
 
     def upload(site: int, channel: grpc.Channel) -> None:
-        send = GrpcUploader(channel, f"worker-{site}", chunk_bytes)
+        send = GrpcUploader(channel, f"worker-{site}", chunk_bytes, bf16=args.bf16)
         update = SiteUpdate(
             site=site,
             delta=deltas[site],  # type: ignore[arg-type]
@@ -309,7 +360,10 @@ def client(
         )
         t0 = time.time()
         try:
-            send(1, update, timeout_s)
+            if args.shards > 1:
+                send.send_shards(1, shard_updates(update, args.shards), timeout_s)
+            else:
+                send(1, update, timeout_s)
             results[site] = {"start": t0, "end": time.time(), "error": None}
         except grpc.RpcError as exc:
             err = f"{exc.code().name}: {exc.details()}"
@@ -346,7 +400,12 @@ def run_round(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     """One aggregator child and its client children; returns the aggregator's figures."""
     me = [sys.executable, __file__, "--model-mib", str(args.model_mib)]
     me += ["--tensors", str(args.tensors), "--uploads", str(args.uploads)]
-    me += ["--timeout", str(args.timeout)]
+    me += ["--timeout", str(args.timeout), "--shards", str(getattr(args, "shards", 1))]
+    if getattr(args, "shapes_file", None):
+        me += ["--shapes-file", str(args.shapes_file)]
+    me += ["--bf16"] * bool(getattr(args, "bf16", False)) + ["--rows"] * bool(
+        getattr(args, "rows", False)
+    )
     procs: list[subprocess.Popen[str]] = []
     try:
         server = subprocess.Popen(me + ["--serve", mode], stdout=subprocess.PIPE, text=True)
@@ -401,22 +460,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="also run the keep-every-update baseline (default: yes)",
     )
     ap.add_argument("--timeout", type=float, default=900.0, help="per-upload deadline, seconds")
+    ap.add_argument("--shapes-file", help="JSON tensor name -> shape (instead of --model-mib)")
+    ap.add_argument("--bf16", action="store_true", help="send float32 as bfloat16")
+    ap.add_argument("--shards", type=int, default=1, help="shard streams per site's update")
+    ap.add_argument("--rows", action="store_true", help="deltas that vary with the row")
     ap.add_argument("--serve", choices=["streaming", "naive"], help=argparse.SUPPRESS)
     ap.add_argument("--client", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--sites", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.serve:
-        serve(args.serve, args.model_mib, args.tensors, args.uploads, args.timeout)
+        serve(args.serve, args)
         return 0
     if args.client is not None:
         sites = [int(s) for s in args.sites.split(",")]
-        client(args.client, sites, args.model_mib, args.tensors, args.timeout, args.uploads == 1)
+        client(args.client, sites, args)
         return 0
 
     m, k = args.model_mib, args.uploads
+    model = f"{m} MiB float32 update ({args.tensors} tensors)"
+    if args.shapes_file:
+        model = f"float32 update of the shapes in {args.shapes_file}"
+    wire = (" as bfloat16" if args.bf16 else "") + (
+        f" in {args.shards} shard streams" if args.shards > 1 else ""
+    )
     print(
-        f"{k} concurrent uploads of a {m} MiB float32 update ({args.tensors} tensors) over "
-        f"loopback gRPC, 4 MiB message limit, {args.client_procs} uploader processes"
+        f"{k} concurrent uploads of a {model}{wire} over loopback gRPC, 4 MiB message limit, "
+        f"{args.client_procs} uploader processes"
     )
     malloc_env = {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")}
     if malloc_env:
@@ -438,7 +507,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         good = r["correct"] and not r["errors"] and r["complete"]
         ok = ok and good
-        detail = "correct" if r["correct"] else f"WRONG: {r['value']} vs {r['expected']}"
+        detail = "correct" if r["correct"] else f"WRONG: off by up to {r['max_error']:g}"
         print(
             f"{'':<11}uploads done in {r['upload_s']:.1f} s (last fold {r['fold_s']:.2f} s), "
             f"commit {r['commit_s']:.2f} s, CPU {r['cpu_s']:.1f} s aggregator / "
