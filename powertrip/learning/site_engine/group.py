@@ -41,10 +41,17 @@ class RankFailed(RuntimeError):
     """A rank of a site's job died, failed or missed the round's deadline; the group has ended
     its other ranks and starts fresh ones on the next ``train_round``."""
 
-    def __init__(self, site: str, rank: int | None, round_index: int, reason: str) -> None:
+    def __init__(
+        self, site: str, rank: int | None, round_index: int, reason: str, starting: bool = False
+    ) -> None:
         who = f"rank {rank}" if rank is not None else "the ranks"
-        super().__init__(f"site {site}: {who} {reason} during round {round_index}")
+        when = (
+            f"while starting for round {round_index}" if starting else f"during round {round_index}"
+        )
+        head, _, detail = reason.partition("\n")
+        super().__init__(f"site {site}: {who} {head} {when}" + (f"\n{detail}" if detail else ""))
         self.site, self.rank, self.round_index, self.reason = site, rank, round_index, reason
+        self.starting = starting
 
 
 @dataclass(frozen=True)
@@ -214,7 +221,7 @@ class SiteGroup:
             try:
                 conn.send(("round", payload))
             except OSError as exc:
-                self._fail(rank, f"could not be reached ({exc})", index)
+                self._fail(rank, f"could not be reached ({exc})", index, "training")
         replies = self._collect("done", deadline, "training", index)
         self._fresh = False
         self.step = first + r.shape[0]
@@ -238,7 +245,7 @@ class SiteGroup:
         while len(replies) < len(self._conns):
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
-                self._fail(None, f"missed the deadline while {doing}", index)
+                self._fail(None, "missed the round's deadline", index, doing)
             pending = [c for r, c in enumerate(self._conns) if r not in replies]
             ready = wait(pending + [p.sentinel for p in self._procs], left)
             for obj in sorted(ready, key=lambda o: not hasattr(o, "recv")):  # pipes first
@@ -250,18 +257,18 @@ class SiteGroup:
                         continue  # its sentinel says why
                     if got == "error":
                         last = str(payload).strip().splitlines()[-1]
-                        self._fail(rank, f"failed while {doing}: {last}\n{payload}", index)
+                        self._fail(rank, f"failed ({last})\n{payload}", index, doing)
                     if got == kind:
                         replies[rank] = payload
                 else:  # a rank's process ended: the group cannot go on without it
                     proc = self._procs[rank]
                     proc.join(1)
-                    self._fail(rank, f"exited with code {proc.exitcode} while {doing}", index)
+                    self._fail(rank, f"exited with code {proc.exitcode}", index, doing)
         return [replies[r] for r in range(len(self._conns))]
 
-    def _fail(self, rank: int | None, reason: str, index: int):
+    def _fail(self, rank: int | None, reason: str, index: int, doing: str):
         self._kill()
-        raise RankFailed(self.site, rank, index, reason)
+        raise RankFailed(self.site, rank, index, reason, starting=doing == "starting")
 
 
 def split_shards(delta: Mapping[str, torch.Tensor], count: int) -> tuple[dict, ...]:
