@@ -64,3 +64,18 @@ def test_the_stream_window_benchmark_shows_the_window_over_rtt_bound():
     fixed, bdp = [line.split() for line in out.splitlines() if line.lstrip().startswith("50 ")]
     assert fixed[1:4] == ["window", "4", "MiB"] and bdp[1:3] == ["gRPC", "default"]
     assert 0 < float(fixed[4]) <= 4 / 0.050 * 1.05
+
+
+def test_the_site_engine_benchmark_times_the_engine_against_the_plain_loop_and_over_ranks():
+    out = run_benchmark(
+        "bench_site_engine.py", "--device", "cpu", "--layers", "1", "--d-model", "16",
+        "--heads", "2", "--context", "8", "--vocab", "16", "--batch", "4", "--steps", "2",
+        "--repeats", "1", "--ranks", "1,2", "--sections", "a,b",
+        timeout_s=240,
+    )  # fmt: skip
+    lines = out.splitlines()
+    engine = next(line for line in lines if line.startswith("site engine (round)"))
+    ratio = engine.split()[6]  # site engine (round) min median max ratio
+    assert ratio.endswith("x") and float(ratio[:-1]) > 0
+    ranks = [line.split() for line in lines if line.strip()[:1].isdigit()]
+    assert [r[0] for r in ranks] == ["1", "2"] and ranks[1][-1].endswith("%")
