@@ -12,9 +12,8 @@ from powertrip.learning.local_optim import LocalOptimizer
 from powertrip.learning.shards import shard_rows
 from powertrip.learning.site_engine.config import SiteEngineConfig
 from powertrip.learning.site_engine.files import TensorFile, layout_of
-from powertrip.learning.site_engine.group import split_shards
 from powertrip.learning.site_engine.optim import build_optimizer, round_lrs
-from powertrip.learning.site_engine.split import check_rows, rank_share
+from powertrip.learning.site_engine.split import check_rows, rank_share, split_shards
 from powertrip.learning.site_optim import SiteOptimizer
 
 

@@ -10,6 +10,7 @@ cache the parent reads, so the update is never gathered on one rank.
 from __future__ import annotations
 
 import math
+import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -18,7 +19,15 @@ import torch
 
 from powertrip.learning.device import array, tensor
 
-__all__ = ["Layout", "TensorFile", "layout_of", "load_tokens", "save_tokens"]
+__all__ = [
+    "Layout",
+    "TensorFile",
+    "layout_of",
+    "load_tokens",
+    "memory_dir",
+    "nbytes",
+    "save_tokens",
+]
 
 #: (name, shape) of every tensor, in the model's ``named_parameters`` order
 Layout = tuple[tuple[str, tuple[int, ...]], ...]
@@ -92,3 +101,17 @@ def save_tokens(directory: Path, x: np.ndarray | torch.Tensor, y: np.ndarray | t
 def load_tokens(directory: Path) -> tuple[np.ndarray, np.ndarray]:
     """Read-only memory maps of the site's ``x`` and ``y``."""
     return tuple(np.load(directory / f"{n}.npy", mmap_mode="r") for n in ("x", "y"))  # type: ignore[return-value]
+
+
+def nbytes(a: np.ndarray | torch.Tensor) -> int:
+    return a.numel() * a.element_size() if isinstance(a, torch.Tensor) else a.nbytes
+
+
+def memory_dir(need: int) -> str | None:
+    """``/dev/shm`` when it can hold twice ``need`` bytes (the files then never reach a disk),
+    else the system's temporary directory (None)."""
+    shm = Path("/dev/shm")
+    try:
+        return str(shm) if shutil.disk_usage(shm).free > 2 * need else None
+    except OSError:
+        return None

@@ -12,6 +12,7 @@ so its lr schedule, carries on).
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import shutil
 import tempfile
@@ -28,11 +29,16 @@ from torch import nn
 
 from powertrip.learning.device import resolve_device
 from powertrip.learning.local_optim import LocalOptimizer
-from powertrip.learning.shards import shard_rows
 from powertrip.learning.site_engine.config import SiteEngineConfig
-from powertrip.learning.site_engine.files import TensorFile, layout_of, save_tokens
+from powertrip.learning.site_engine.files import (
+    TensorFile,
+    layout_of,
+    memory_dir,
+    nbytes,
+    save_tokens,
+)
 from powertrip.learning.site_engine.rank import RankSpec, rank_main
-from powertrip.learning.site_engine.split import check_rows
+from powertrip.learning.site_engine.split import check_rows, split_shards
 
 __all__ = ["RankFailed", "SiteGroup", "SiteRoundResult"]
 
@@ -101,12 +107,13 @@ class SiteGroup:
         ranks = self.config.ranks
         if self.device_type == "cuda" and ranks > torch.cuda.device_count():
             raise ValueError(f"{ranks} ranks need {ranks} GPUs; {torch.cuda.device_count()} seen")
-        if threads is None and self.device_type == "cpu":
-            threads = max(1, (os.cpu_count() or 1) // ranks)
-        self.threads = threads
+        #: torch threads per rank (the cores shared out: N ranks of all cores each would thrash)
+        self.threads = threads or max(1, (os.cpu_count() or 1) // ranks)
         with torch.device("meta"):
             self.layout = layout_of(list(factory().named_parameters()))
-        self._dir = Path(tempfile.mkdtemp(prefix=f"powertrip-site-{self.site}-", dir=workdir))
+        need = 2 * 4 * sum(math.prod(shape) for _, shape in self.layout) + nbytes(x) + nbytes(y)
+        where = workdir if workdir is not None else memory_dir(need)
+        self._dir = Path(tempfile.mkdtemp(prefix=f"powertrip-site-{self.site}-", dir=where))
         self._cleanup = weakref.finalize(self, _remove, [], self._dir)
         self.num_rows = save_tokens(self._dir, x, y)
         self._global = TensorFile(self._dir / "global.f32", self.layout, create=True)
@@ -269,20 +276,6 @@ class SiteGroup:
     def _fail(self, rank: int | None, reason: str, index: int, doing: str):
         self._kill()
         raise RankFailed(self.site, rank, index, reason, starting=doing == "starting")
-
-
-def split_shards(delta: Mapping[str, torch.Tensor], count: int) -> tuple[dict, ...]:
-    """Views of ``delta``'s rows each rank owns (``shard_rows``; 0-d tensors in shard 0)."""
-    out: list[dict[str, torch.Tensor]] = [{} for _ in range(count)]
-    for name, t in delta.items():
-        for i in range(count):
-            if t.dim() == 0:
-                if i == 0:
-                    out[0][name] = t
-                continue
-            lo, hi = shard_rows(t.shape[0], count, i)
-            out[i][name] = t[lo:hi]
-    return tuple(out)
 
 
 def _remove(procs: list, directory: Path) -> None:

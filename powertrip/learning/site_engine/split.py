@@ -11,9 +11,14 @@ batch's mean loss: also for a short last batch, and whichever rank holds its pad
 
 from __future__ import annotations
 
-import numpy as np
+from collections.abc import Mapping
 
-__all__ = ["check_rows", "rank_share"]
+import numpy as np
+import torch
+
+from powertrip.learning.shards import shard_rows
+
+__all__ = ["check_rows", "rank_share", "split_shards"]
 
 
 def rank_share(row: np.ndarray, world: int, rank: int) -> tuple[np.ndarray, np.ndarray]:
@@ -48,3 +53,17 @@ def check_rows(rows: np.ndarray, n: int) -> np.ndarray:
     if empty.size:
         raise ValueError(f"step {int(empty[0])} has no real sample")
     return r
+
+
+def split_shards(delta: Mapping[str, torch.Tensor], count: int) -> tuple[dict, ...]:
+    """Views of ``delta``'s rows each rank owns (``shard_rows``; 0-d tensors in shard 0)."""
+    out: list[dict[str, torch.Tensor]] = [{} for _ in range(count)]
+    for name, t in delta.items():
+        for i in range(count):
+            if t.dim() == 0:
+                if i == 0:
+                    out[0][name] = t
+                continue
+            lo, hi = shard_rows(t.shape[0], count, i)
+            out[i][name] = t[lo:hi]
+    return tuple(out)
