@@ -9,8 +9,11 @@ build the learning side here, so they share the model, its initialisation and th
 
 from __future__ import annotations
 
+import copy
 import math
+from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 
 import numpy as np
 import torch
@@ -23,14 +26,14 @@ from powertrip.experiment import MODEL_FOR_WORKLOAD, ExperimentConfig, default_l
 from powertrip.learning.batches import local_steps
 from powertrip.learning.datasets import Dataset, load_dataset
 from powertrip.learning.device import array, resolve_device
-from powertrip.learning.gpt import GPTShape, gpt_shape
+from powertrip.learning.gpt import GPT, GPTShape, gpt_shape
 from powertrip.learning.models import build_model
 from powertrip.learning.partition import partition
 from powertrip.learning.trainer import LocalTrainingConfig, SiteTrainer, get_params
 from powertrip.outer_step import NesterovOuter
 from powertrip.workloads import custom_workload
 
-__all__ = ["StreamSetup", "build_federation", "lm_shape", "load_workload"]
+__all__ = ["StreamSetup", "build_federation", "lm_shape", "load_workload", "site_model_factory"]
 
 
 def load_workload(cfg: ExperimentConfig | CurtailmentConfig, seed: int = 0) -> Dataset:
@@ -75,6 +78,17 @@ def _workload_model(workload: str, data: Dataset, shape: GPTShape | None = None)
         vocab_size=data.num_classes if data.task == "next-char" else None,
         gpt=shape,
     )
+
+
+def site_model_factory(
+    cfg: ExperimentConfig, data: Dataset, model: torch.nn.Module
+) -> Callable[[], torch.nn.Module]:
+    """A picklable builder of the run's architecture for the site engine's rank processes
+    (``model``: the run's model, copied for a custom workload). The language model gets
+    ``scaled_dot_product_attention`` there: nothing is vmapped, same parameters and logits."""
+    if cfg.workload == "lm":
+        return partial(GPT, data.num_classes, lm_shape(cfg), fused_attention=True)
+    return partial(copy.deepcopy, model)  # the weights are overwritten each round
 
 
 def _shape(cfg: ExperimentConfig | CurtailmentConfig) -> GPTShape | None:

@@ -1,0 +1,110 @@
+"""A worker whose one site is a GPU cluster: the site trains as a ``torch.distributed`` job over
+``POWERTRIP_SITE_RANKS`` rank processes (``powertrip.learning.site_engine.SiteGroup``).
+
+The run is the same partitioned run the in-process host trains: the same partition, the same
+per-(run, round, site) batch order (``site_schedule``) and the same recipe, so the site engine
+is an execution choice, not another study. The rank processes keep the model and the optimizer
+between rounds; a rank that dies fails this site's round (the aggregator sees a failed site,
+as for any upload that never comes) and fresh ranks train the next one. With N > 1 ranks the
+update leaves as N shard streams, one per rank (``SiteUpdate.shards``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+import numpy as np
+from numpy.typing import NDArray
+
+from powertrip.emulate import site_seed
+from powertrip.experiment import ExperimentConfig
+from powertrip.learning.batches import site_schedule
+from powertrip.learning.device import to_numpy, to_torch
+from powertrip.learning.federation import build_federation, load_workload, site_model_factory
+from powertrip.learning.site_engine.config import SiteEngineConfig
+from powertrip.learning.site_engine.group import SiteGroup
+from powertrip.sites import site_id
+from powertrip.v1 import common_pb2
+from services.worker.site_host import RoundJob, SiteUpdate, no_stream_rows
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["DistributedSitesHost"]
+
+
+class DistributedSitesHost:
+    """The ``SiteHost`` of a worker training one site over several devices."""
+
+    mode = "powertrip"
+
+    def __init__(
+        self,
+        cfg: ExperimentConfig,
+        run_seed: int,
+        sites: Sequence[int],
+        device: str,
+        engine: SiteEngineConfig,
+    ) -> None:
+        if len(sites) != 1 or not 0 <= sites[0] < cfg.num_sites:
+            raise ValueError(
+                f"a distributed site host trains exactly one of the run's {cfg.num_sites} "
+                f"sites, not {list(sites)}"
+            )
+        self.sites = [int(sites[0])]
+        self.run_seed = run_seed
+        data = load_workload(cfg, seed=cfg.seed)
+        fed = build_federation(cfg, data, run_seed, "cpu")  # the data stays on the host
+        self._local = fed.trainer.config
+        self._template = to_numpy(fed.initial_params)
+        self._part = np.asarray(fed.partitions[self.sites[0]], dtype=np.int64)
+        rows = data.x_train[self._part], data.y_train[self._part]  # the site's samples only
+        self.group = SiteGroup(
+            site_model_factory(cfg, data, fed.trainer.model),
+            *rows,
+            self._local.recipe,
+            engine,
+            device=device,
+            site=site_id(self.sites[0]),
+        )
+        logger.info(
+            "site %s trains over %d %s rank(s) (%s)",
+            site_id(self.sites[0]),
+            engine.ranks,
+            self.group.device_type,
+            engine.sharding,
+        )
+
+    @property
+    def template(self) -> dict[str, NDArray]:
+        return self._template
+
+    def round_inputs(self, spec: common_pb2.RoundSpec) -> None:
+        no_stream_rows(spec)
+
+    def run_round(self, job: RoundJob) -> list[SiteUpdate]:
+        """The round's update of the one site; ``RankFailed`` (the round fails on this worker
+        and the runner logs it) when a rank dies or the round outlives its deadline."""
+        (site,) = job.sites
+        if site != self.sites[0]:
+            raise ValueError(f"site {site_id(site)} is not hosted by this worker")
+        seed = site_seed(self.run_seed, job.round, site)
+        sched = site_schedule(self._local, len(self._part), seed)  # positions in the partition
+        left = job.received_at + job.deadline_s - time.monotonic()
+        result = self.group.train_round(
+            to_torch(job.params), sched, deadline_s=max(left, 1.0), round_index=job.round
+        )
+        many = self.group.config.ranks > 1
+        return [
+            SiteUpdate(
+                site=site,
+                delta=to_numpy(result.delta),
+                num_samples=float(len(self._part)),  # n_i, as the in-process host weighs it
+                train_seconds=result.seconds,
+                shards=[to_numpy(s) for s in result.shards] if many else None,
+            )
+        ]
+
+    def close(self) -> None:
+        self.group.close()
