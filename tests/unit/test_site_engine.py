@@ -110,6 +110,7 @@ def test_two_ddp_ranks_give_the_update_of_one_process_with_adamw(ddp, batch):
     assert out.loss == pytest.approx(loss, rel=1e-5)
     assert (out.steps, out.num_samples, out.first_step) == (rows.shape[0], N, 0)
     assert out.fresh_state and out.seconds > 0
+    assert len(out.rank_cpu_seconds) == 2 and min(out.rank_cpu_seconds) > 0
     for r, shard in enumerate(out.shards):  # rank r's rows of every tensor, for the upload
         lo = -(-out.delta["tok.weight"].shape[0] // 2) * r
         assert torch.equal(shard["tok.weight"], out.delta["tok.weight"][lo : lo + 10])

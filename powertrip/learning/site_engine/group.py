@@ -76,6 +76,8 @@ class SiteRoundResult:
     #: ``keep_state=False``, or fresh ranks after a failure)
     fresh_state: bool
     first_step: int  # the site's cumulative local steps before the round (schedule position)
+    #: CPU seconds each rank's process spent on the round (a rank starved of cores shows here)
+    rank_cpu_seconds: tuple[float, ...] = ()
 
 
 class SiteGroup:
@@ -242,6 +244,7 @@ class SiteGroup:
             shards=split_shards(delta, self.config.ranks),
             fresh_state=fresh,
             first_step=first,
+            rank_cpu_seconds=tuple(float(r["cpu_s"]) for r in replies),
         )
 
     def _collect(self, kind: str, deadline: float | None, doing: str, index: int) -> list:

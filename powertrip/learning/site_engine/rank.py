@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -161,6 +162,7 @@ class _Rank:
     # -- one round --------------------------------------------------------------------------
     def train_round(self, rows: np.ndarray, first_step: int, reset: bool) -> dict:
         recipe = self.spec.recipe
+        cpu = time.process_time()
         self._load_global()
         if reset or not recipe.keep_state:
             reset_moments(self.opt)
@@ -179,7 +181,10 @@ class _Rank:
         if self.world > 1:
             dist.all_reduce(loss)
         self._write_delta()
-        return {"loss": scalar(loss) / (self.world * rows.shape[0]), "steps": rows.shape[0]}
+        return {
+            "loss": scalar(loss) / (self.world * rows.shape[0]),
+            "cpu_s": time.process_time() - cpu,
+        }
 
     def _step(self, row: np.ndarray) -> torch.Tensor:
         """Forward and backward of this rank's share of one batch, in micro-batches (the
