@@ -24,7 +24,7 @@ from powertrip.learning.batches import site_schedule
 from powertrip.learning.device import to_numpy, to_torch
 from powertrip.learning.federation import build_federation, load_workload, site_model_factory
 from powertrip.learning.site_engine.config import SiteEngineConfig
-from powertrip.learning.site_engine.group import SiteGroup
+from powertrip.learning.site_engine.group import RankFailed, SiteGroup
 from powertrip.sites import site_id
 from powertrip.v1 import common_pb2
 from services.worker.site_host import RoundJob, SiteUpdate, no_stream_rows
@@ -68,6 +68,7 @@ class DistributedSitesHost:
             device=device,
             site=site_id(self.sites[0]),
         )
+        self.group.start()  # the ranks' start-up (torch import, model build) before round 1
         logger.info(
             "site %s trains over %d %s rank(s) (%s)",
             site_id(self.sites[0]),
@@ -92,9 +93,13 @@ class DistributedSitesHost:
         seed = site_seed(self.run_seed, job.round, site)
         sched = site_schedule(self._local, len(self._part), seed)  # positions in the partition
         left = job.received_at + job.deadline_s - time.monotonic()
-        result = self.group.train_round(
-            to_torch(job.params), sched, deadline_s=max(left, 1.0), round_index=job.round
-        )
+        try:
+            result = self.group.train_round(
+                to_torch(job.params), sched, deadline_s=max(left, 1.0), round_index=job.round
+            )
+        except RankFailed:  # this round is lost; fresh ranks now, not in the next one's time
+            self._restart()
+            raise
         many = self.group.config.ranks > 1
         return [
             SiteUpdate(
@@ -105,6 +110,12 @@ class DistributedSitesHost:
                 shards=[to_numpy(s) for s in result.shards] if many else None,
             )
         ]
+
+    def _restart(self) -> None:
+        try:
+            self.group.start()
+        except Exception as exc:  # the next round tries again
+            logger.warning("site %s: fresh ranks failed to start: %s", self.group.site, exc)
 
     def close(self) -> None:
         self.group.close()
