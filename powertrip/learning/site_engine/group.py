@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from powertrip.learning.device import resolve_device
+from powertrip.learning.device import device_name, resolve_device
 from powertrip.learning.local_optim import LocalOptimizer
 from powertrip.learning.site_engine.config import SiteEngineConfig
 from powertrip.learning.site_engine.files import (
@@ -51,9 +51,7 @@ class RankFailed(RuntimeError):
         self, site: str, rank: int | None, round_index: int, reason: str, starting: bool = False
     ) -> None:
         who = f"rank {rank}" if rank is not None else "the ranks"
-        when = (
-            f"while starting for round {round_index}" if starting else f"during round {round_index}"
-        )
+        when = ("while starting for" if starting else "during") + f" round {round_index}"
         head, _, detail = reason.partition("\n")
         super().__init__(f"site {site}: {who} {head} {when}" + (f"\n{detail}" if detail else ""))
         self.site, self.rank, self.round_index, self.reason = site, rank, round_index, reason
@@ -80,6 +78,19 @@ class SiteRoundResult:
     rank_cpu_seconds: tuple[float, ...] = ()
 
 
+def _device_type(device: str) -> str:
+    """``cpu`` or ``cuda`` for a ``--device`` value (rank r uses ``cuda:r`` whatever index is
+    named), checked without creating a CUDA context in the parent, which trains nothing."""
+    text = device_name(device)
+    if text == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if text.startswith("cuda") and not torch.cuda.is_available():
+        resolve_device(text)  # raises, saying why
+    if text == "meta":
+        raise ValueError("a site trains on cpu or cuda, not meta")
+    return text.split(":")[0]
+
+
 class SiteGroup:
     """A site's N training ranks, alive across rounds. ``factory()`` builds the model (a
     picklable callable, e.g. ``functools.partial(GPT, vocab, shape, fused_attention=True)``);
@@ -103,9 +114,7 @@ class SiteGroup:
             raise ValueError("the recipe's lr must be resolved (LocalOptimizer.with_lr)")
         self.config = config or SiteEngineConfig()
         self.recipe, self.factory, self.site = recipe, factory, str(site)
-        self.device_type = resolve_device(device).type
-        if self.device_type not in ("cpu", "cuda"):
-            raise ValueError(f"a site trains on cpu or cuda, not {self.device_type}")
+        self.device_type = _device_type(device)
         ranks = self.config.ranks
         if self.device_type == "cuda" and ranks > torch.cuda.device_count():
             raise ValueError(f"{ranks} ranks need {ranks} GPUs; {torch.cuda.device_count()} seen")
