@@ -122,7 +122,8 @@ def main() -> int:
     metrics_port = start_metrics_server(cfg.metrics_port, cfg.bind_host)
     channel = make_channel(cfg.aggregator_addr, cfg, AGGREGATOR)
     stub = aggregator_pb2_grpc.AggregatorServiceStub(channel)
-    runner = RoundRunner(GrpcUploader(channel, cfg.worker_id, DEFAULT_CHUNK_BYTES))
+    bf16 = cfg.upload_dtype == "bfloat16"
+    runner = RoundRunner(GrpcUploader(channel, cfg.worker_id, DEFAULT_CHUNK_BYTES, bf16))
     servicer = WorkerServicer(runner, cfg.site_indices)
     server, port, health = build_server(
         [lambda s: worker_pb2_grpc.add_WorkerServiceServicer_to_server(servicer, s)],

@@ -28,6 +28,9 @@ class WorkerConfig(ServiceConfig, DeviceSettings):
     # Where this worker keeps what a restart needs (the run's registration, the hosted sites'
     # local optimizer states, saved after each round); unset: in memory, a restart starts fresh.
     worker_state_dir: Path | None = None
+    # bfloat16: updates travel in half the bytes (rounded to nearest even; the aggregator widens
+    # them back to float32 as it folds). float32: exact.
+    upload_dtype: Literal["float32", "bfloat16"] = "float32"
     # 0: the in-process engine (all hosted sites batched on one device). N >= 1: each site
     # trains as a torch.distributed job over N rank processes, one per GPU on CUDA (a site
     # that is a GPU cluster); the other site_* settings shape that job (SiteEngineConfig).

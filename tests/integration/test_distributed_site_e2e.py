@@ -1,6 +1,6 @@
 """Sites that are GPU clusters, through the real services: two workers, each training its one
 site over two gloo ranks (POWERTRIP_SITE_RANKS=2, the site engine), send each update as two
-shard streams over mutual TLS, and the run trains to its round budget. A rank SIGKILLed after a
+bfloat16 shard streams over mutual TLS, and the run trains to its round budget. A rank SIGKILLed after a
 round fails its site's next round cleanly: the aggregator commits that round without the site
 (it sees a failed site, never a hang) and the site is back, on fresh ranks, in the round after.
 """
@@ -36,7 +36,11 @@ def plan(out: Path) -> ClusterPlan:
         log_dir=out / "logs",
         checkpoint_dir=out / "ckpt",
         tls_dir=out / "tls",
-        extra_env={"POWERTRIP_SITE_RANKS": "2", "POWERTRIP_DEVICE": "cpu"},
+        extra_env={
+            "POWERTRIP_SITE_RANKS": "2",
+            "POWERTRIP_DEVICE": "cpu",
+            "POWERTRIP_UPLOAD_DTYPE": "bfloat16",  # half the bytes, widened as they fold
+        },
     )
 
 
