@@ -47,7 +47,7 @@ def steps(out: Path, quick: bool) -> list[Step]:
     repeats = "1" if quick else "3"
     engine = [PY, str(bench / "bench_site_engine.py"), "--device", "cuda", "--repeats", repeats]
     if quick:
-        engine += ["--shapes", "124m"]
+        engine += ["--gpu-sizes", "medium"]  # GPT-2 124M only
     return [
         Step(
             "cuda tests",

@@ -49,6 +49,7 @@ ROWS: dict[str, str] = {
     "R29": "certificate lifecycle",
     "R30": "journal and status growth",
     "R31": "sharded update faults",
+    "R32": "a distributed site's rank dies",
 }
 
 

@@ -1,8 +1,9 @@
 """Sites that are GPU clusters, through the real services: two workers, each training its one
 site over two gloo ranks (POWERTRIP_SITE_RANKS=2, the site engine), send each update as two
-bfloat16 shard streams over mutual TLS, and the run trains to its round budget. A rank SIGKILLed after a
-round fails its site's next round cleanly: the aggregator commits that round without the site
-(it sees a failed site, never a hang) and the site is back, on fresh ranks, in the round after.
+bfloat16 shard streams over mutual TLS, and the run trains to its round budget. A rank
+SIGKILLed after a round fails its site's next round cleanly: the aggregator commits that round
+without the site (it sees a failed site, never a hang) and the site is back, on fresh ranks, in
+the round after.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ def wait_for(cond, timeout_s: float, what: str):
     return got
 
 
+@pytest.mark.reliability("R32")
 def test_two_rank_sites_train_and_a_killed_rank_fails_only_its_sites_round(tmp_path):
     with LocalCluster(plan(tmp_path)) as c:
         c.start()

@@ -129,6 +129,7 @@ def test_two_fsdp2_ranks_on_gloo_give_the_update_of_one_process():
     assert not torch.allclose(second.delta["blocks.0.fc.weight"], first.delta["blocks.0.fc.weight"])
 
 
+@pytest.mark.reliability("R32")
 def test_a_rank_killed_or_exiting_mid_round_fails_the_round_quickly_then_fresh_ranks_train(
     ddp, marker
 ):
