@@ -8,13 +8,13 @@ import pytest
 import torch
 
 from powertrip.fedavg import StreamingFedAvg
-from powertrip.v1 import common_pb2
 from services.aggregator.collector import RoundCollector
 from services.common.bf16 import all_finite_bf16, bf16_bits, widen_into
 from services.common.tensor_receiver import TensorStreamReceiver
 from services.common.tensor_stream import StreamError, encode, specs_of
 from services.worker.sites_host import SiteUpdate
 from services.worker.uploader import update_messages, update_wire
+from tests.unit.test_tensor_stream import receive  # the stream's one reference reader
 
 TEMPLATE = {
     "w": np.zeros((5, 7), np.float32),
@@ -36,18 +36,6 @@ def widened(a: np.ndarray) -> np.ndarray:
         return a
     bits = bf16_bits(a)
     return widen_into(bits, np.empty(bits.shape, np.uint32)).copy()
-
-
-def receive(parts, expected=None) -> TensorStreamReceiver:
-    rx = TensorStreamReceiver(expected)
-    for p in parts:
-        if isinstance(p, common_pb2.TensorStreamHeader):
-            rx.header(p)
-        elif isinstance(p, common_pb2.TensorChunk):
-            rx.chunk(p)
-        else:
-            rx.trailer(p)
-    return rx
 
 
 def test_narrowing_rounds_to_nearest_even_exactly_as_torch_does():
