@@ -10,7 +10,7 @@ from pydantic import Field, field_validator, model_validator
 
 from powertrip.learning.site_engine.config import SiteEngineConfig
 from powertrip.sites import parse_site_list
-from services.common.config import DeviceSettings, ServiceConfig
+from services.common.config import ConfigError, DeviceSettings, ServiceConfig, env_name
 from services.common.identity import validate_id
 
 
@@ -66,6 +66,22 @@ class WorkerConfig(ServiceConfig, DeviceSettings):
                 f"sites must name exactly one site, not {len(self.site_indices)}"
             )
         return self
+
+    def usable_device(self) -> str:
+        """The device, checked against this machine, and on CUDA one GPU per site rank."""
+        device = super().usable_device()
+        if self.site_ranks:
+            import torch
+
+            from powertrip.learning.device import resolve_device
+
+            seen = torch.cuda.device_count()
+            if resolve_device(device).type == "cuda" and seen < self.site_ranks:
+                raise ConfigError(
+                    f"{env_name('site_ranks')}={self.site_ranks} needs one GPU per rank; "
+                    f"this machine shows {seen} (CUDA_VISIBLE_DEVICES, the pod's nvidia.com/gpu)"
+                )
+        return device
 
     @property
     def site_engine(self) -> SiteEngineConfig | None:

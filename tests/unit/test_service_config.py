@@ -97,6 +97,33 @@ def test_bad_site_engine_settings_name_the_problem(env, message):
         load_config(WorkerConfig, {**WORKER, **env})
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_more_site_ranks_than_gpus_is_refused_at_start_naming_the_variable():
+    too_many = str(torch.cuda.device_count() + 1)
+    cfg = load_config(
+        WorkerConfig,
+        {
+            **WORKER,
+            "POWERTRIP_SITES": "0",
+            "POWERTRIP_SITE_RANKS": too_many,
+            "POWERTRIP_DEVICE": "cuda",
+        },
+    )
+    with pytest.raises(
+        ConfigError, match=f"POWERTRIP_SITE_RANKS={too_many} needs one GPU per rank"
+    ):
+        cfg.usable_device()
+
+
+def test_site_ranks_on_the_cpu_are_processes_not_gpus():
+    cfg = load_config(
+        WorkerConfig,
+        {**WORKER, "POWERTRIP_SITES": "0", "POWERTRIP_SITE_RANKS": "8", "POWERTRIP_DEVICE": "cpu"},
+    )
+    assert cfg.usable_device() == "cpu"
+
+
 def test_config_is_frozen():
     cfg = load_config(WorkerConfig, WORKER)
     with pytest.raises(ValueError):
