@@ -137,6 +137,15 @@ ACCURACY = click.FloatRange(0, 1, min_open=True)  # (0, 1]
     help="Keep the services (and their /metrics) up this many seconds after the run ends, for "
     "a Prometheus to scrape (OUTPUT/prometheus.yml lists them); Ctrl-C stops early.",
 )
+@click.option(
+    "--site-ranks",
+    type=click.IntRange(0, 64),
+    default=0,
+    show_default=True,
+    help="Each worker trains its one site as a torch.distributed job over N rank processes "
+    "(gloo on the CPU, one GPU each on CUDA; docs/site-engine.md); needs --sites equal to "
+    "--workers. 0: sites train in the worker's process.",
+)
 @device_option
 @tensorboard_option
 def up(
@@ -164,6 +173,7 @@ def up(
     output: Path,
     tensorboard: Path | None,
     linger: float,
+    site_ranks: int,
     device: str,
 ) -> None:
     """Start the profiler, the aggregator and W workers on loopback, train to the target,
@@ -175,6 +185,14 @@ def up(
             raise ValueError(f"--workload {workload} needs --dataset-path")
         if pace > 0 and clock != "emulated":
             raise ValueError("--pace paces the emulated clock; a --clock wall run is real time")
+        if site_ranks and (sites != workers or mode == "curtailment"):
+            raise ValueError(
+                f"--site-ranks trains one site per worker over its ranks: use --sites {workers} "
+                "(as many as --workers), in the powertrip mode"
+            )
+        extra_env = {"POWERTRIP_K_STAR": str(k_star)} if k_star else {}
+        if site_ranks:
+            extra_env["POWERTRIP_SITE_RANKS"] = str(site_ranks)
         plan = ClusterPlan(
             workers=workers,
             sites=sites,
@@ -194,7 +212,7 @@ def up(
             round_deadline_s=deadline,
             log_dir=output / "logs",
             checkpoint_dir=output / "checkpoints",
-            extra_env={"POWERTRIP_K_STAR": str(k_star)} if k_star else {},
+            extra_env=extra_env,
             netns_profile=netns_profile,
             tls_dir=None if insecure else output / "tls",
             insecure=insecure,

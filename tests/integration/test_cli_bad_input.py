@@ -120,6 +120,8 @@ def test_curtail_refuses_values_that_never_end(args, flag, tmp_path):
         (["--k-star", "0"], "--k-star"),
         (["--samples", "10"], "--samples"),
         (["--curtail-preset", "nope"], "--curtail-preset"),
+        (["--site-ranks", "2", "--workers", "2", "--sites", "4"], "--site-ranks"),
+        (["--site-ranks", "65"], "--site-ranks"),
     ],
 )
 def test_up_refuses_bad_numbers_before_starting_a_service(args, flag, tmp_path):
