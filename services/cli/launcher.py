@@ -122,20 +122,14 @@ class LocalCluster:
         return env
 
     def _spawn(
-        self,
-        name: str,
-        kind: str,
-        env: dict[str, str],
-        timeout_s: float,
-        netns: str | None = None,
-        host: str = "127.0.0.1",
+        self, name: str, kind: str, env: dict[str, str], timeout_s: float, *where: str | None
     ) -> Service:
-        service = self._launch(name, kind, env, netns, host)
+        service = self._launch(name, kind, env, *where)
         service.wait_ready(timeout_s)
         return service
 
     def _launch(
-        self, name: str, kind: str, env: dict[str, str], netns: str | None, host: str
+        self, name: str, kind: str, env: dict[str, str], netns: str | None, host: str = "127.0.0.1"
     ) -> Service:
         """Start a service without waiting for it (``Service.wait_ready`` does)."""
         service = start_service(name, kind, env, self.plan.log_dir, netns, host)
