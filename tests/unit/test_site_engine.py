@@ -148,33 +148,6 @@ def test_two_fsdp2_ranks_on_gloo_give_the_update_of_one_process():
     assert not torch.allclose(second.delta["blocks.0.fc.weight"], first.delta["blocks.0.fc.weight"])
 
 
-@pytest.mark.reliability("R32")
-def test_a_rank_killed_or_exiting_mid_round_fails_the_round_quickly_then_fresh_ranks_train(
-    ddp, marker
-):
-    start, rows = global_params(), schedule(4)
-    ddp.train_round(start, rows[:1])  # the ranks are up
-    long = np.concatenate([rows] * 200)  # 2,200 steps: still training when the kill lands
-    victim = ddp.pids[1]
-    threading.Timer(0.5, os.kill, (victim, signal.SIGKILL)).start()
-    began = time.monotonic()
-    with pytest.raises(RankFailed, match=r"^site 3: rank 1 exited with code -9 during round \d+$"):
-        ddp.train_round(start, long)
-    assert time.monotonic() - began < 60 and not ddp.running
-
-    out = ddp.train_round(start, rows, first_step=0)  # fresh ranks: fresh moments
-    assert out.fresh_state and ddp.pids and victim not in ddp.pids
-    assert_same_update(out.delta, reference(ADAMW, rows)[0])
-
-    marker.touch()
-    try:
-        with pytest.raises(RankFailed, match="rank 1 exited with code 3") as failed:
-            ddp.train_round(start, rows)
-    finally:
-        marker.unlink()
-    assert failed.value.rank == 1 and failed.value.site == "3"
-
-
 def test_fresh_ranks_after_a_killed_rank_resume_the_sites_moments(ddp):
     """The moments a round ends with outlive its ranks: a rank killed between rounds costs the
     next round a retry, not its AdamW state (without it, the update differs)."""
@@ -193,3 +166,30 @@ def test_fresh_ranks_after_a_killed_rank_resume_the_sites_moments(ddp):
     forgot = ddp.train_round(start, rows2, state_reset=True)  # what a lost state would give
     assert forgot.first_step == resumed.first_step
     assert not torch.allclose(forgot.delta["blocks.0.fc.weight"], kept.delta["blocks.0.fc.weight"])
+
+
+@pytest.mark.reliability("R32")
+def test_a_rank_killed_or_exiting_mid_round_fails_the_round_quickly_then_fresh_ranks_train(
+    ddp, marker
+):
+    start, rows = global_params(), schedule(4)
+    ddp.train_round(start, rows[:1])  # the ranks are up
+    long = np.concatenate([rows] * 200)  # 2,200 steps: still training when the kill lands
+    victim = ddp.pids[1]
+    threading.Timer(0.5, os.kill, (victim, signal.SIGKILL)).start()
+    began = time.monotonic()
+    with pytest.raises(RankFailed, match=r"^site 3: rank 1 exited with code -9 during round \d+$"):
+        ddp.train_round(start, long)
+    assert time.monotonic() - began < 60 and not ddp.running
+
+    out = ddp.train_round(start, rows, state_reset=True, first_step=0)  # fresh ranks
+    assert out.fresh_state and ddp.pids and victim not in ddp.pids
+    assert_same_update(out.delta, reference(ADAMW, rows)[0])
+
+    marker.touch()
+    try:
+        with pytest.raises(RankFailed, match="rank 1 exited with code 3") as failed:
+            ddp.train_round(start, rows)
+    finally:
+        marker.unlink()
+    assert failed.value.rank == 1 and failed.value.site == "3"
