@@ -37,7 +37,7 @@ from powertrip.learning.site_engine.files import (
     nbytes,
     save_tokens,
 )
-from powertrip.learning.site_engine.moments import MomentFiles, moment_kinds
+from powertrip.learning.site_engine.moments import MomentFiles, export_noted, moment_kinds
 from powertrip.learning.site_engine.rank import RankSpec, rank_main
 from powertrip.learning.site_engine.result import RankFailed, SiteRoundResult
 from powertrip.learning.site_engine.split import check_rows, split_shards
@@ -192,6 +192,8 @@ class SiteGroup:
                 p.kill()
         for p in self._procs:
             p.join(5)
+        if export_noted(self._conns):  # a rank began writing the moments before it died
+            self._saved = None
         for c in self._conns:
             c.close()
         self._procs, self._conns = [], []

@@ -10,6 +10,7 @@ the one the lost ranks would have trained.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from powertrip.learning.local_optim import LocalOptimizer
 from powertrip.learning.site_engine.files import Layout, TensorFile
 from powertrip.learning.site_optim import SiteState
 
-__all__ = ["MomentFiles", "export_moments", "import_moments", "moment_kinds"]
+__all__ = ["MomentFiles", "export_moments", "export_noted", "import_moments", "moment_kinds"]
 
 #: SiteState's kind -> torch's per-parameter state key
 _TORCH_KEY = {"exp_avg": "exp_avg", "exp_avg_sq": "exp_avg_sq", "momentum": "momentum_buffer"}
@@ -102,6 +103,17 @@ def export_moments(
             mine = t.to_local() if fsdp else t[r]
             f[name][r].copy_(to_host(mine))
     return step
+
+
+def export_noted(conns) -> bool:
+    """Whether a rank's unread messages (its pipe drained after it ended) say it began writing
+    the moments: each says so first, so files it may have half written are never loaded."""
+    noted = False
+    for c in conns:
+        with contextlib.suppress(EOFError, OSError):
+            while c.poll():
+                noted |= c.recv()[0] == "exporting"
+    return noted
 
 
 @torch.no_grad()
