@@ -5,8 +5,11 @@ The run is the same partitioned run the in-process host trains: the same partiti
 per-(run, round, site) batch order (``site_schedule``) and the same recipe, so the site engine
 is an execution choice, not another study. The rank processes keep the model and the optimizer
 between rounds; a rank that dies fails this site's round (the aggregator sees a failed site,
-as for any upload that never comes) and fresh ranks train the next one. With N > 1 ranks the
-update leaves as N shard streams, one per rank (``SiteUpdate.shards``).
+as for any upload that never comes) and fresh ranks train the next one, resuming the site's
+optimizer state (the group keeps it outside the ranks). With a ``SiteStateStore`` (the worker's
+state directory) that state is also saved after each round and resumed by a restarted worker,
+as the in-process host does. With N > 1 ranks the update leaves as N shard streams, one per
+rank (``SiteUpdate.shards``).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from powertrip.learning.site_engine.group import RankFailed, SiteGroup
 from powertrip.sites import site_id
 from powertrip.v1 import common_pb2
 from services.worker.site_host import RoundJob, SiteUpdate, no_stream_rows
+from services.worker.state_dir import SiteStateStore
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +50,7 @@ class DistributedSitesHost:
         sites: Sequence[int],
         device: str,
         engine: SiteEngineConfig,
+        store: SiteStateStore | None = None,
     ) -> None:
         if len(sites) != 1 or not 0 <= sites[0] < cfg.num_sites:
             raise ValueError(
@@ -60,6 +65,12 @@ class DistributedSitesHost:
         self._template = to_numpy(fed.initial_params)
         self._part = np.asarray(fed.partitions[self.sites[0]], dtype=np.int64)
         rows = data.x_train[self._part], data.y_train[self._part]  # the site's samples only
+        # the site's optimizer state saved by an earlier process of this worker, if any
+        self._store = store if self._local.recipe.carries_over else None
+        saved = None
+        if self._store is not None:
+            shapes = {k: tuple(v.shape) for k, v in self._template.items()}
+            saved = self._store.load(shapes, self.sites, "cpu").get(self.sites[0])
         self.group = SiteGroup(
             site_model_factory(cfg, data, fed.trainer.model),
             *rows,
@@ -67,6 +78,7 @@ class DistributedSitesHost:
             engine,
             device=device,
             site=site_id(self.sites[0]),
+            state=saved,
         )
         self.group.start()  # the ranks' start-up (torch import, model build) before round 1
         logger.info(
@@ -100,6 +112,8 @@ class DistributedSitesHost:
         except RankFailed:  # this round is lost; fresh ranks now, not in the next one's time
             self._restart()
             raise
+        if self._store is not None:  # before the update leaves: a commit implies it
+            self._store.save({site: self.group.site_state}, job.round)
         many = self.group.config.ranks > 1
         return [
             SiteUpdate(

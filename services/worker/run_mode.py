@@ -36,13 +36,13 @@ def partition_host(
     per site when the worker has ``site_ranks``."""
     run_cfg = ExperimentConfig.model_validate_json(run.run_config_json)
     engine = cfg.site_engine
+    store = state.store(run) if state is not None else None
     if engine is not None:
         from services.worker.distributed_host import DistributedSitesHost  # spawns processes
 
-        return DistributedSitesHost(run_cfg, run.run_seed, cfg.site_indices, device, engine)
+        return DistributedSitesHost(run_cfg, run.run_seed, cfg.site_indices, device, engine, store)
     from services.worker.sites_host import SitesHost  # torch: loaded once a run is known
 
-    store = state.store(run) if state is not None else None
     return SitesHost(run_cfg, run.run_seed, cfg.site_indices, device, store)
 
 

@@ -19,6 +19,7 @@ from services.worker.distributed_host import DistributedSitesHost
 from services.worker.run_mode import UnsupportedMode, host_for_reply
 from services.worker.site_host import RoundJob
 from services.worker.sites_host import SitesHost
+from services.worker.state_dir import SiteStateStore
 
 CFG = build_config(
     "quick",
@@ -38,9 +39,14 @@ SITE = 1
 
 
 @pytest.fixture(scope="module")
-def distributed():
+def store(tmp_path_factory) -> SiteStateStore:
+    return SiteStateStore(tmp_path_factory.mktemp("state") / "site-states.json", "run-5")
+
+
+@pytest.fixture(scope="module")
+def distributed(store):
     host = DistributedSitesHost(
-        CFG, run_seed=5, sites=[SITE], device="cpu", engine=SiteEngineConfig(ranks=2)
+        CFG, run_seed=5, sites=[SITE], device="cpu", engine=SiteEngineConfig(ranks=2), store=store
     )
     yield host
     host.close()
@@ -100,3 +106,25 @@ def test_a_curtailment_run_refuses_site_ranks_before_loading_anything():
     )
     with pytest.raises(UnsupportedMode, match="POWERTRIP_SITE_RANKS"):
         host_for_reply(Reply("curtailment"), cfg, "cpu", None)
+
+
+def test_a_restarted_worker_resumes_the_sites_saved_optimizer_state(distributed, store):
+    """Saved after every round (the in-process host's file), resumed by the next process: its
+    round is the one the first host trains next."""
+    job = RoundJob(round=4, sites=[SITE], params=distributed.template, deadline_s=120.0)
+    distributed.run_round(job)
+    saved = distributed.group.site_state
+    local = SitesHost(CFG, run_seed=5, sites=[SITE], device="cpu", store=store)
+    (loaded,) = local.site_states.values()  # the in-process host reads the same file
+    assert loaded.step == saved.step > 0 and set(loaded.moments) == set(saved.moments)
+
+    engine = SiteEngineConfig(ranks=1)
+    again = DistributedSitesHost(CFG, 5, [SITE], device="cpu", engine=engine, store=store)
+    try:
+        nxt = RoundJob(round=5, sites=[SITE], params=distributed.template, deadline_s=120.0)
+        (want,) = distributed.run_round(nxt)
+        (got,) = again.run_round(nxt)
+    finally:
+        again.close()
+    for name, d in want.delta.items():
+        np.testing.assert_allclose(got.delta[name], d, rtol=1e-3, atol=2e-5, err_msg=name)

@@ -66,14 +66,25 @@ def global_params() -> dict[str, torch.Tensor]:
     return get_params(GPT(VOCAB, SHAPE))
 
 
-def reference(recipe: LocalOptimizer, rows: np.ndarray):
+def reference(recipe: LocalOptimizer, rows: np.ndarray, with_state: bool = False):
     """One process, the whole batch at once: the per-site loop (``SiteOptimizer``)."""
     x, y = data()
     cpu = torch.device("cpu")
     out = train_sites_in_turn(
         GPT(VOCAB, SHAPE), global_params(), x, y, [np.arange(N)], [rows], recipe, cpu
     )
-    return {n: d[0] for n, d in out.deltas.items()}, float(out.loss[0])
+    got = {n: d[0] for n, d in out.deltas.items()}, float(out.loss[0])
+    return (*got, out.opt_state[0]) if with_state else got
+
+
+def assert_same_moments(got, want, tol: float = 1e-5) -> None:
+    """Two ``SiteState``s' moments: the same names, kinds, shapes and (closely) values."""
+    assert {n: set(m) for n, m in got.moments.items()} == {
+        n: set(m) for n, m in want.moments.items()
+    }
+    for name, kinds in want.moments.items():
+        for kind, t in kinds.items():
+            torch.testing.assert_close(got.moments[name][kind], t, rtol=tol, atol=tol * 1e-2)
 
 
 def assert_same_update(got: dict, want: dict, tol: float = 1e-5) -> None:
@@ -123,10 +134,38 @@ def test_two_fsdp2_ranks_on_gloo_give_the_update_of_one_process():
     factory = functools.partial(GPT, VOCAB, SHAPE, fused_attention=True)
     with SiteGroup(factory, x, y, ADAMW, cfg, device="cpu", threads=1) as group:
         first = group.train_round(global_params(), rows)
+        state = group.site_state  # each rank wrote its FSDP2 shard of every moment
         second = group.train_round(global_params(), rows)  # moments kept, schedule moved on
-    assert_same_update(first.delta, reference(ADAMW, rows)[0])
+        group.load_state(state)  # the ranks load their shards back before the next round
+        again = group.train_round(global_params(), rows)
+    want, _, want_state = reference(ADAMW, rows, with_state=True)
+    assert_same_update(first.delta, want)
+    assert state.step == rows.shape[0] and state.moment_step is None
+    assert_same_moments(state, want_state)
+    assert not again.fresh_state
+    assert_same_update(again.delta, second.delta, tol=1e-6)
     assert second.first_step == rows.shape[0] and not second.fresh_state
     assert not torch.allclose(second.delta["blocks.0.fc.weight"], first.delta["blocks.0.fc.weight"])
+
+
+def test_fresh_ranks_after_a_killed_rank_resume_the_sites_moments(ddp):
+    """The moments a round ends with outlive its ranks: a rank killed between rounds costs the
+    next round a retry, not its AdamW state (without it, the update differs)."""
+    start, rows1, rows2 = global_params(), schedule(12, seed=1), schedule(7, seed=2)
+    ddp.train_round(start, rows1, state_reset=True, first_step=0)
+    os.kill(ddp.pids[1], signal.SIGKILL)
+    with pytest.raises(RankFailed, match="rank 1 exited with code -9"):
+        ddp.train_round(start, rows2)
+    resumed = ddp.train_round(start, rows2)  # fresh ranks, the site's moments loaded
+    assert not resumed.fresh_state and resumed.first_step == rows1.shape[0]
+
+    ddp.train_round(start, rows1, state_reset=True, first_step=0)  # the same, uninterrupted
+    kept = ddp.train_round(start, rows2)
+    assert_same_update(resumed.delta, kept.delta, tol=1e-6)
+    ddp.train_round(start, rows1, state_reset=True, first_step=0)
+    forgot = ddp.train_round(start, rows2, state_reset=True)  # what a lost state would give
+    assert forgot.first_step == resumed.first_step
+    assert not torch.allclose(forgot.delta["blocks.0.fc.weight"], kept.delta["blocks.0.fc.weight"])
 
 
 @pytest.mark.reliability("R32")
@@ -143,7 +182,7 @@ def test_a_rank_killed_or_exiting_mid_round_fails_the_round_quickly_then_fresh_r
         ddp.train_round(start, long)
     assert time.monotonic() - began < 60 and not ddp.running
 
-    out = ddp.train_round(start, rows, first_step=0)  # fresh ranks: fresh moments
+    out = ddp.train_round(start, rows, state_reset=True, first_step=0)  # fresh ranks
     assert out.fresh_state and ddp.pids and victim not in ddp.pids
     assert_same_update(out.delta, reference(ADAMW, rows)[0])
 

@@ -12,9 +12,15 @@ from powertrip.learning.local_optim import LocalOptimizer
 from powertrip.learning.shards import shard_rows
 from powertrip.learning.site_engine.config import SiteEngineConfig
 from powertrip.learning.site_engine.files import TensorFile, layout_of
+from powertrip.learning.site_engine.moments import (
+    MomentFiles,
+    export_moments,
+    import_moments,
+    moment_kinds,
+)
 from powertrip.learning.site_engine.optim import build_optimizer, round_lrs
 from powertrip.learning.site_engine.split import check_rows, rank_share, split_shards
-from powertrip.learning.site_optim import SiteOptimizer
+from powertrip.learning.site_optim import SiteOptimizer, SiteState
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
@@ -135,3 +141,47 @@ def test_the_package_loads_torch_only_when_the_engine_is_used():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_torch_optimizer_moments_go_through_the_files_and_back(tmp_path):
+    """Exported by two ranks' rows, loaded into a fresh optimizer: the next step is the same
+    (AdamW's step count included); the files read back as a ``SiteState``."""
+    recipe = LocalOptimizer(name="adamw", lr=0.01, weight_decay=0.1)
+    assert moment_kinds(recipe) == ("exp_avg", "exp_avg_sq")
+    assert moment_kinds(recipe.model_copy(update={"name": "sgd"})) == ()
+    assert moment_kinds(recipe.model_copy(update={"keep_state": False})) == ()
+    torch.manual_seed(0)
+    params = {"w": torch.randn(5, 3, requires_grad=True), "b": torch.randn(3, requires_grad=True)}
+    files = MomentFiles(tmp_path, layout_of(list(params.items())), moment_kinds(recipe), True)
+    opt = build_optimizer(recipe, params.items())
+    grads = [{n: torch.randn_like(p) for n, p in params.items()} for _ in range(3)]
+
+    def step(o, g):
+        for n, p in params.items():
+            p.grad = g[n]
+        o.step()
+
+    for g in grads[:2]:
+        step(opt, g)
+    for rank in range(2):  # each rank its rows, as DDP ranks write the update
+        rows = lambda p, r=rank: slice(*shard_rows(p.shape[0], 2, r))  # noqa: E731
+        assert export_moments(opt, params, files, rows, fsdp=False) == 2
+    state = files.state(step=7, moment_step=2)
+    assert state.moment_step == 2 and set(state.moments["w"]) == {"exp_avg", "exp_avg_sq"}
+    torch.testing.assert_close(state.moments["w"]["exp_avg"], opt.state[params["w"]]["exp_avg"])
+
+    saved = {n: p.detach().clone() for n, p in params.items()}
+    fresh = build_optimizer(recipe, params.items())
+    import_moments(fresh, params, files, None, fsdp=False, step=2, fused=False)
+    step(opt, grads[2])
+    want = {n: p.detach().clone() for n, p in params.items()}
+    with torch.no_grad():
+        for n, p in params.items():
+            p.copy_(saved[n])
+    step(fresh, grads[2])
+    for n, p in params.items():
+        torch.testing.assert_close(p.detach(), want[n], rtol=0, atol=0)
+    assert files.write(SiteState(7, {"w": {"exp_avg": torch.ones(5, 3)}})) == 7
+    assert float(files.files["exp_avg_sq"]["w"].abs().sum()) == 0  # a missing kind: zero
+    with pytest.raises(ValueError, match="not the model"):
+        files.write(SiteState(7, {"w": {"exp_avg": torch.ones(3)}}))

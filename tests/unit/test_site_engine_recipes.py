@@ -110,6 +110,27 @@ def test_one_rank_equals_the_per_site_loop_over_two_rounds(groups, kind):
     assert group.step == 12
 
 
+@pytest.mark.parametrize("kind", ["adamw", "nesterov", "momentum"])
+def test_the_groups_site_state_is_the_per_site_loops(groups, kind):
+    """``site_state``: ``SiteOptimizer``'s kinds, shapes and values (none for momentum with
+    ``keep_state=False``, whose moments never outlive a round)."""
+    recipe, group = RECIPES[kind], groups(kind)
+    g0, rows = start_params(), schedule(1)
+    group.train_round(g0, rows, state_reset=True, first_step=0)
+    got, (_, _, want) = group.site_state, reference(recipe, g0, rows, None)
+    assert got.step == want.step == rows.shape[0]
+    if not recipe.keep_state:
+        assert got.moments == {}
+        return
+    assert got.moment_step == want.moment_step
+    assert {n: set(m) for n, m in got.moments.items()} == {
+        n: set(m) for n, m in want.moments.items()
+    }
+    for name, kinds in want.moments.items():
+        for k, t in kinds.items():
+            torch.testing.assert_close(got.moments[name][k], t, rtol=1e-5, atol=1e-7)
+
+
 def test_state_reset_drops_the_moments_but_not_the_schedules_position(groups):
     recipe, group = RECIPES["adamw"], groups("adamw")
     g0, rows = start_params(), schedule(3)
@@ -141,7 +162,8 @@ def test_a_round_past_its_deadline_fails_and_the_next_one_starts_fresh_ranks(gro
     with pytest.raises(RankFailed, match="the ranks missed the round.s deadline during round"):
         group.train_round(g0, np.concatenate([rows] * 500), deadline_s=0.2)
     assert not group.running
-    assert group.train_round(g0, rows[:2]).fresh_state and group.running
+    resumed = group.train_round(g0, rows[:2])  # fresh ranks, the site's momentum loaded
+    assert not resumed.fresh_state and group.running
 
 
 @pytest.mark.gpu

@@ -37,6 +37,10 @@ class SiteEngineConfig(BaseModel):
     micro_batch: int | None = Field(None, ge=1)
     #: torch.distributed backend; auto: nccl on CUDA, gloo on the CPU
     backend: Literal["auto", "gloo", "nccl"] = "auto"
+    #: after every round, the ranks write the optimizer's moments to files the parent reads
+    #: (``SiteGroup.site_state``) and fresh ranks load (after a rank failure), so a failure
+    #: does not reset them; False: the moments live in the ranks only
+    keep_moments: bool = True
     #: seconds a collective may wait for a silent rank before the round fails
     timeout_s: float = Field(300.0, gt=0)
 

@@ -5,8 +5,9 @@
 model and its optimizer's state) and waits for every round on both the ranks' pipes and their
 process sentinels: a rank that dies, fails, or a round past its deadline makes ``train_round``
 raise ``RankFailed`` within about a second of it, the remaining ranks are killed, and the next
-call starts fresh ranks (the optimizer's moments start afresh then; the site's step count, and
-so its lr schedule, carries on).
+call starts fresh ranks. After every round the ranks write the optimizer's moments to files
+(moments.py) that fresh ranks load, so they carry on where the lost ones stopped, moments, step
+count and lr schedule; ``site_state``/``load_state`` move them in and out of the group.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import tempfile
 import time
 import weakref
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from multiprocessing.connection import wait
 from pathlib import Path
 
@@ -37,45 +37,13 @@ from powertrip.learning.site_engine.files import (
     nbytes,
     save_tokens,
 )
+from powertrip.learning.site_engine.moments import MomentFiles, export_noted, moment_kinds
 from powertrip.learning.site_engine.rank import RankSpec, rank_main
+from powertrip.learning.site_engine.result import RankFailed, SiteRoundResult
 from powertrip.learning.site_engine.split import check_rows, split_shards
+from powertrip.learning.site_optim import SiteState
 
 __all__ = ["RankFailed", "SiteGroup", "SiteRoundResult"]
-
-
-class RankFailed(RuntimeError):
-    """A rank of a site's job died, failed or missed the round's deadline; the group has ended
-    its other ranks and starts fresh ones on the next ``train_round``."""
-
-    def __init__(
-        self, site: str, rank: int | None, round_index: int, reason: str, starting: bool = False
-    ) -> None:
-        who = f"rank {rank}" if rank is not None else "the ranks"
-        when = ("while starting for" if starting else "during") + f" round {round_index}"
-        head, _, detail = reason.partition("\n")
-        super().__init__(f"site {site}: {who} {head} {when}" + (f"\n{detail}" if detail else ""))
-        self.site, self.rank, self.round_index, self.reason = site, rank, round_index, reason
-        self.starting = starting
-
-
-@dataclass(frozen=True)
-class SiteRoundResult:
-    """One round of one site."""
-
-    delta: dict[str, torch.Tensor]  # params after minus the global params, float32, host
-    loss: float  # mean training loss over the round's steps (each the batch's mean)
-    steps: int  # optimizer steps taken
-    num_samples: int  # distinct samples the round trained on (the FedAvg weight)
-    seconds: float  # wall time of ``train_round``, the delta in host memory included
-    #: shard r: rows ``shard_rows(dim0, ranks, r)`` of every tensor of ``delta`` (views; a 0-d
-    #: tensor is whole in shard 0), what rank r sends in a sharded upload
-    shards: tuple[dict[str, torch.Tensor], ...]
-    #: the optimizer's moments started afresh this round (first round, ``state_reset``,
-    #: ``keep_state=False``, or fresh ranks after a failure)
-    fresh_state: bool
-    first_step: int  # the site's cumulative local steps before the round (schedule position)
-    #: CPU seconds each rank's process spent on the round (a rank starved of cores shows here)
-    rank_cpu_seconds: tuple[float, ...] = ()
 
 
 def _device_type(device: str) -> str:
@@ -109,6 +77,7 @@ class SiteGroup:
         site: int | str = 0,
         threads: int | None = None,
         workdir: str | Path | None = None,
+        state: SiteState | None = None,
     ) -> None:
         if recipe.lr is None:
             raise ValueError("the recipe's lr must be resolved (LocalOptimizer.with_lr)")
@@ -122,20 +91,40 @@ class SiteGroup:
         self.threads = threads or max(1, (os.cpu_count() or 1) // ranks)
         with torch.device("meta"):
             self.layout = layout_of(list(factory().named_parameters()))
-        need = 2 * 4 * sum(math.prod(shape) for _, shape in self.layout) + nbytes(x) + nbytes(y)
+        kinds = moment_kinds(recipe) if self.config.keep_moments else ()
+        model_bytes = 4 * sum(math.prod(shape) for _, shape in self.layout)
+        need = (2 + len(kinds)) * model_bytes + nbytes(x) + nbytes(y)
         where = workdir if workdir is not None else memory_dir(need)
         self._dir = Path(tempfile.mkdtemp(prefix=f"powertrip-site-{self.site}-", dir=where))
         self._cleanup = weakref.finalize(self, _remove, [], self._dir)
         self.num_rows = save_tokens(self._dir, x, y)
         self._global = TensorFile(self._dir / "global.f32", self.layout, create=True)
         self._delta = TensorFile(self._dir / "delta.f32", self.layout, create=True)
+        self._moments = MomentFiles(self._dir, self.layout, kinds, create=True)
+        self._saved: int | None = None  # the moment files' step count (None: none usable)
+        self._moment_step = 0  # steps since the ranks' moments began
         self._procs: list = []
         self._conns: list = []
         self._generation = 0
         self._closed = False
-        self._fresh = True  # the ranks' moments are empty (no round since they started)
+        self._fresh = True  # the ranks' moments are not the site's (none, or replaced)
         self.step = 0  #: the site's cumulative local steps (its schedule's position)
         self.rounds = 0  #: rounds trained (successfully or not)
+        if state is not None:
+            self.load_state(state)
+
+    # -- the optimizer's state ----------------------------------------------------------------
+    @property
+    def site_state(self) -> SiteState:
+        """The site's optimizer state after its last round (copies of the moment files:
+        ``SiteOptimizer``'s kinds and shapes, none for plain sgd or ``keep_moments=False``)."""
+        return self._moments.state(self.step, 0 if self._saved is None else self._saved)
+
+    def load_state(self, state: SiteState) -> None:
+        """Resume ``state`` (e.g. a saved ``site_state``): the step count now, the moments at the
+        next round (the ranks load them from the files; none given: they start afresh)."""
+        self.step, self._fresh = int(state.step), True
+        self._saved = self._moments.write(state) if self._moments and state.moments else None
 
     # -- lifecycle ----------------------------------------------------------------------------
     @property
@@ -188,6 +177,7 @@ class SiteGroup:
         self._closed = True
         self._global.close()
         self._delta.close()
+        self._moments.close()
         self._cleanup()
 
     def __enter__(self) -> SiteGroup:
@@ -202,6 +192,8 @@ class SiteGroup:
                 p.kill()
         for p in self._procs:
             p.join(5)
+        if export_noted(self._conns):  # a rank began writing the moments before it died
+            self._saved = None
         for c in self._conns:
             c.close()
         self._procs, self._conns = [], []
@@ -232,8 +224,11 @@ class SiteGroup:
         self._global.write(global_params)
         first = self.step if first_step is None else int(first_step)
         self.start()
-        fresh = self._fresh or state_reset or not self.recipe.keep_state
-        payload = {"rows": r, "first_step": first, "reset": bool(state_reset)}
+        reset = state_reset or not self.recipe.keep_state
+        load = self._saved if self._fresh and not reset else None
+        fresh = reset or (self._fresh and load is None)
+        payload = {"rows": r, "first_step": first, "reset": fresh, "load": load}
+        base = 0 if fresh else self._moment_step if load is None else load
         deadline = None if deadline_s is None else time.monotonic() + deadline_s
         for rank, conn in enumerate(self._conns):
             try:
@@ -243,6 +238,8 @@ class SiteGroup:
         replies = self._collect("done", deadline, "training", index)
         self._fresh = False
         self.step = first + r.shape[0]
+        self._moment_step = base + r.shape[0]
+        self._saved = self._moment_step if self._moments else None
         delta = {name: t.clone() for name, t in self._delta.tensors.items()}
         return SiteRoundResult(
             delta=delta,
@@ -277,6 +274,8 @@ class SiteGroup:
                     if got == "error":
                         last = str(payload).strip().splitlines()[-1]
                         self._fail(rank, f"failed ({last})\n{payload}", index, doing)
+                    if got == "exporting":  # the moment files are being overwritten
+                        self._saved = None
                     if got == kind:
                         replies[rank] = payload
                 else:  # a rank's process ended: the group cannot go on without it

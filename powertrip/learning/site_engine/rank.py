@@ -31,6 +31,12 @@ from powertrip.learning.local_optim import LocalOptimizer
 from powertrip.learning.shards import shard_rows
 from powertrip.learning.site_engine.config import SiteEngineConfig
 from powertrip.learning.site_engine.files import Layout, TensorFile, layout_of, load_tokens
+from powertrip.learning.site_engine.moments import (
+    MomentFiles,
+    export_moments,
+    import_moments,
+    moment_kinds,
+)
 from powertrip.learning.site_engine.optim import build_optimizer, reset_moments, round_lrs
 from powertrip.learning.site_engine.split import rank_share
 
@@ -65,7 +71,8 @@ def rank_main(rank: int, spec: RankSpec, conn) -> None:
                 break
             if kind == "close":
                 break
-            conn.send(("done", worker.train_round(**payload)))
+            note = lambda: conn.send(("exporting", None))  # noqa: E731
+            conn.send(("done", worker.train_round(**payload, note=note)))
     except BaseException:  # reported, then the process ends; the parent ends the others
         with contextlib.suppress(Exception):
             conn.send(("error", traceback.format_exc()))
@@ -158,13 +165,23 @@ class _Rank:
         self.global_ = TensorFile(work / "global.f32", spec.layout)
         self.delta = TensorFile(work / "delta.f32", spec.layout)
         self.x, self.y = load_tokens(work)
+        kinds = moment_kinds(spec.recipe) if cfg.keep_moments else ()
+        self.moments = MomentFiles(work, spec.layout, kinds)
 
     # -- one round --------------------------------------------------------------------------
-    def train_round(self, rows: np.ndarray, first_step: int, reset: bool) -> dict:
+    def train_round(
+        self, rows: np.ndarray, first_step: int, reset: bool, load: int | None, note
+    ) -> dict:
+        """``load``: the moments' step count when the site's moments are to be loaded from
+        their files first (fresh ranks); ``note()`` tells the parent the files are about to
+        change (a failure from then on leaves them half written)."""
         recipe = self.spec.recipe
         cpu = time.process_time()
         self._load_global()
-        if reset or not recipe.keep_state:
+        fused = self.device.type == "cuda"
+        if load is not None and self.moments:
+            import_moments(self.opt, self.params, self.moments, self._rows, self.fsdp, load, fused)
+        elif reset or not recipe.keep_state:
             reset_moments(self.opt)
         lrs = round_lrs(recipe, first_step, rows.shape[0])
         params = list(self.params.values())
@@ -181,9 +198,14 @@ class _Rank:
         if self.world > 1:
             dist.all_reduce(loss)
         self._write_delta()
+        moment_step = None
+        if self.moments:
+            note()
+            moment_step = export_moments(self.opt, self.params, self.moments, self._rows, self.fsdp)
         return {
             "loss": scalar(loss) / (self.world * rows.shape[0]),
             "cpu_s": time.process_time() - cpu,
+            "moment_step": moment_step,
         }
 
     def _step(self, row: np.ndarray) -> torch.Tensor:

@@ -1,0 +1,148 @@
+"""A site's optimizer moments outside its ranks, so that they outlive them.
+
+After every round each rank writes its rows of every moment (``shard_rows``, its FSDP2 shard,
+exactly as it writes the update) into one memory-mapped float32 file per moment kind in the
+group's directory; the parent reads them as a ``SiteState`` (the project's per-site state, the
+one ``SiteOptimizer`` keeps), and fresh ranks, after a failure or in a new group given a state,
+load them back into their torch optimizer, AdamW's step count included, so the next round is
+the one the lost ranks would have trained.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import torch
+
+from powertrip.learning.device import to_host
+from powertrip.learning.local_optim import LocalOptimizer
+from powertrip.learning.site_engine.files import Layout, TensorFile
+from powertrip.learning.site_optim import SiteState
+
+__all__ = ["MomentFiles", "export_moments", "export_noted", "import_moments", "moment_kinds"]
+
+#: SiteState's kind -> torch's per-parameter state key
+_TORCH_KEY = {"exp_avg": "exp_avg", "exp_avg_sq": "exp_avg_sq", "momentum": "momentum_buffer"}
+
+
+def moment_kinds(recipe: LocalOptimizer) -> tuple[str, ...]:
+    """The moments ``recipe`` keeps across rounds (``SiteOptimizer``'s kinds); none for plain
+    sgd or ``keep_state=False``, whose moments never outlive a round."""
+    if not recipe.keep_state:
+        return ()
+    if recipe.name == "adamw":
+        return ("exp_avg", "exp_avg_sq")
+    return ("momentum",) if recipe.name in ("momentum", "nesterov") and recipe.momentum else ()
+
+
+class MomentFiles:
+    """One ``TensorFile`` per moment kind, the model's layout (``moments.<kind>.f32``)."""
+
+    def __init__(self, workdir: str | Path, layout: Layout, kinds, create: bool = False) -> None:
+        self.layout = layout
+        self.files = {
+            k: TensorFile(Path(workdir) / f"moments.{k}.f32", layout, create=create) for k in kinds
+        }
+
+    def __bool__(self) -> bool:
+        return bool(self.files)
+
+    def state(self, step: int, moment_step: int) -> SiteState:
+        """The site's state from the files (copies: the next round overwrites them); none
+        when ``moment_step`` is 0 (no moments yet, or none kept)."""
+        if not self.files or moment_step == 0:
+            return SiteState(step, {}, 0)
+        moments = {
+            name: {k: f[name].clone() for k, f in self.files.items()} for name, _ in self.layout
+        }
+        return SiteState(step, moments, None if moment_step == step else moment_step)
+
+    def write(self, state: SiteState) -> int:
+        """A ``SiteState``'s moments in (a name or kind it lacks: zero, a fresh moment); the
+        moments' step count."""
+        moments, shapes = state.moments, dict(self.layout)
+        for name, m in moments.items():
+            for kind, t in m.items():
+                if shapes.get(name) != tuple(t.shape):
+                    raise ValueError(f"moment {name}/{kind} {tuple(t.shape)} is not the model's")
+        for kind, f in self.files.items():
+            for name in shapes:
+                t = moments.get(name, {}).get(kind)
+                f[name].zero_() if t is None else f[name].copy_(t)
+        return int(state.step if state.moment_step is None else state.moment_step)
+
+    def close(self) -> None:
+        for f in self.files.values():
+            f.close()
+
+
+def export_moments(
+    opt: torch.optim.Optimizer,
+    params: Mapping[str, torch.Tensor],
+    files: MomentFiles,
+    rows: Callable[[torch.Tensor], slice | None],
+    fsdp: bool,
+) -> int:
+    """Write this rank's rows of every moment (``rows(p)``, as the update's); the steps since
+    the moments began (AdamW's ``state[p]["step"]``; 0 when torch keeps no count)."""
+    step = 0
+    for name, p in params.items():
+        st = opt.state.get(p, {})
+        if "step" in st:
+            step = int(st["step"])
+        r = rows(p)
+        if r is None:
+            continue
+        for kind, f in files.files.items():
+            t = st.get(_TORCH_KEY[kind])
+            if t is None:  # no step since the moments began: a zero moment
+                f[name][r].zero_()
+                continue
+            mine = t.to_local() if fsdp else t[r]
+            f[name][r].copy_(to_host(mine))
+    return step
+
+
+def export_noted(conns) -> bool:
+    """Whether a rank's unread messages (its pipe drained after it ended) say it began writing
+    the moments: each says so first, so files it may have half written are never loaded."""
+    noted = False
+    for c in conns:
+        with contextlib.suppress(EOFError, OSError):
+            while c.poll():
+                noted |= c.recv()[0] == "exporting"
+    return noted
+
+
+@torch.no_grad()
+def import_moments(
+    opt: torch.optim.Optimizer,
+    params: Mapping[str, torch.Tensor],
+    files: MomentFiles,
+    rows: Callable[[torch.Tensor], slice | None],
+    fsdp: bool,
+    step: int,
+    fused: bool,
+) -> None:
+    """Replace the optimizer's state with the files' moments: the whole tensor under DDP, this
+    rank's shard (the DTensor's local part) under FSDP2, and AdamW's step count."""
+    opt.state.clear()
+    adamw = "exp_avg" in files.files
+    for name, p in params.items():
+        st: dict = {}
+        for kind, f in files.files.items():
+            buf = torch.zeros_like(p, memory_format=torch.preserve_format)
+            if fsdp and p.dim() > 0:
+                buf.to_local().copy_(f[name][rows(p)])
+            elif fsdp:
+                buf.to_local().copy_(f[name])
+            else:
+                buf.copy_(f[name])
+            st[_TORCH_KEY[kind]] = buf
+        if adamw:  # torch's own placement: on the device for the fused kernel, else the host
+            where = p.device if fused else torch.device("cpu")
+            st["step"] = torch.tensor(float(step), dtype=torch.float32, device=where)
+        if st:
+            opt.state[p] = st
