@@ -18,9 +18,10 @@ from powertrip.selection.scoring import (
     Ranking,
     ScoreForm,
     WeightSchedule,
-    rank_sites,
+    rank_key,
     score_weights,
 )
+from powertrip.selection.topk import full_order, top_order
 from powertrip.sites import SiteProfile
 
 
@@ -74,18 +75,29 @@ class RankingConfig:
     form: ScoreForm = ScoreForm.DIFFERENCE
     alpha: float | None = None  # fixed alpha overrides the schedule
 
-    def order(self, ctx: RoundContext) -> NDArray[np.int64]:
+    def alpha_beta(self, ctx: RoundContext) -> tuple[float, float]:
+        """(alpha, beta) of Eq. 8 for this round."""
         if self.alpha is not None:
-            alpha, beta = self.alpha, 1.0 - self.alpha
-        elif Ranking(self.ranking) is Ranking.POWER_TO_COST:
+            return self.alpha, 1.0 - self.alpha
+        if Ranking(self.ranking) is Ranking.POWER_TO_COST:
             bw = None
             if WeightSchedule(self.weights) is WeightSchedule.COMPUTE_SHARE:
                 # comm = latency + 8M/B, so the median link's transfer share recovers B_med.
                 bw = ctx.update_bytes * 8 / max(float(np.median(ctx.profile.comm_s)), 1e-12)
-            alpha, beta = score_weights(ctx.update_bytes, self.weights, ctx.ideal_compute_s, bw)
-        else:
-            alpha, beta = 0.5, 0.5
-        return rank_sites(ctx.profile, self.ranking, alpha, beta, ctx.ideal_compute_s, self.form)
+            return score_weights(ctx.update_bytes, self.weights, ctx.ideal_compute_s, bw)
+        return 0.5, 0.5
+
+    def key(self, ctx: RoundContext) -> NDArray[np.float64]:
+        """Each site's sort key, ascending = best (see ``rank_key``)."""
+        alpha, beta = self.alpha_beta(ctx)
+        return rank_key(ctx.profile, self.ranking, alpha, beta, ctx.ideal_compute_s, self.form)
+
+    def order(self, ctx: RoundContext) -> NDArray[np.int64]:
+        return full_order(self.key(ctx))
+
+    def top(self, ctx: RoundContext, m: int) -> NDArray[np.int64]:
+        """``order(ctx)[:m]`` without sorting every site."""
+        return top_order(self.key(ctx), m)
 
 
 class SelectionPolicy(ABC):
@@ -117,7 +129,7 @@ class StaticTopK(SelectionPolicy):
         self.name = name or f"static-{k}"
 
     def select(self, ctx: RoundContext) -> NDArray[np.int64]:
-        return self.ranking.order(ctx)[: min(self.k, ctx.profile.size)]
+        return self.ranking.top(ctx, min(self.k, ctx.profile.size))
 
 
 class SelectAll(SelectionPolicy):

@@ -30,6 +30,7 @@ from powertrip.selection.base import (
 )
 from powertrip.selection.gains import GainModel, ProjectedGain, build_gain
 from powertrip.selection.scoring import Estimator, prefix_round_times
+from powertrip.selection.topk import RankedPrefix
 
 __all__ = ["GainModel", "GreedyConfig", "PowerTripGreedy", "SearchMode"]
 
@@ -95,19 +96,31 @@ class PowerTripGreedy(SelectionPolicy):
         self._shrink_votes = 0
         self._accuracy: deque[float] = deque(maxlen=self.config.trend_rounds + 1)
         self._feedback: RoundFeedback | None = None
+        self._ranked = RankedPrefix()  # the ranking's best sites, while the profile is unchanged
 
     # -- the policy interface -------------------------------------------------------------------
     def select(self, ctx: RoundContext) -> NDArray[np.int64]:
-        order = self.config.ranking.order(ctx)
-        n = order.size
+        # Only the first k + w ranked sites can be chosen (window 0: all), so only those are
+        # ranked: the full order's prefix, identical to slicing a full ranking.
+        n = ctx.profile.size
         if self.k is None:
             self.k = min(max(self.config.k0, self.config.min_sites), n)
         elif self._feedback is not None:
-            self.k = self._next_k(min(self.k, n), self.prefix_times(ctx, order), self._feedback)
+            k = min(self.k, n)
+            top = self._top(ctx, min(n, k + self.config.window) if self.config.window else n)
+            self.k = self._next_k(k, self.prefix_times(ctx, top), self._feedback, n)
         self.k = min(self.k, n)
         self._feedback = None
         self.k_history.append(self.k)
-        return order[: self.k]
+        return self._top(ctx, self.k)
+
+    def _top(self, ctx: RoundContext, m: int) -> NDArray[np.int64]:
+        """The first m sites of the ranking: memoised when the ranking exposes its sort key, else
+        sliced from its full order (a ranking that only implements ``order``)."""
+        ranking = self.config.ranking
+        if hasattr(ranking, "key"):
+            return self._ranked.top(ranking, ctx, m)
+        return ranking.order(ctx)[:m]
 
     def prefix_times(self, ctx: RoundContext, order: NDArray[np.int64]) -> NDArray[np.float64]:
         """T_hat(k) for the first k sites of ``order``; a subclass may model rounds otherwise."""
@@ -133,8 +146,11 @@ class PowerTripGreedy(SelectionPolicy):
         """Line 13: Delta A_hat(k') for each candidate count, relative to the current count k."""
         return self.gain.project(self._trend(), candidates, k)
 
-    def _next_k(self, k: int, prefix_times: NDArray[np.float64], fb: RoundFeedback) -> int:
-        n = prefix_times.size
+    def _next_k(
+        self, k: int, prefix_times: NDArray[np.float64], fb: RoundFeedback, n: int | None = None
+    ) -> int:
+        """Lines 10-16 over the n sites, of which ``prefix_times`` covers at least the window."""
+        n = prefix_times.size if n is None else n
         w = self.config.window or n
         lo, hi = max(min(self.config.min_sites, n), k - w), min(n, k + w)
         candidates = np.arange(lo, hi + 1, dtype=np.int64)

@@ -12,6 +12,7 @@ from enum import StrEnum
 import numpy as np
 from numpy.typing import NDArray
 
+from powertrip.selection.topk import full_order
 from powertrip.sites import SiteProfile
 
 GB = 1e9  # update sizes are in decimal gigabytes
@@ -79,9 +80,24 @@ def power_to_cost_scores(
     return alpha * p_norm - beta * c_norm
 
 
-def _order(key: NDArray[np.float64]) -> NDArray[np.int64]:
-    """Ascending by key; ties broken by site index so rankings are deterministic."""
-    return np.lexsort((np.arange(key.size), key)).astype(np.int64)
+def rank_key(
+    profile: SiteProfile,
+    ranking: Ranking,
+    alpha: float = 0.5,
+    beta: float = 0.5,
+    ideal_compute_s: float = 1.0,
+    form: ScoreForm = ScoreForm.DIFFERENCE,
+) -> NDArray[np.float64]:
+    """The sort key of ``rank_sites`` (ascending = best), a new array: kept apart from the sort so a
+    policy can rank only the prefix it needs (``powertrip.selection.topk``)."""
+    ranking = Ranking(ranking)
+    if ranking is Ranking.POWER_TO_COST:
+        return -power_to_cost_scores(profile.power, profile.comm_s, alpha, beta, form)
+    if ranking is Ranking.POWER:
+        return -np.asarray(profile.power, dtype=np.float64)
+    if ranking is Ranking.LATENCY:
+        return np.array(profile.comm_s, dtype=np.float64)  # a copy: the memo must not alias it
+    return ideal_compute_s / profile.power + profile.comm_s
 
 
 def rank_sites(
@@ -93,14 +109,7 @@ def rank_sites(
     form: ScoreForm = ScoreForm.DIFFERENCE,
 ) -> NDArray[np.int64]:
     """Site indices, best first, under the chosen ranking."""
-    ranking = Ranking(ranking)
-    if ranking is Ranking.POWER_TO_COST:
-        return _order(-power_to_cost_scores(profile.power, profile.comm_s, alpha, beta, form))
-    if ranking is Ranking.POWER:
-        return _order(-profile.power)
-    if ranking is Ranking.LATENCY:
-        return _order(profile.comm_s)
-    return _order(ideal_compute_s / profile.power + profile.comm_s)
+    return full_order(rank_key(profile, ranking, alpha, beta, ideal_compute_s, form))
 
 
 def prefix_round_times(
