@@ -122,18 +122,17 @@ class LocalCluster:
         return env
 
     def _spawn(
-        self, name: str, kind: str, env: dict[str, str], timeout_s: float, *where: str | None
+        self,
+        name: str,
+        kind: str,
+        env: dict[str, str],
+        timeout_s: float,
+        netns: str | None = None,
+        host: str = "127.0.0.1",
     ) -> Service:
-        service = self._launch(name, kind, env, *where)
-        service.wait_ready(timeout_s)
-        return service
-
-    def _launch(
-        self, name: str, kind: str, env: dict[str, str], netns: str | None, host: str = "127.0.0.1"
-    ) -> Service:
-        """Start a service without waiting for it (``Service.wait_ready`` does)."""
         service = start_service(name, kind, env, self.plan.log_dir, netns, host)
         self.services.append(service)  # before waiting: stop() ends it if it never gets ready
+        service.wait_ready(timeout_s)
         return service
 
     def start(self, on_started: Callable[[Service], None] | None = None) -> None:
@@ -184,21 +183,24 @@ class LocalCluster:
         if on_started:
             on_started(agg)
         agg_port = agg.grpc_addr.rsplit(":", 1)[1]
-        workers = []  # all started at once: each spends its start-up importing and loading
         for i, (wid, sites) in enumerate(zip(p.worker_ids, p.site_ranges(), strict=True)):
             ns, addr, hub_addr = worker_links[i] if worker_links else (None, "127.0.0.1", None)
-            env = self._env(
-                wid,
-                aggregator_addr=f"{hub_addr or '127.0.0.1'}:{agg_port}",
-                worker_id=wid,
-                advertise_host=addr,
-                sites=sites,
-                device=p.device,
-                **bind,
+            w = self._spawn(
+                f"worker-{i}",
+                "worker",
+                self._env(
+                    wid,
+                    aggregator_addr=f"{hub_addr or '127.0.0.1'}:{agg_port}",
+                    worker_id=wid,
+                    advertise_host=addr,
+                    sites=sites,
+                    device=p.device,
+                    **bind,
+                ),
+                300,
+                ns,
+                addr,
             )
-            workers.append(self._launch(f"worker-{i}", "worker", env, ns, addr))
-        for w in workers:
-            w.wait_ready(300)
             if on_started:
                 on_started(w)
 
