@@ -3,6 +3,7 @@ same run, as a table (``name | measured | baseline | ratio | target | PASS/MISS`
 
     .venv/bin/python benchmarks/run.py [--quick] [--flower] [--json out.json] [--only NAME,...]
 
+Each measured figure is a median; ``[min-max]`` after it is its range over the repeats.
 Sections: training, flower (only with --flower: it starts Ray), upload, fold, decision, rounds.
 ``--quick`` shrinks every section (a smoke run, well under a minute without --flower); its
 figures are not the ones the targets are about. How to read the table: benchmarks/README.md.
@@ -61,8 +62,9 @@ def print_rows(rows: Sequence[Row]) -> None:
     for r in rows:
         ratio = "-" if r.ratio is None else f"{r.ratio:.3g}x"
         base = "-" if r.baseline is None else f"{fmt(r.baseline)} ({r.baseline_name})"
+        span = "" if r.spread is None else f" [{fmt(r.spread[0])}-{fmt(r.spread[1])}]"
         print(
-            f"{r.name} | {fmt(r.measured)} {r.unit} | {base} | {ratio} | {r.target or '-'} | "
+            f"{r.name} | {fmt(r.measured)}{span} {r.unit} | {base} | {ratio} | {r.target or '-'} | "
             f"{r.verdict or '-'}",
             flush=True,
         )

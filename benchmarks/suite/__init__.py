@@ -34,6 +34,9 @@ class Row:
     target: str = ""
     verdict: str = ""
     note: str = ""
+    # (min, max) of the measured figure over the repeats whose median ``measured`` is; every
+    # timed row carries it, so a reader sees the noise next to the figure
+    spread: tuple[float, float] | None = None
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -44,11 +47,21 @@ def verdict(ok: bool) -> str:
     return "PASS" if ok else "MISS"
 
 
-def median_time(fn: Callable[[], object], repeats: int) -> float:
-    """Median wall seconds of ``repeats`` calls (after the caller's own warm-up)."""
+def repeat_times(fn: Callable[[], object], repeats: int) -> list[float]:
+    """Wall seconds of each of ``repeats`` calls (after the caller's own warm-up)."""
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return times
+
+
+def median_time(fn: Callable[[], object], repeats: int) -> float:
+    """Median wall seconds of ``repeats`` calls (after the caller's own warm-up)."""
+    return statistics.median(repeat_times(fn, repeats))
+
+
+def rate_stats(nbytes: float, times: list[float]) -> tuple[float, tuple[float, float]]:
+    """(median rate, (min rate, max rate)) of ``nbytes`` moved in each of ``times`` seconds."""
+    return nbytes / statistics.median(times), (nbytes / max(times), nbytes / min(times))
