@@ -186,10 +186,9 @@ def model_error(
 def serve(mode: str, args: argparse.Namespace) -> None:
     """Aggregator child: print {"port"}, wait for the uploads, commit, print the result."""
     from powertrip.fedavg import delta_sketch, sketch_stride
-    from powertrip.v1 import aggregator_pb2_grpc
     from services.aggregator.collector import RoundCollector
     from services.aggregator.registry import WorkerRegistry
-    from services.aggregator.servicer import AggregatorServicer
+    from services.aggregator.servicer import AggregatorServicer, add_to_server
     from services.common.config import ServiceConfig
     from services.common.grpc_server import build_server
     from services.common.memory import pin_mmap_threshold
@@ -205,7 +204,7 @@ def serve(mode: str, args: argparse.Namespace) -> None:
     run = SimpleNamespace(registry=registry, executor=executor, cfg=run_cfg)
     servicer = AggregatorServicer(run)  # type: ignore[arg-type]  # only .registry/.executor used
     server, port, _ = build_server(
-        [lambda srv: aggregator_pb2_grpc.add_AggregatorServiceServicer_to_server(servicer, srv)],
+        [lambda srv: add_to_server(servicer, srv)],
         "127.0.0.1:0",
         cfg,
     )

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import grpc
 
-from powertrip.v1 import aggregator_pb2_grpc
 from services.aggregator.config import AggregatorConfig
 from services.aggregator.run import AggregatorRun
-from services.aggregator.servicer import AggregatorServicer
+from services.aggregator.servicer import AggregatorServicer, add_to_server
 from services.common.config import load_config
 from services.common.grpc_server import build_server, set_serving
 
@@ -30,7 +29,7 @@ def serve(run: AggregatorRun) -> tuple[grpc.Server, int]:
     """``run``'s AggregatorService started on 127.0.0.1 and SERVING; (server, port)."""
     servicer = AggregatorServicer(run)
     server, port, health = build_server(
-        [lambda s: aggregator_pb2_grpc.add_AggregatorServiceServicer_to_server(servicer, s)],
+        [lambda s: add_to_server(servicer, s)],
         "127.0.0.1:0",
         run.cfg,
         [SERVICE],

@@ -8,14 +8,14 @@ import threading
 import time
 from collections.abc import Callable
 
-from powertrip.v1 import aggregator_pb2_grpc, profiler_pb2, profiler_pb2_grpc
+from powertrip.v1 import profiler_pb2, profiler_pb2_grpc
 from services.aggregator.checkpoint import NoUsableCheckpoint
 from services.aggregator.config import AggregatorConfig
 from services.aggregator.curtail_run import CurtailmentRun
 from services.aggregator.lifecycle import Run
 from services.aggregator.run import AggregatorRun
 from services.aggregator.run_status import RunState
-from services.aggregator.servicer import AggregatorServicer
+from services.aggregator.servicer import AggregatorServicer, add_to_server
 from services.aggregator.worker_tracker import WorkerTracker
 from services.common.command_line import parse_service_args
 from services.common.config import ConfigError, load_config
@@ -76,7 +76,7 @@ def main() -> int:
 
     servicer = AggregatorServicer(run, WorkerTracker(track_quietly).track)
     server, port, health = build_server(
-        [lambda s: aggregator_pb2_grpc.add_AggregatorServiceServicer_to_server(servicer, s)],
+        [lambda s: add_to_server(servicer, s)],
         f"{cfg.bind_host}:{cfg.grpc_port}",
         cfg,
         [SERVICE],

@@ -2,10 +2,11 @@
 
 ``update_messages`` yields the stream as protobuf messages (what tests and tools tamper with).
 ``GrpcUploader`` sends the same stream pre-serialized (``update_wire``): each chunk's
-``SubmitUpdateRequest`` bytes are built by hand, the tensor bytes copied once, straight from the
-delta into the message, where going through protobuf copies them three times (the chunk
-message, the request wrapping it, the serialization) and each copy costs about as much as the
-network on loopback. The bytes equal what protobuf would produce (tests/unit/test_tensor_stream.py).
+``SubmitUpdateRequest`` bytes are built by hand (``chunk_wire.chunk_request``), the tensor bytes
+copied once, straight from the delta into the message, where going through protobuf copies them
+three times (the chunk message, the request wrapping it, the serialization) and each copy costs
+about as much as the network on loopback. The bytes equal what protobuf would produce
+(tests/unit/test_tensor_stream.py).
 
 Two options halve or split an upload. ``bf16``: float32 tensors travel as bfloat16 (half the
 bytes, rounded to nearest even; the aggregator widens them exactly). Shards: a site trained by N
@@ -26,6 +27,7 @@ from numpy.typing import NDArray
 
 from powertrip.sites import site_id
 from powertrip.v1 import aggregator_pb2, common_pb2
+from services.common.chunk_wire import chunk_request
 from services.common.fault_points import fault_point
 from services.common.tensor_stream import (
     chunk_views,
@@ -41,36 +43,6 @@ if TYPE_CHECKING:  # a type only: importing sites_host loads torch
 
 _SERVICE = aggregator_pb2.DESCRIPTOR.services_by_name["AggregatorService"]
 SUBMIT_UPDATE = f"/{_SERVICE.full_name}/SubmitUpdate"
-_LEN = 2  # protobuf wire type of a length-delimited field
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def _tag(message: type, field: str, wire_type: int) -> bytes:
-    return _varint(message.DESCRIPTOR.fields_by_name[field].number << 3 | wire_type)
-
-
-_CHUNK_TAG = _tag(aggregator_pb2.SubmitUpdateRequest, "chunk", _LEN)
-_OFFSET_TAG = _tag(common_pb2.TensorChunk, "offset_bytes", 0)
-_DATA_TAG = _tag(common_pb2.TensorChunk, "data", _LEN)
-
-
-def chunk_request(offset: int, views: list[memoryview]) -> bytes:
-    """``SubmitUpdateRequest(chunk=TensorChunk(offset_bytes=offset, data=<views joined>))``,
-    serialized, with the data copied once. Field order and the omitted zero offset follow
-    protobuf's own serializer, so the bytes are the same."""
-    size = sum(len(v) for v in views)
-    inner = (_OFFSET_TAG + _varint(offset) if offset else b"") + _DATA_TAG + _varint(size)
-    return b"".join([_CHUNK_TAG, _varint(len(inner) + size), inner, *views])
-
-
 #: (shard index, shard count) of a sharded stream; None: the whole update
 Shard = tuple[int, int] | None
 

@@ -31,7 +31,7 @@ from powertrip.v1 import (
 )
 from services.aggregator.config import AggregatorConfig
 from services.aggregator.run import AggregatorRun
-from services.aggregator.servicer import AggregatorServicer
+from services.aggregator.servicer import AggregatorServicer, add_to_server
 from services.cli.certs import mint_cluster, tls_env
 from services.cli.main import main as powertrip
 from services.common.config import ConfigError, ServiceConfig, load_config
@@ -107,7 +107,7 @@ def aggregator(pki, allow_file):
     run = AggregatorRun(cfg)
     servicer = AggregatorServicer(run)
     server, address = serve(
-        lambda s: aggregator_pb2_grpc.add_AggregatorServiceServicer_to_server(servicer, s), cfg
+        lambda s: add_to_server(servicer, s), cfg
     )
     yield address, run
     server.stop(grace=None)

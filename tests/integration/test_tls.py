@@ -20,7 +20,7 @@ from prometheus_client import REGISTRY
 from powertrip.v1 import aggregator_pb2, aggregator_pb2_grpc
 from services.aggregator.config import AggregatorConfig
 from services.aggregator.run import AggregatorRun
-from services.aggregator.servicer import AggregatorServicer
+from services.aggregator.servicer import AggregatorServicer, add_to_server
 from services.cli.certs import issue, load_authority, mint_cluster, new_ca, tls_env, write_pair
 from services.cli.launcher import ClusterPlan, LaunchError, LocalCluster
 from services.cli.main import main as powertrip
@@ -77,7 +77,7 @@ def aggregator_cfg(certs: Path, allowed: str = "w0,w1") -> AggregatorConfig:
 def serve_aggregator(cfg: AggregatorConfig) -> tuple[grpc.Server, str, AggregatorRun]:
     run = AggregatorRun(cfg)
     server, port, health = build_server(
-        [lambda s: aggregator_pb2_grpc.add_AggregatorServiceServicer_to_server(
+        [lambda s: add_to_server(
             AggregatorServicer(run), s)],
         "127.0.0.1:0",
         cfg,
