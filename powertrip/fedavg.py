@@ -26,14 +26,9 @@ from powertrip.fold_inputs import (
 )
 
 __all__ = [  # the rules and, for callers' convenience, what an update is checked against
-    "FOLD_BLOCK",
-    "NumpyParams",
-    "StreamingFedAvg",
-    "UpdateFold",
-    "UpdateRejected",
-    "delta_sketch",
-    "sketch_stride",
-]
+    "FOLD_BLOCK", "NumpyParams", "StreamingFedAvg", "UpdateFold", "UpdateRejected",
+    "delta_sketch", "sketch_stride",
+]  # fmt: skip
 
 #: elements per block of the fold's multiply-add: the ``weight * delta`` temporary stays in cache
 #: (1 MiB of float32) instead of being a model-sized array written to memory and read back. The
@@ -151,20 +146,34 @@ class StreamingFedAvg(UpdateFold):
         covered = dict.fromkeys(self._sum, 0)
         measure, sq = sq is None, sq or 0.0
         proj = 0.0
-        u = self._direction
         for name, start, values in pieces:
-            flat = self._sum[name].reshape(-1)
-            a = values.reshape(-1)
-            sq += _add_scaled(flat[start : start + a.size], a, weight, measure)
-            if u is not None:  # the sketched coordinates inside this piece
-                first = -start % self.stride
-                sampled = a[first :: self.stride]
-                lo = (start + first) // self.stride
-                proj += float(np.vdot(u[name][lo : lo + sampled.size], sampled))
-            covered[name] += a.size
+            piece_sq, piece_proj = self.fold_piece(name, start, values, weight, measure)
+            sq, proj = sq + piece_sq, proj + piece_proj
+            covered[name] += values.size
         short = [n for n, c in covered.items() if c != self._sum[n].size]
         if short:  # a caller bug, not a bad update: the sum is already touched
             raise RuntimeError(f"update slices did not cover tensors {short} exactly once")
+        self.count_update(weight, sq, proj)
+
+    def region(self, name: str, start: int, size: int) -> NDArray:
+        """A view of the sums a fold of that piece overwrites (for an undo log)."""
+        return self._sum[name].reshape(-1)[start : start + size]
+
+    def fold_piece(
+        self, name: str, start: int, values: NDArray, weight: float, norm: bool = True
+    ) -> tuple[float, float]:
+        """Add one validated piece into the sums: (its squared norm, 0.0 unless ``norm``; its
+        unnormalised projection, 0.0 without a direction). ``count_update`` counts the update."""
+        a = values.reshape(-1)
+        sq = _add_scaled(self.region(name, start, a.size), a, weight, norm)
+        if self._direction is None:  # no projection to measure
+            return sq, 0.0
+        first = -start % self.stride  # the sketched coordinates inside this piece
+        sampled, lo = a[first :: self.stride], (start + first) // self.stride
+        return sq, float(np.vdot(self._direction[name][lo : lo + sampled.size], sampled))
+
+    def count_update(self, weight: float, sq: float, proj: float) -> None:
+        """An update whose pieces are all folded, with the sums of ``fold_piece``'s figures."""
         self._fold_scalars([weight], [sq], [proj])
 
     def _fold_scalars(
@@ -221,10 +230,9 @@ class StreamingFedAvg(UpdateFold):
         self._fold_scalars(w.tolist(), sq.tolist(), proj.tolist())
 
     def prefault(self) -> None:
-        """Write the accumulator's pages now: the kernel maps a fresh allocation on first write
-        (~0.05-0.3 s per 256 MiB, more when it must assemble huge pages), which would otherwise
-        stall the first update's fold. The aggregator calls it in the background while the
-        round's sites train. Does nothing once an update is folded (it writes zeros)."""
+        """Write the accumulator's pages now, not in the first fold (a fresh map costs ~0.05-0.3 s
+        per 256 MiB on first write); the aggregator calls it in the background while the sites
+        train. Does nothing once an update is folded (it writes zeros)."""
         if self.count == 0:
             for acc in self._sum.values():
                 acc.fill(0)

@@ -2,15 +2,17 @@
 
 ``RoundGate`` holds what every kind of round shares (admission, failures, the wait for the
 last update, closing at the deadline); ``RoundCollector`` folds FedAvg sums on top of it (PowerTrip
-mode), and ``DeltaInbox`` keeps each delta whole (curtailment mode's sub-rounds). A site may
-send its update as per-rank shards (``services.aggregator.shards``): it is committed once all
-of them verified, as one update.
+mode), and ``delta_inbox.DeltaInbox`` keeps each delta whole (curtailment mode's sub-rounds).
+A site may send its update as per-rank shards (``services.aggregator.shards``): it is committed
+once all of them verified, as one update.
 
-Updates are checked chunk by chunk while they stream in (``TensorStreamReceiver``) and folded
-once the checksum matches: a stream that dies mid-way or carries a bad value never touches the
-sums. Folds happen in the order the policy selected the sites (a verified update that arrives
-early waits in its spool, on disk when large), so the float32 sums, and hence the run, do not
-depend on network timing and equal the emulator's bit for bit. Memory stays one accumulator (two
+Updates are checked chunk by chunk while they stream in (``TensorStreamReceiver``). Folds happen
+in the order the policy selected the sites, so the float32 sums, and hence the run, do not
+depend on network timing and equal the emulator's bit for bit. The update whose turn it is
+folds straight from the received chunks (``direct_sink``, ``powertrip.fold_in_place``: undone
+exactly if its stream dies or fails its checksum); one that arrives ahead of its turn waits in
+its spool (on disk when large) until the updates before it are folded. A stream that dies
+mid-way or carries a bad value leaves the sums as they were. Memory stays one accumulator (two
 with the split-half probe) plus a few chunks, whatever the number of concurrent uploads. A robust
 rule (``powertrip.robust``, POWERTRIP_AGGREGATION) must hold every accepted update instead: n
 models (1.5 n with the split-half probe), still folded in selection order.
@@ -23,9 +25,10 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
 from numpy.typing import NDArray
 
+from powertrip.fedavg import StreamingFedAvg
+from powertrip.fold_in_place import InPlaceFold
 from powertrip.fold_inputs import weight_problem
 from powertrip.robust import Aggregation
 from powertrip.sites import site_id
@@ -33,7 +36,7 @@ from services.aggregator import metrics
 from services.aggregator.shards import ShardedUpdate, ShardIntake
 from services.common.errors import Duplicate, StaleRound
 from services.common.fault_points import fault_point
-from services.common.tensor_receiver import TensorStreamReceiver
+from services.common.tensor_receiver import Sink, TensorStreamReceiver
 
 
 class CountedReceiver(TensorStreamReceiver):
@@ -96,6 +99,10 @@ class RoundGate(ShardIntake):
 
     def _changed(self) -> None:
         """A site delivered, failed or the round closed."""
+
+    def direct_sink(self, site: int, weight: float) -> Sink | None:
+        """Where ``site``'s checked values may go as they arrive, or None to spool them."""
+        return None
 
     # -- the calls the servicer and the executor make ------------------------------------
     def admit(self, site: int, round_index: int) -> None:
@@ -195,6 +202,7 @@ class RoundCollector(RoundGate):
         self._folded: set[int] = set()  # the same sites, for O(1) membership
         self._half_sites = {s for j, s in enumerate(self.selected) if j % 2 == 0}
         self._ready: dict[int, tuple[TensorStreamReceiver, float]] = {}
+        self._direct: dict[int, InPlaceFold] = {}  # the site folding as its stream arrives
         self._next = 0  # position in ``selected`` of the next update to fold
         # The accumulators' pages are faulted in while the sites train, not by the first fold
         # (which must wait for it: both write the same buffers).
@@ -211,6 +219,52 @@ class RoundCollector(RoundGate):
     def _delivered(self, site: int) -> bool:
         return site in self._ready or site in self._folded
 
+    def direct_sink(self, site: int, weight: float) -> Sink | None:
+        """The fold itself, once every site before ``site`` in selection order is folded (its
+        ``weight`` already checked): FedAvg's sums only, a robust rule keeps whole updates."""
+        if type(self.agg) is not StreamingFedAvg:
+            return None
+        with self._cv:
+            if not self._turn(site):
+                return None
+        self._prefault.join()
+        targets = [self.agg]
+        if self.half is not None and site in self._half_sites:
+            targets.append(self.half)  # type: ignore[arg-type]  # the same rule: FedAvg
+        fold = InPlaceFold(targets, weight)  # type: ignore[arg-type]
+        with self._cv:
+            if not self._turn(site):  # closed meanwhile: nothing folded yet
+                fold.rollback()
+                return None
+            self._direct[site] = fold
+        return fold.add
+
+    def _turn(self, site: int) -> bool:
+        """Lock held: ``site`` is next to fold and has nothing folding or waiting."""
+        return (
+            not self.closed
+            and self._next < len(self.selected)
+            and self.selected[self._next] == site
+            and site not in self._direct
+            and not self._delivered(site)
+        )
+
+    def fail(self, site: int, reason: str) -> None:
+        with self._cv:
+            fold = self._direct.pop(site, None)
+        if fold is not None:
+            fold.rollback()  # before the failure is visible: nothing of it stays in the sums
+        super().fail(site, reason)
+
+    def close(self) -> None:
+        with self._cv:
+            self.closed = True  # no fold starts from here on (``_turn``)
+            folds = list(self._direct.values())
+            self._direct.clear()
+        for fold in folds:  # each waits for a piece being folded; later pieces are refused
+            fold.rollback()
+        super().close()
+
     def _keep(self, site: int, item: TensorStreamReceiver, weight: float) -> None:
         self._ready[site] = (item, weight)
 
@@ -226,9 +280,13 @@ class RoundCollector(RoundGate):
                 rx, weight = self._ready.pop(s)
                 self._prefault.join()
                 try:
-                    self.agg.add_pieces(rx.pieces(), weight)
-                    if self.half is not None and s in self._half_sites:
-                        self.half.add_pieces(rx.pieces(), weight)
+                    direct = self._direct.pop(s, None)
+                    if direct is not None:  # folded as it arrived: only counted now
+                        direct.commit()
+                    else:
+                        self.agg.add_pieces(rx.pieces(), weight)
+                        if self.half is not None and s in self._half_sites:
+                            self.half.add_pieces(rx.pieces(), weight)
                 finally:
                     rx.close()
                 self.accepted.append(s)
@@ -237,35 +295,3 @@ class RoundCollector(RoundGate):
             elif not (self.closed and s in self.failed):
                 return
             self._next += 1
-
-
-class DeltaInbox(RoundGate):
-    """One sub-round of curtailment mode: each site's verified delta, kept whole.
-
-    Curtailment's round arithmetic (``FoldingLearner``) needs every delta on its own (a lone
-    site's checkpoint models add its partial delta to the others'), so updates are not summed on
-    arrival as in ``RoundCollector``; the fold happens afterwards, in work order. Same calls as
-    the collector, so the servicer feeds either. Memory: one model per site of the sub-round.
-    """
-
-    def __init__(
-        self,
-        round_index: int,
-        sites: Sequence[int],
-        allowance: Mapping[int, float] | None = None,
-    ) -> None:
-        super().__init__(round_index, sites, allowance)
-        self.deltas: dict[int, dict[str, NDArray[np.float32]]] = {}
-        self.weights: dict[int, float] = {}
-
-    def _delivered(self, site: int) -> bool:
-        return site in self.deltas
-
-    def _prepare(self, rx: TensorStreamReceiver) -> dict[str, NDArray[np.float32]]:
-        try:
-            return rx.arrays()
-        finally:
-            rx.close()
-
-    def _keep(self, site: int, item: dict[str, NDArray[np.float32]], weight: float) -> None:
-        self.deltas[site], self.weights[site] = item, weight

@@ -34,8 +34,8 @@ from powertrip.study.curtailment import build_engine, build_policy
 from powertrip.traces.carbon import CarbonTrace
 from powertrip.v1 import common_pb2
 from services.aggregator import metrics
-from services.aggregator.collector import DeltaInbox
 from services.aggregator.config import AggregatorConfig
+from services.aggregator.delta_inbox import DeltaInbox
 from services.aggregator.executor import GrpcRoundExecutor
 from services.aggregator.lifecycle import Registration, RunLifecycle
 from services.aggregator.profile_feed import ProfileFeed

@@ -8,6 +8,7 @@ from typing import Any
 
 import grpc
 
+from powertrip.fold_in_place import FoldCancelled
 from powertrip.sites import site_id, site_index
 from powertrip.v1 import aggregator_pb2, aggregator_pb2_grpc
 from services.aggregator import metrics
@@ -26,6 +27,7 @@ from services.common.identity import (
     require_id,
     require_role,
 )
+from services.common.tensor_receiver import Sink
 from services.common.tensor_stream import StreamError, TensorSpec, shard_specs, specs_of
 
 logger = logging.getLogger(__name__)
@@ -195,6 +197,7 @@ class AggregatorServicer(aggregator_pb2_grpc.AggregatorServiceServicer):
                 request_iterator,
                 f"update from {head.site_id}",
                 lambda reason: collector.fail(site, reason),
+                lambda: collector.direct_sink(site, head.num_samples),
             )
             collector.commit(site, rx, head.num_samples)  # the collector owns rx from here
         metrics.UPDATE_BYTES.labels(head.site_id, "up").inc(rx.total_bytes)
@@ -210,9 +213,12 @@ class AggregatorServicer(aggregator_pb2_grpc.AggregatorServiceServicer):
         requests: Iterator[aggregator_pb2.SubmitUpdateRequest],
         what: str,
         fail: Callable[[str], None],
+        sink_for: Callable[[], Sink | None] | None = None,
     ) -> CountedReceiver:
-        """An admitted stream, verified (weight, then every chunk); ``fail`` on any refusal."""
-        rx = CountedReceiver(expected)  # powertrip_update_streams_open while it lives
+        """An admitted stream, verified (weight, then every chunk); ``fail`` on any refusal.
+        ``sink_for``: the receiver's (where the chunks may go once it is the update's turn)."""
+        # powertrip_update_streams_open while it lives
+        rx = CountedReceiver(expected, sink_for=sink_for)
         try:
             # the weight is checked against what this round assigned the site before a byte of
             # the update is read (R26)
@@ -225,6 +231,10 @@ class AggregatorServicer(aggregator_pb2_grpc.AggregatorServiceServicer):
             fail(exc.reason)
             metrics.UPDATES.labels(exc.reason).inc()
             raise BadRequest(f"{what} rejected: {exc}") from None
+        except FoldCancelled:  # the round closed while the update was folding in
+            rx.close()
+            fail("stale_round")
+            raise StaleRound(f"{what}: round {head.round} closed before it finished") from None
         except BaseException:
             rx.close()
             fail("aborted")

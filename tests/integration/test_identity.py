@@ -106,9 +106,7 @@ def aggregator(pki, allow_file):
     )
     run = AggregatorRun(cfg)
     servicer = AggregatorServicer(run)
-    server, address = serve(
-        lambda s: add_to_server(servicer, s), cfg
-    )
+    server, address = serve(lambda s: add_to_server(servicer, s), cfg)
     yield address, run
     server.stop(grace=None)
 

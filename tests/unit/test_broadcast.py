@@ -14,7 +14,7 @@ import pytest
 from powertrip.sites import SiteProfile, site_index
 from powertrip.v1 import worker_pb2, worker_pb2_grpc
 from services.aggregator import executor as executor_module
-from services.aggregator.collector import DeltaInbox
+from services.aggregator.delta_inbox import DeltaInbox
 from services.aggregator.executor import EncodedModel, GrpcRoundExecutor
 from services.aggregator.registry import WorkerRegistry
 from services.common.config import ServiceConfig

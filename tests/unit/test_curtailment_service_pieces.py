@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from powertrip.v1 import profiler_pb2_grpc
-from services.aggregator.collector import DeltaInbox
 from services.aggregator.config import AggregatorConfig
 from services.aggregator.curtail_run import CurtailmentRun
+from services.aggregator.delta_inbox import DeltaInbox
 from services.common.config import ConfigError, load_config
 from services.common.errors import Duplicate, StaleRound
 from services.common.grpc_server import build_server

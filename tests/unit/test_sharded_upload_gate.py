@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from powertrip.learning.shards import shard_rows
-from services.aggregator.collector import DeltaInbox, RoundCollector
+from services.aggregator.collector import RoundCollector
+from services.aggregator.delta_inbox import DeltaInbox
 from services.common.errors import Duplicate, StaleRound
 from services.common.tensor_receiver import TensorStreamReceiver
 from services.common.tensor_stream import (
