@@ -36,7 +36,7 @@ from services.netem.delay_relay import DelayRelay  # noqa: E402
 
 
 @contextmanager
-def _relay(port: int, one_way_s: float) -> Iterator[int]:
+def delay_relay(port: int, one_way_s: float) -> Iterator[int]:
     """A delay relay in front of ``port`` on its own event loop thread; yields its port."""
     loop = asyncio.new_event_loop()
     relay = DelayRelay("127.0.0.1", port, one_way_s, buffer_bytes=1 << 30)
@@ -62,7 +62,7 @@ def _relay(port: int, one_way_s: float) -> Iterator[int]:
 def upload_mib_s(options: list[tuple[str, int]], rtt_s: float, mib: int) -> float:
     """MiB/s of one ``mib`` MiB upload on a warm connection through the relay."""
     server, port = sink_server(options)
-    with _relay(port, rtt_s / 2) as relay_port:
+    with delay_relay(port, rtt_s / 2) as relay_port:
         try:  # both ends close before the relay does, so its connections end on their own
             with grpc.insecure_channel(f"127.0.0.1:{relay_port}") as channel:
                 call = channel.stream_unary(METHOD)

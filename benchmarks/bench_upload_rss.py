@@ -44,6 +44,7 @@ bfloat16).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -187,20 +188,31 @@ def serve(mode: str, args: argparse.Namespace) -> None:
     """Aggregator child: print {"port"}, wait for the uploads, commit, print the result."""
     from powertrip.fedavg import delta_sketch, sketch_stride
     from services.aggregator.collector import RoundCollector
+    from services.aggregator.config import AggregatorConfig
     from services.aggregator.registry import WorkerRegistry
-    from services.aggregator.servicer import AggregatorServicer, add_to_server
+    from services.aggregator.service_handlers import add_to_server
+    from services.aggregator.servicer import AggregatorServicer
     from services.common.config import ServiceConfig
     from services.common.grpc_server import build_server
     from services.common.memory import pin_mmap_threshold
 
     uploads, timeout_s, rows = args.uploads, args.timeout, args.rows
     pin_mmap_threshold()  # as services/aggregator/__main__.py does
-    cfg = ServiceConfig(insecure=True)  # the wire path alone: loopback, no TLS
+    # The wire path alone: loopback, no TLS, the aggregator's transport window and receive
+    # budget (BENCH_WINDOW_MIB / BENCH_BUDGET_MIB try others).
+    fields = AggregatorConfig.model_fields
+    window = int(os.environ.get("BENCH_WINDOW_MIB", fields["stream_window_mib"].default))
+    budget = int(os.environ.get("BENCH_BUDGET_MIB", fields["receive_budget_mib"].default))
+    cfg = ServiceConfig(insecure=True, stream_window_mib=window)
     registry = WorkerRegistry(num_sites=uploads)
     for s in range(uploads):
         registry.register(f"worker-{s}", f"127.0.0.1:{20000 + s}", [s])
     executor = SimpleNamespace(collector=None, params=None)
-    run_cfg = SimpleNamespace(allowed_worker_ids=None)  # the field the servicer reads
+    run_cfg = SimpleNamespace(  # the fields the servicer reads
+        allowed_worker_ids=None,
+        stream_window_mib=cfg.stream_window_mib,
+        receive_budget_mib=budget,
+    )
     run = SimpleNamespace(registry=registry, executor=executor, cfg=run_cfg)
     servicer = AggregatorServicer(run)  # type: ignore[arg-type]  # only .registry/.executor used
     server, port, _ = build_server(
@@ -406,10 +418,16 @@ def run_round(mode: str, args: argparse.Namespace) -> dict[str, Any]:
         getattr(args, "rows", False)
     )
     procs: list[subprocess.Popen[str]] = []
+    stack = contextlib.ExitStack()
     try:
         server = subprocess.Popen(me + ["--serve", mode], stdout=subprocess.PIPE, text=True)
         procs.append(server)
         port = json.loads(_line(server.stdout, "aggregator"))["port"]  # type: ignore[arg-type]
+        rtt_ms = getattr(args, "rtt_ms", 0.0)
+        if rtt_ms:  # the uploads cross a long link: the delay relay in front of the server
+            from bench_stream_window import delay_relay
+
+            port = stack.enter_context(delay_relay(port, rtt_ms / 2000))
         groups = [
             list(range(args.uploads))[i :: args.client_procs] for i in range(args.client_procs)
         ]
@@ -434,6 +452,7 @@ def run_round(mode: str, args: argparse.Namespace) -> dict[str, Any]:
             if p.poll() is None:
                 p.kill()
                 p.wait()
+        stack.close()
     uploads = {int(s): u for r in reports for s, u in r["uploads"].items()}
     result["errors"] = {s: u["error"] for s, u in uploads.items() if u["error"]}
     result["upload_s"] = max(u["end"] for u in uploads.values()) - t_go
@@ -463,6 +482,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--bf16", action="store_true", help="send float32 as bfloat16")
     ap.add_argument("--shards", type=int, default=1, help="shard streams per site's update")
     ap.add_argument("--rows", action="store_true", help="deltas that vary with the row")
+    ap.add_argument("--rtt-ms", type=float, default=0.0, help="added round trip (delay relay)")
     ap.add_argument("--serve", choices=["streaming", "naive"], help=argparse.SUPPRESS)
     ap.add_argument("--client", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--sites", help=argparse.SUPPRESS)

@@ -7,7 +7,8 @@ import grpc
 
 from services.aggregator.config import AggregatorConfig
 from services.aggregator.run import AggregatorRun
-from services.aggregator.servicer import AggregatorServicer, add_to_server
+from services.aggregator.service_handlers import add_to_server
+from services.aggregator.servicer import AggregatorServicer
 from services.common.config import load_config
 from services.common.grpc_server import build_server, set_serving
 

@@ -1,4 +1,4 @@
-"""Upload MiB/s: the project's SubmitUpdate path against a raw TCP socket and bare grpcio.
+"""Upload MiB/s: the project's upload path against a raw TCP socket and bare grpcio.
 
 Raw TCP: 256 MiB over loopback in 4 MiB ``sendall`` writes, read with ``recv_into`` into a
 preallocated buffer. Bare grpcio: one client-streaming call, bytes in and out (no serializers,
@@ -7,7 +7,10 @@ the project's uploaders are. Project: ``bench_upload_rss.run_round`` (the real s
 ``RoundCollector`` behind ``build_server``, the worker's ``GrpcUploader``), one upload for the
 rate (its delta built before the clock starts, as a worker holds it) and 8 concurrent ones for
 the aggregator's peak RSS. The rate row's note splits the upload: the fold after the stream ends
-(the update is folded only once its checksum matched) and the aggregator's CPU seconds.
+(the update whose turn it is folds as it arrives, so this is only its commit) and the
+aggregator's CPU seconds. Over a long link (``services/netem/delay_relay.py``, 50 ms of added
+round trip): one upload against bare grpcio through the same relay with a window no link here
+fills, the project's credits (``UploadUpdate``) and the fixed 4 MiB window it had before.
 
     python benchmarks/suite/upload.py --grpc-client PORT --mib 256   (the bare grpcio client)
 """
@@ -15,6 +18,8 @@ the aggregator's peak RSS. The rate row's note splits the upload: the fold after
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import socket
 import subprocess
 import sys
@@ -34,7 +39,7 @@ from benchmarks.suite import MiB, Row, verdict  # noqa: E402
 
 METHOD = "/bench.Sink/Upload"
 GRPC_MSG = 2 * MiB
-TARGET_SHARE, TARGET_RSS_X = 0.40, 2.5
+TARGET_SHARE, TARGET_RSS_X, TARGET_LINK = 0.40, 2.5, 0.80
 
 
 def raw_tcp_seconds(total: int, write: int = 4 * MiB) -> float:
@@ -118,16 +123,44 @@ def bare_grpc_seconds(mib: int) -> float:
         server.stop(None)
 
 
-def project_round(mib: int, uploads: int, client_procs: int) -> dict[str, Any]:
+def project_round(mib: int, uploads: int, client_procs: int, rtt_ms: float = 0.0) -> dict[str, Any]:
     from bench_upload_rss import run_round
 
     args = argparse.Namespace(
-        model_mib=mib, tensors=4, uploads=uploads, timeout=600.0, client_procs=client_procs
-    )
+        model_mib=mib, tensors=4, uploads=uploads, timeout=600.0, client_procs=client_procs,
+        rtt_ms=rtt_ms,
+    )  # fmt: skip
     r = run_round("streaming", args)
     if not r["correct"] or r["errors"] or not r["complete"]:
         raise RuntimeError(f"project upload failed or the model is wrong: {r['errors']}")
     return r
+
+
+def long_link_rows(mib: int, rtt_ms: float) -> list[Row]:
+    """One upload through the delay relay: the project (credits sized to the link) and, as it
+    was, a fixed 4 MiB window, against the ceiling: bare grpcio through the same relay with a
+    window no link here fills (256 MiB)."""
+    from bench_stream_window import upload_mib_s
+
+    logging.getLogger("services.netem.delay_relay").setLevel(logging.ERROR)  # "no netem"
+    big = [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 256 * MiB)]
+    ceiling = upload_mib_s(big, rtt_ms / 1000, mib)
+    proj = mib / project_round(mib, 1, 1, rtt_ms)["upload_s"]
+    os.environ["BENCH_WINDOW_MIB"] = "4"  # the server as it shipped before the credits
+    try:
+        fixed = mib / project_round(mib, 1, 1, rtt_ms)["upload_s"]
+    finally:
+        del os.environ["BENCH_WINDOW_MIB"]
+    name = f"upload {mib} MiB over {rtt_ms:g} ms RTT"
+    return [
+        Row(f"{name}: project vs relay ceiling", proj, "MiB/s", ceiling,
+            "bare grpcio, 256 MiB window", proj / ceiling, f">= {TARGET_LINK:.0%}",
+            verdict(proj / ceiling >= TARGET_LINK),
+            note="credits from the budget (no measured link here: the whole budget for one "
+            "upload); the delay relay stands in for netem"),
+        Row(f"{name}: fixed 4 MiB window (before) vs relay ceiling", fixed, "MiB/s", ceiling,
+            "bare grpcio, 256 MiB window", fixed / ceiling),
+    ]  # fmt: skip
 
 
 def run(quick: bool, ctx: dict[str, Any]) -> list[Row]:
@@ -152,6 +185,7 @@ def run(quick: bool, ctx: dict[str, Any]) -> list[Row]:
             target=f"<= {TARGET_RSS_X}x", verdict=verdict(x <= TARGET_RSS_X),
             note=f"{uploads * mib / many['upload_s']:.0f} MiB/s aggregate over "
             f"{many['upload_s']:.1f} s"),
+        *long_link_rows(mib // 2 if quick else 128, 50.0),
     ]  # fmt: skip
 
 

@@ -75,6 +75,14 @@ class SubmitUpdateRequest(_message.Message):
     trailer: _common_pb2.TensorStreamTrailer
     def __init__(self, update: _Optional[_Union[UpdateHeader, _Mapping]] = ..., header: _Optional[_Union[_common_pb2.TensorStreamHeader, _Mapping]] = ..., chunk: _Optional[_Union[_common_pb2.TensorChunk, _Mapping]] = ..., trailer: _Optional[_Union[_common_pb2.TensorStreamTrailer, _Mapping]] = ...) -> None: ...
 
+class UploadReply(_message.Message):
+    __slots__ = ("credit_bytes", "result")
+    CREDIT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    credit_bytes: int
+    result: SubmitUpdateResponse
+    def __init__(self, credit_bytes: _Optional[int] = ..., result: _Optional[_Union[SubmitUpdateResponse, _Mapping]] = ...) -> None: ...
+
 class SubmitUpdateResponse(_message.Message):
     __slots__ = ("accepted",)
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]

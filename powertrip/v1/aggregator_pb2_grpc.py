@@ -44,6 +44,11 @@ class AggregatorServiceStub:
                 request_serializer=powertrip_dot_v1_dot_aggregator__pb2.SubmitUpdateRequest.SerializeToString,
                 response_deserializer=powertrip_dot_v1_dot_aggregator__pb2.SubmitUpdateResponse.FromString,
                 _registered_method=True)
+        self.UploadUpdate = channel.stream_stream(
+                '/powertrip.v1.AggregatorService/UploadUpdate',
+                request_serializer=powertrip_dot_v1_dot_aggregator__pb2.SubmitUpdateRequest.SerializeToString,
+                response_deserializer=powertrip_dot_v1_dot_aggregator__pb2.UploadReply.FromString,
+                _registered_method=True)
         self.GetStatus = channel.unary_unary(
                 '/powertrip.v1.AggregatorService/GetStatus',
                 request_serializer=powertrip_dot_v1_dot_aggregator__pb2.GetStatusRequest.SerializeToString,
@@ -68,6 +73,16 @@ class AggregatorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UploadUpdate(self, request_iterator, context):
+        """The same stream with flow control sized to the link: the aggregator grants credit (chunk
+        bytes the worker may send beyond what it has granted before) from the site's measured
+        RTT x bandwidth, capped by its receive budget shared among the uploads in flight; the last
+        reply is the result. Headers and trailers need no credit. What workers send.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetStatus(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -86,6 +101,11 @@ def add_AggregatorServiceServicer_to_server(servicer, server):
                     servicer.SubmitUpdate,
                     request_deserializer=powertrip_dot_v1_dot_aggregator__pb2.SubmitUpdateRequest.FromString,
                     response_serializer=powertrip_dot_v1_dot_aggregator__pb2.SubmitUpdateResponse.SerializeToString,
+            ),
+            'UploadUpdate': grpc.stream_stream_rpc_method_handler(
+                    servicer.UploadUpdate,
+                    request_deserializer=powertrip_dot_v1_dot_aggregator__pb2.SubmitUpdateRequest.FromString,
+                    response_serializer=powertrip_dot_v1_dot_aggregator__pb2.UploadReply.SerializeToString,
             ),
             'GetStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.GetStatus,
@@ -147,6 +167,33 @@ class AggregatorService:
             '/powertrip.v1.AggregatorService/SubmitUpdate',
             powertrip_dot_v1_dot_aggregator__pb2.SubmitUpdateRequest.SerializeToString,
             powertrip_dot_v1_dot_aggregator__pb2.SubmitUpdateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UploadUpdate(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/powertrip.v1.AggregatorService/UploadUpdate',
+            powertrip_dot_v1_dot_aggregator__pb2.SubmitUpdateRequest.SerializeToString,
+            powertrip_dot_v1_dot_aggregator__pb2.UploadReply.FromString,
             options,
             channel_credentials,
             insecure,

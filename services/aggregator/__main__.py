@@ -15,7 +15,8 @@ from services.aggregator.curtail_run import CurtailmentRun
 from services.aggregator.lifecycle import Run
 from services.aggregator.run import AggregatorRun
 from services.aggregator.run_status import RunState
-from services.aggregator.servicer import AggregatorServicer, add_to_server
+from services.aggregator.service_handlers import add_to_server
+from services.aggregator.servicer import AggregatorServicer
 from services.aggregator.worker_tracker import WorkerTracker
 from services.common.command_line import parse_service_args
 from services.common.config import ConfigError, load_config

@@ -15,8 +15,8 @@ from services.aggregator import metrics
 from services.aggregator.collector import CountedReceiver
 from services.aggregator.lifecycle import Run
 from services.aggregator.site_owners import SiteOwners
+from services.aggregator.upload_flow import MiB, ReceiveBudget, credited
 from services.common.allow_list import AllowList, all_of
-from services.common.chunk_wire import read_submit_request
 from services.common.errors import BadRequest, NotFound, StaleRound, translate_errors
 from services.common.identity import (
     AGGREGATOR,
@@ -41,28 +41,6 @@ STATUS_PAGE, STATUS_PAGE_MAX = 100, 1000
 TrackWorker = Callable[[str, str, list[str]], None]
 
 
-def add_to_server(servicer: AggregatorServicer, server: Any) -> None:
-    """The generated ``add_AggregatorServiceServicer_to_server``, except that ``SubmitUpdate``'s
-    requests are read by ``chunk_wire.read_submit_request``: a chunk's data reaches the receiver
-    as a view of the bytes gRPC received instead of two protobuf copies."""
-    captured: dict[str, Any] = {}
-
-    class _Capture:  # collects the generated method handlers instead of registering them
-        def add_generic_rpc_handlers(self, handlers: Any) -> None:
-            pass
-
-        def add_registered_method_handlers(self, service: str, handlers: Any) -> None:
-            captured[service] = dict(handlers)
-
-    aggregator_pb2_grpc.add_AggregatorServiceServicer_to_server(servicer, _Capture())
-    ((service, handlers),) = captured.items()
-    handlers["SubmitUpdate"] = handlers["SubmitUpdate"]._replace(
-        request_deserializer=read_submit_request
-    )
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
-    server.add_registered_method_handlers(service, handlers)
-
-
 class AggregatorServicer(aggregator_pb2_grpc.AggregatorServiceServicer):
     """Talks to the run only through ``Run``, so it serves either mode unchanged.
 
@@ -82,6 +60,11 @@ class AggregatorServicer(aggregator_pb2_grpc.AggregatorServiceServicer):
             getattr(cfg, "site_owners", None),
             getattr(cfg, "site_owners_file", None),
             run.registry.num_sites,
+        )
+        self.budget = ReceiveBudget(  # UploadUpdate's credits (upload_flow)
+            getattr(cfg, "receive_budget_mib", 64) * MiB,
+            getattr(cfg, "stream_window_mib", 64) * MiB,
+            getattr(run, "link_of", None),
         )
         # the owners map admits only the workers it names, besides the allow-list's own rule
         self.allow = all_of(self.allow_list, self.owners.verdict)
@@ -146,6 +129,20 @@ class AggregatorServicer(aggregator_pb2_grpc.AggregatorServiceServicer):
         self,
         request_iterator: Iterator[aggregator_pb2.SubmitUpdateRequest],
         context: grpc.ServicerContext,
+    ) -> aggregator_pb2.SubmitUpdateResponse:
+        return self._submit(request_iterator, context)
+
+    def UploadUpdate(  # noqa: N802
+        self,
+        request_iterator: Iterator[aggregator_pb2.SubmitUpdateRequest],
+        context: grpc.ServicerContext,
+    ) -> Iterator[aggregator_pb2.UploadReply]:
+        """SubmitUpdate with credits (``upload_flow``); errors are mapped by the server's
+        ``RequestGuard``, as for any streaming reply."""
+        return credited(self._submit, request_iterator, context, self.budget)
+
+    def _submit(
+        self, request_iterator: Iterator[Any], context: grpc.ServicerContext
     ) -> aggregator_pb2.SubmitUpdateResponse:
         first = next(request_iterator, None)
         if first is None or first.WhichOneof("part") != "update":

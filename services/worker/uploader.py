@@ -37,12 +37,13 @@ from services.common.tensor_stream import (
     stream_header,
     wrap_tensor_stream,
 )
+from services.worker.upload_credit import upload
 
 if TYPE_CHECKING:  # a type only: importing sites_host loads torch
     from services.worker.sites_host import SiteUpdate
 
 _SERVICE = aggregator_pb2.DESCRIPTOR.services_by_name["AggregatorService"]
-SUBMIT_UPDATE = f"/{_SERVICE.full_name}/SubmitUpdate"
+UPLOAD_UPDATE = f"/{_SERVICE.full_name}/UploadUpdate"
 #: (shard index, shard count) of a sharded stream; None: the whole update
 Shard = tuple[int, int] | None
 
@@ -126,11 +127,12 @@ class GrpcUploader:
     def __init__(
         self, channel: grpc.Channel, worker_id: str, chunk_bytes: int, bf16: bool = False
     ) -> None:
-        # Requests go out as the bytes update_wire builds: no request serializer.
-        self._submit = channel.stream_unary(
-            SUBMIT_UPDATE,
+        # Requests go out as the bytes update_wire builds: no request serializer. UploadUpdate:
+        # SubmitUpdate's stream, sent within the aggregator's credit (upload_credit).
+        self._upload = channel.stream_stream(
+            UPLOAD_UPDATE,
             request_serializer=None,
-            response_deserializer=aggregator_pb2.SubmitUpdateResponse.FromString,
+            response_deserializer=aggregator_pb2.UploadReply.FromString,
         )
         self.worker_id = worker_id
         self.chunk_bytes = chunk_bytes
@@ -148,7 +150,7 @@ class GrpcUploader:
             self.send_shards(round_index, parts, timeout_s)
             return
         wire = update_wire(self.worker_id, round_index, update, self.chunk_bytes, self.bf16, shard)
-        self._submit(wire, timeout=timeout_s)
+        upload(self._upload, wire, timeout_s)
 
     def send_shards(self, round_index: int, shards: Sequence[SiteUpdate], timeout_s: float) -> None:
         """One site's update as ``len(shards)`` concurrent streams: ``shards[i].delta`` holds rows

@@ -31,7 +31,8 @@ from powertrip.v1 import (
 )
 from services.aggregator.config import AggregatorConfig
 from services.aggregator.run import AggregatorRun
-from services.aggregator.servicer import AggregatorServicer, add_to_server
+from services.aggregator.service_handlers import add_to_server
+from services.aggregator.servicer import AggregatorServicer
 from services.cli.certs import mint_cluster, tls_env
 from services.cli.main import main as powertrip
 from services.common.config import ConfigError, ServiceConfig, load_config

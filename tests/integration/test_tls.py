@@ -20,7 +20,8 @@ from prometheus_client import REGISTRY
 from powertrip.v1 import aggregator_pb2, aggregator_pb2_grpc
 from services.aggregator.config import AggregatorConfig
 from services.aggregator.run import AggregatorRun
-from services.aggregator.servicer import AggregatorServicer, add_to_server
+from services.aggregator.service_handlers import add_to_server
+from services.aggregator.servicer import AggregatorServicer
 from services.cli.certs import issue, load_authority, mint_cluster, new_ca, tls_env, write_pair
 from services.cli.launcher import ClusterPlan, LaunchError, LocalCluster
 from services.cli.main import main as powertrip

@@ -34,9 +34,7 @@ class Stream:
     def __init__(self, col: RoundCollector, site: int, chunk: int = 100, bf16: bool = False):
         self.col, self.site, self.weight = col, site, float(site + 1)
         col.admit(site, col.round)
-        self.rx = TensorStreamReceiver(
-            MODEL, sink_for=lambda: col.direct_sink(site, self.weight)
-        )
+        self.rx = TensorStreamReceiver(MODEL, sink_for=lambda: col.direct_sink(site, self.weight))
         self.parts = list(encode(update(site), chunk, bf16))
         self.rx.header(self.parts[0])
         self.chunks, self.sent = self.parts[1:-1], 0

@@ -79,7 +79,8 @@ def test_pieces_after_a_rollback_are_refused_and_leave_the_sums_alone():
         fold.add("w", 0, delta(3)["w"].reshape(-1))
     with pytest.raises(FoldCancelled):
         fold.commit()
-    assert agg.count == 0 and not any(np.frombuffer(v, np.float32).any() for v in sums(agg).values())
+    assert agg.count == 0
+    assert not any(np.frombuffer(v, np.float32).any() for v in sums(agg).values())
 
 
 def test_a_committed_fold_counts_once_in_every_target_and_cannot_be_rolled_back():
