@@ -65,6 +65,9 @@ class ProfileFeed:
         self._answered_at: float | None = None  # when the profiler last answered
         self._retry_at = -math.inf  # circuit breaker: no call before this
         self.degraded = False
+        # site -> (RTT seconds, bytes per second) as the profiler last measured it (uploads'
+        # flow control sizes each site's window from it: services/aggregator/upload_flow.py)
+        self.links: dict[int, tuple[float, float]] = {}
         metrics.PROFILER_DEGRADED.set(0)
         metrics.PROFILE_AGE.set_function(self.age_s)
 
@@ -154,6 +157,11 @@ class ProfileFeed:
                 "set the same POWERTRIP_NUM_SITES for both"
             )
         measured = self.cfg.clock == "wall"
+        self.links.update(
+            (site_index(p.site_id), (p.rtt_seconds, p.bandwidth_bytes_per_second))
+            for p in rows
+            if p.measured_at_seconds > 0 and p.rtt_seconds > 0 and p.bandwidth_bytes_per_second > 0
+        )
         latency = np.array(
             [
                 p.rtt_seconds / 2

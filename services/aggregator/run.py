@@ -109,6 +109,10 @@ class AggregatorRun(RunLifecycle):
             )
         return TimeModel(self.cfg.wall_tau_s, float(self.model_bytes), exp.ground_truth, True)
 
+    def link_of(self, site: int) -> tuple[float, float] | None:
+        """The site's measured link (RTT seconds, bytes per second), or None: uploads' credit."""
+        return self.feed.links.get(site)
+
     def profile_at(self, t_s: float) -> SiteProfile:
         """Site profiles from the profiler (or its cache, ``ProfileFeed``), masked by the
         workers' leases: sites of a dead or frozen worker are not selected. A replayed round

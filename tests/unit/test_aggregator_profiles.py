@@ -56,6 +56,18 @@ def test_wall_clock_ranks_by_measured_links_once_probed(wall):
     assert profile.power.tolist() == [0.9, 0.5]
 
 
+def test_a_probed_sites_measured_link_sizes_its_uploads_window(wall):
+    wall.feed.to_profile(reply(), wall.time_model)
+    assert wall.link_of(1) == (0.2, 2.5e6)
+    assert wall.link_of(0) is None  # not probed yet: its share of the receive budget
+    from services.aggregator.servicer import AggregatorServicer
+
+    budget = AggregatorServicer(wall).budget
+    budget.open()
+    assert budget.window(1) == 1 << 20  # 2 x 0.2 s x 2.5 MB/s = 1 MB: the 1 MiB floor
+    assert budget.window(0) == 64 << 20  # the whole budget for a lone upload
+
+
 def test_emulated_clock_uses_the_site_model_like_the_emulator():
     emulated = run_with("emulated")
     profile = emulated.feed.to_profile(reply(), emulated.time_model)
