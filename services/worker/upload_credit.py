@@ -57,12 +57,17 @@ def upload(
     """Send ``wire`` over the ``UploadUpdate`` ``call``, spending credit as it comes; the
     aggregator's result, or its error as ``grpc.RpcError``."""
     credit = Credit()
+    result = None
     try:
+        # read to the end of the stream, past the result, so the call ends with its status
+        # (leaving early cancels it, and the aggregator would count an upload it took as failed)
         for reply in call(metered(wire, credit), timeout=timeout_s):
             if reply.WhichOneof("part") == "credit_bytes":
                 credit.grant(reply.credit_bytes)
             elif reply.WhichOneof("part") == "result":
-                return reply.result
+                result = reply.result
     finally:
         credit.end()
-    raise RuntimeError("the aggregator ended the upload without a result")
+    if result is None:
+        raise RuntimeError("the aggregator ended the upload without a result")
+    return result

@@ -87,7 +87,8 @@ def test_every_service_exposes_round_accuracy_site_and_grpc_series(finished_run)
     handled = {
         (lab["grpc_method"], lab["grpc_code"]) for lab, _ in agg["grpc_server_handled_total"]
     }
-    assert {("RegisterWorker", "OK"), ("SubmitUpdate", "OK"), ("GetStatus", "OK")} <= handled
+    assert {("RegisterWorker", "OK"), ("UploadUpdate", "OK"), ("GetStatus", "OK")} <= handled
+    assert not {code for method, code in handled if method == "UploadUpdate"} - {"OK"}
 
     prof = metrics["profiler"]
     assert {lab["site"] for lab, _ in prof["powertrip_site_power_ratio"]} == {
