@@ -161,7 +161,8 @@ def rows_well_formed(spec: dict[str, tuple[tuple[int, ...], np.dtype]], stacked:
     set, shapes, dtypes, weights); finiteness is the caller's (a fold's row norms show it)."""
     return (
         stacked.keys() == spec.keys()
-        and all(weight_problem(x) is None for x in w.tolist())
+        # ``weight_problem`` for every weight at once (finite, > 0, normal, <= MAX_WEIGHT)
+        and bool(np.all(np.isfinite(w) & (w >= np.finfo(np.float64).tiny) & (w <= MAX_WEIGHT)))
         and all(
             stacked[name].shape == (w.size, *shape) and stacked[name].dtype == dtype
             for name, (shape, dtype) in spec.items()
