@@ -17,6 +17,7 @@ import torch
 
 from powertrip.clock import EmulatedClock
 from powertrip.fedavg import NumpyParams, delta_sketch, sketch_stride
+from powertrip.learning.batch_orders import site_seeds
 from powertrip.learning.device import TorchParams, to_numpy, to_torch
 from powertrip.learning.local_optim import LocalOptimizer
 from powertrip.learning.site_optim import SiteState
@@ -161,7 +162,7 @@ class Emulator:
             fed.x_train,
             fed.y_train,
             [fed.partitions[i] for i in sites],
-            [site_seed(self.seed, round_index, i) for i in sites],
+            site_seeds(self.seed, round_index, sites),  # site_seed of each, in one call
             None if site_states is None else [_resumed(site_states.get(i), recipe) for i in sites],
         )
         if site_states is not None and updates.opt_state is not None:
@@ -170,8 +171,10 @@ class Emulator:
         agg = self.aggregation.make(template, direction=direction)
         half = self.aggregation.make(template)  # every other site: the split-half probe
         stacked, weights = to_numpy(updates.deltas), updates.num_samples.astype(np.float64)
-        agg.add_rows(stacked, weights)  # in selection order, as the aggregator folds
-        half.add_rows({name: d[::2] for name, d in stacked.items()}, weights[::2])
+        sq = agg.add_rows(stacked, weights)  # in selection order, as the aggregator folds
+        # the probe's rows were checked (and their norms taken) by the fold above
+        halves = {name: d[::2] for name, d in stacked.items()}
+        half.add_rows(halves, weights[::2], None if sq is None else sq[::2])
         outcome = round_outcome(
             agg, template, self._evaluate, selected=len(selected), half=half,
             evaluate_half=evaluate_half, outer=outer,

@@ -15,13 +15,13 @@ from numpy.typing import NDArray
 from powertrip.fold_inputs import (
     NORM_BLOCK,
     NumpyParams,
+    UpdateFold,
     UpdateRejected,
     check_weight,
     delta_sketch,
     rows_well_formed,
     sketch_stride,
     sq_norm,
-    unit_direction,
     validate_update,
 )
 
@@ -31,8 +31,7 @@ __all__ = [  # the rules and, for callers' convenience, what an update is checke
 ]  # fmt: skip
 
 #: elements per block of the fold's multiply-add: the ``weight * delta`` temporary stays in cache
-#: (1 MiB of float32) instead of being a model-sized array written to memory and read back. The
-#: norm's blocks (``sq_norm``), so a norm measured while folding equals validation's.
+#: (1 MiB of float32); the norm's blocks, so a norm measured while folding equals validation's.
 FOLD_BLOCK = NORM_BLOCK
 
 
@@ -54,45 +53,6 @@ def _add_scaled(acc: NDArray, a: NDArray, weight: float, norm: bool = True) -> f
         if norm:
             sq += sq_norm(a[i:j])
     return sq
-
-
-class UpdateFold:
-    """What every aggregation rule shares: the model's tensor spec, the checks an update must
-    pass, and the unit direction (``delta_sketch`` of the last global delta) updates project on.
-    A rule implements ``add_pieces``; ``add`` is a whole, not yet validated update."""
-
-    def __init__(self, template: NumpyParams, direction: NumpyParams | None = None) -> None:
-        self._spec = {name: (a.shape, a.dtype) for name, a in template.items()}
-        self.count = 0
-        self.total_weight = 0.0
-        self.stride = sketch_stride(template)
-        self._direction: dict[str, NDArray] | None = None
-        self._direction_norm = 0.0
-        if direction is not None:
-            self._direction, self._direction_norm = unit_direction(
-                self._spec, direction, self.stride
-            )
-
-    def validate(self, delta: NumpyParams, weight: float) -> None:
-        """Raise UpdateRejected naming the first problem; never touches the accumulator."""
-        validate_update(self._spec, delta, weight)
-
-    def add(self, delta: NumpyParams, weight: float) -> None:
-        self.validate(delta, weight)
-        self.add_pieces(((name, 0, delta[name]) for name in self._spec), weight)
-
-    def add_rows(self, stacked: NumpyParams, weights: Sequence[float]) -> None:
-        """Fold a batched round: row j of every tensor in ``stacked`` ([k, *shape]) is one
-        update of weight ``weights[j]``, folded in row order. The same result as ``add`` on each
-        row in turn, bit for bit; a rule may do it faster (``StreamingFedAvg`` does)."""
-        for j, weight in enumerate(weights):
-            self.add({name: a[j] for name, a in stacked.items()}, float(weight))
-
-    def add_pieces(self, pieces: Iterable[tuple[str, int, NDArray]], weight: float) -> None:
-        raise NotImplementedError
-
-    def prefault(self) -> None:
-        """Make the rule's buffers resident now rather than at the first fold (no-op here)."""
 
 
 class StreamingFedAvg(UpdateFold):
@@ -196,29 +156,34 @@ class StreamingFedAvg(UpdateFold):
         self._weighted_proj, self._weighted_sq_proj = w_proj, w_sq_proj
         self.count += len(weights)
 
-    def add_rows(self, stacked: NumpyParams, weights: Sequence[float]) -> None:
+    def add_rows(
+        self, stacked: NumpyParams, weights: Sequence[float], sq_norms: NDArray | None = None
+    ) -> NDArray | None:
         """``add`` for every row at once: per tensor the rows' squared norms (one ``einsum``,
-        which is also the finiteness check), the weighted sum as one matrix-vector product
-        (``weights @ rows``) and the projections as one batched product, instead of a Python
-        loop over the sites. The sums are BLAS's reduction, not the row-by-row order: equal to
-        adding each row in turn within float32 rounding (tests/unit/test_fedavg_rows.py). A
-        float64 accumulator keeps the exact row-by-row additions (``UpdateFold.add_rows``)."""
+        also the finiteness check), the weighted sum (``weights @ rows``) and the projections
+        as one product each, no loop over the sites. BLAS's reduction, not the row-by-row order:
+        equal to adding each row in turn within float32 rounding (tests/unit/test_fedavg_rows.py;
+        a float64 accumulator keeps the exact order, ``UpdateFold.add_rows``). Returns the rows'
+        squared norms; ``sq_norms``, those of rows a fold of this template already checked (the
+        emulator's split-half probe folds every other row of its round), spares reading them."""
         if any(
             self._sum[n].dtype != np.asarray(a).dtype for n, a in stacked.items() if n in self._sum
         ):
-            super().add_rows(stacked, weights)
-            return
+            return super().add_rows(stacked, weights)
         w = np.asarray(weights, dtype=np.float64)
         if w.size == 0:
-            return
-        formed = rows_well_formed(self._spec, stacked, w)
+            return np.zeros(0)
+        formed = sq_norms is not None or rows_well_formed(self._spec, stacked, w)
         rows = {n: np.asarray(stacked[n]).reshape(w.size, -1) for n in self._spec} if formed else {}
-        sq = np.zeros(w.size)
-        for r in rows.values():  # the rows' squared norms, before the sum is touched
-            sq += np.einsum("ij,ij->i", r, r)
-        if not (formed and np.isfinite(sq).all()):  # name the first bad row, as ``add`` would
-            for j, weight in enumerate(w.tolist()):  # (finite rows whose squares overflow pass)
-                validate_update(self._spec, {n: a[j] for n, a in stacked.items()}, weight)
+        if sq_norms is not None:
+            sq = np.asarray(sq_norms, dtype=np.float64)
+        else:
+            sq = np.zeros(w.size)
+            for r in rows.values():  # the rows' squared norms, before the sum is touched
+                sq += np.einsum("ij,ij->i", r, r)
+            if not (formed and np.isfinite(sq).all()):  # name the first bad row, as ``add`` would
+                for j, weight in enumerate(w.tolist()):  # (finite rows whose squares overflow)
+                    validate_update(self._spec, {n: a[j] for n, a in stacked.items()}, weight)
         proj = np.zeros(w.size)
         u = self._direction
         for name, r in rows.items():
@@ -228,6 +193,7 @@ class StreamingFedAvg(UpdateFold):
                 sampled = r[:, :: self.stride]
                 proj += sampled @ u[name][: sampled.shape[1]]
         self._fold_scalars(w.tolist(), sq.tolist(), proj.tolist())
+        return sq
 
     def prefault(self) -> None:
         """Write the accumulator's pages now, not in the first fold (a fresh map costs ~0.05-0.3 s

@@ -5,6 +5,7 @@ updates are projected on (``powertrip.fedavg``, ``powertrip.robust``)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 from numpy.typing import NDArray
@@ -161,9 +162,53 @@ def rows_well_formed(spec: dict[str, tuple[tuple[int, ...], np.dtype]], stacked:
     set, shapes, dtypes, weights); finiteness is the caller's (a fold's row norms show it)."""
     return (
         stacked.keys() == spec.keys()
-        and all(weight_problem(x) is None for x in w.tolist())
+        # ``weight_problem`` for every weight at once (finite, > 0, normal, <= MAX_WEIGHT)
+        and bool(np.all(np.isfinite(w) & (w >= np.finfo(np.float64).tiny) & (w <= MAX_WEIGHT)))
         and all(
             stacked[name].shape == (w.size, *shape) and stacked[name].dtype == dtype
             for name, (shape, dtype) in spec.items()
         )
     )
+
+
+class UpdateFold:
+    """What every aggregation rule shares: the model's tensor spec, the checks an update must
+    pass, and the unit direction (``delta_sketch`` of the last global delta) updates project on.
+    A rule implements ``add_pieces``; ``add`` is a whole, not yet validated update."""
+
+    def __init__(self, template: NumpyParams, direction: NumpyParams | None = None) -> None:
+        self._spec = {name: (a.shape, a.dtype) for name, a in template.items()}
+        self.count = 0
+        self.total_weight = 0.0
+        self.stride = sketch_stride(template)
+        self._direction: dict[str, NDArray] | None = None
+        self._direction_norm = 0.0
+        if direction is not None:
+            self._direction, self._direction_norm = unit_direction(
+                self._spec, direction, self.stride
+            )
+
+    def validate(self, delta: NumpyParams, weight: float) -> None:
+        """Raise UpdateRejected naming the first problem; never touches the accumulator."""
+        validate_update(self._spec, delta, weight)
+
+    def add(self, delta: NumpyParams, weight: float) -> None:
+        self.validate(delta, weight)
+        self.add_pieces(((name, 0, delta[name]) for name in self._spec), weight)
+
+    def add_rows(
+        self, stacked: NumpyParams, weights: Sequence[float], sq_norms: NDArray | None = None
+    ) -> NDArray | None:
+        """Fold a batched round: row j of every tensor in ``stacked`` ([k, *shape]) is one
+        update of weight ``weights[j]``, folded in row order. The same result as ``add`` on each
+        row in turn, bit for bit; a rule may do it faster (``StreamingFedAvg`` does, and returns
+        the rows' squared norms; ``sq_norms`` is its shortcut, unused here)."""
+        for j, weight in enumerate(weights):
+            self.add({name: a[j] for name, a in stacked.items()}, float(weight))
+        return None
+
+    def add_pieces(self, pieces: Iterable[tuple[str, int, NDArray]], weight: float) -> None:
+        raise NotImplementedError
+
+    def prefault(self) -> None:
+        """Make the rule's buffers resident now rather than at the first fold (no-op here)."""

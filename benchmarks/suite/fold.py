@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.suite import MiB, Row, median_time, verdict
+from benchmarks.suite import MiB, Row, rate_stats, repeat_times, verdict
 from powertrip.fedavg import StreamingFedAvg, delta_sketch, sketch_stride
 from powertrip.learning.device import row_to_numpy, to_numpy
 from powertrip.learning.models import build_model
@@ -28,6 +28,7 @@ FOLD_TRAFFIC, COPY_TRAFFIC = 3, 2  # bytes moved per byte folded / copied
 
 
 def memcpy_rate(src: dict[str, np.ndarray], repeats: int) -> float:
+    """Median bytes/s of copying ``src`` (the baseline; its spread is not reported)."""
     dst = {k: np.empty_like(v) for k, v in src.items()}
     nbytes = sum(v.nbytes for v in src.values())
 
@@ -36,7 +37,7 @@ def memcpy_rate(src: dict[str, np.ndarray], repeats: int) -> float:
             np.copyto(dst[k], v)
 
     copy()
-    return nbytes / median_time(copy, repeats)
+    return rate_stats(nbytes, repeat_times(copy, repeats))[0]
 
 
 def pieces(delta: dict[str, np.ndarray]) -> list[tuple[str, int, np.ndarray]]:
@@ -58,10 +59,11 @@ def streaming_rows(model_mib: int, repeats: int) -> list[Row]:
     stride = sketch_stride(template)
     direction = delta_sketch(delta, template, stride)
     add = StreamingFedAvg(template)
-    add_rate = nbytes / median_time(lambda: add.add(delta, 1.0), repeats)
+    add_rate = rate_stats(nbytes, repeat_times(lambda: add.add(delta, 1.0), repeats))
     sliced = pieces(delta)
     agg = StreamingFedAvg(template, direction=direction)
-    piece_rate = nbytes / median_time(lambda: agg.add_pieces(iter(sliced), 1.0), repeats)
+    fold = lambda: agg.add_pieces(iter(sliced), 1.0)  # noqa: E731
+    piece_rate = rate_stats(nbytes, repeat_times(fold, repeats))
     kib = DEFAULT_CHUNK_BYTES // 1024
     return [
         _row(f"fold StreamingFedAvg.add, {model_mib} MiB model", add_rate, copy),
@@ -84,26 +86,28 @@ def emulator_row(sites: int, repeats: int) -> Row:
         agg = rule.make(template, direction=direction)
         half = rule.make(template)
         stacked = to_numpy(deltas)
-        agg.add_rows(stacked, weights)
-        half.add_rows({name: d[::2] for name, d in stacked.items()}, weights[::2])
+        sq = agg.add_rows(stacked, weights)
+        halves = {name: d[::2] for name, d in stacked.items()}
+        half.add_rows(halves, weights[::2], None if sq is None else sq[::2])
 
     round_aggregation()
     model_bytes = sum(v.numel() * 4 for v in params.values())
     folded = model_bytes * (sites + (sites + 1) // 2)
-    rate = folded / median_time(round_aggregation, repeats)
+    rate = rate_stats(folded, repeat_times(round_aggregation, repeats))
     copy = memcpy_rate(to_numpy(deltas), repeats)  # the same stacked rows, one copy
     kib = model_bytes / 1024
     return _row(f"fold emulator round aggregation, {sites} x {kib:.0f} KiB CNN1D", rate, copy)
 
 
-def _row(name: str, rate: float, copy: float) -> Row:
+def _row(name: str, rate: tuple[float, tuple[float, float]], copy: float) -> Row:
     """Ratio of memory traffic: folding an update byte reads it and reads and writes the
-    accumulator (3 bytes moved), a memcpy reads and writes (2)."""
-    mbs, base = rate / MiB, copy / MiB
+    accumulator (3 bytes moved), a memcpy reads and writes (2). ``rate``: ``rate_stats``."""
+    mbs, base = rate[0] / MiB, copy / MiB
     traffic = FOLD_TRAFFIC * mbs / (COPY_TRAFFIC * base)
     return Row(name, mbs, "MiB/s", base, "memcpy (np.copyto)", traffic,
                f">= {TARGET:.0%} traffic", verdict(traffic >= TARGET),
-               note=f"update bytes/s {mbs / base:.2f}x memcpy's")  # fmt: skip
+               note=f"update bytes/s {mbs / base:.2f}x memcpy's",
+               spread=(rate[1][0] / MiB, rate[1][1] / MiB))  # fmt: skip
 
 
 def run(quick: bool, ctx: dict[str, Any]) -> list[Row]:

@@ -15,10 +15,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import NDArray
 
+from powertrip.learning.batch_orders import epoch_orders
 from powertrip.learning.local_optim import LocalOptimizer
 
-__all__ = ["LocalTrainingConfig", "RoundBatches", "local_steps", "round_batches", "site_schedule"]
+__all__ = [
+    "LocalTrainingConfig",
+    "RoundBatches",
+    "local_steps",
+    "round_batches",
+    "round_orders",
+    "site_schedule",
+]
 
 
 @dataclass(frozen=True)
@@ -75,31 +84,68 @@ class RoundBatches:
     widths: list[int]  # columns of ``gather`` each step needs (its fullest site's samples)
 
 
+def round_orders(config: LocalTrainingConfig, sizes: NDArray, seeds: Sequence[int]) -> NDArray:
+    """[k, epochs, max(sizes)] positions: site i's order in each local epoch (-1 past its
+    ``sizes[i]`` samples), exactly ``site_schedule``'s: ``default_rng(seed).permutation(n)``
+    per epoch. Drawn for all sites in one vectorised call (``batch_orders``) when that is
+    cheaper than a generator per site (many sites, short partitions)."""
+    sizes = np.asarray(sizes, dtype=np.int64)
+    k, width, epochs = sizes.size, int(sizes.max()), config.local_epochs
+    cols = np.arange(width)
+    if not config.shuffle:
+        return np.broadcast_to(
+            np.where(cols < sizes[:, None], cols, -1)[:, None], (k, epochs, width)
+        )
+    seeds_a = np.asarray(seeds, dtype=object)
+    in_range = all(isinstance(s, (int, np.integer)) and 0 <= s < 2**32 for s in seeds_a.tolist())
+    # one Fisher-Yates step over all sites costs ~40 array operations; a generator ~60 us
+    if in_range and epochs * width * 40 * (2e-6 + 1e-8 * k) < 60e-6 * k:
+        return epoch_orders(np.asarray(seeds, dtype=np.int64), sizes, epochs)
+    out = np.full((k, epochs, width), -1, dtype=np.int64)
+    for i, (n, seed) in enumerate(zip(sizes.tolist(), seeds_a.tolist(), strict=True)):
+        rng = np.random.default_rng(seed)
+        for e in range(epochs):
+            out[i, e, :n] = rng.permutation(n)
+    return out
+
+
 def round_batches(
     config: LocalTrainingConfig,
     site_indices: Sequence[np.ndarray],
     seeds: Sequence[int],
     rows: int,
     fixed_width: bool = False,
+    orders: NDArray | None = None,
 ) -> RoundBatches:
     """Every step of the round for ``rows`` batch rows (>= the number of sites: a compiled step
-    pads to a bucket); ``fixed_width`` keeps every step at the full batch size (fixed shapes)."""
-    schedules = [
-        site_schedule(config, len(idx), s) for idx, s in zip(site_indices, seeds, strict=True)
-    ]
-    steps = np.array([s.shape[0] for s in schedules])
+    pads to a bucket); ``fixed_width`` keeps every step at the full batch size (fixed shapes).
+    ``orders``: the sites' ``round_orders`` when the caller drew them already (all of a round's
+    sites at once); laid out without a per-site loop, the same arrays ``site_schedule`` gives."""
+    sizes = np.array([len(idx) for idx in site_indices], dtype=np.int64)
+    if orders is None:
+        orders = round_orders(config, sizes, seeds)
+    b, epochs, width = config.batch_size, orders.shape[1], orders.shape[2]
+    per_epoch = -(-sizes // b)
+    steps = epochs * per_epoch
+    if config.max_local_steps is not None:
+        steps = np.minimum(steps, config.max_local_steps)
     # Dirichlet partitions differ in size by 10x and more: finished sites leave the batch.
     order = np.argsort(-steps, kind="stable")
     active = [int((steps > s).sum()) for s in range(int(steps.max()))]
-    b = config.batch_size
+    pos = np.empty_like(order)
+    pos[order] = np.arange(order.size)
+    # every (site, epoch, position) of the orders: its step, batch row and column
+    p = np.arange(width)
+    step = np.arange(epochs)[:, None] * per_epoch[:, None, None] + p // b  # [k, epochs, width]
+    keep = (orders >= 0) & (step < steps[:, None, None])
+    site = np.broadcast_to(np.arange(sizes.size)[:, None, None], keep.shape)[keep]
+    first = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+    samples = np.concatenate([np.asarray(i, dtype=np.int64) for i in site_indices])
     gather = np.zeros((len(active), rows, b), dtype=np.int64)
     mask = np.zeros((len(active), rows, b), dtype=np.float32)
-    for pos, j in enumerate(order):
-        idx = np.asarray(site_indices[j], dtype=np.int64)
-        sched = schedules[j]
-        valid = sched >= 0
-        gather[: sched.shape[0], pos] = np.where(valid, idx[np.clip(sched, 0, None)], 0)
-        mask[: sched.shape[0], pos] = valid
+    at = (step[keep], pos[site], np.broadcast_to(p % b, keep.shape)[keep])
+    gather[at] = samples[first[site] + orders[keep]]
+    mask[at] = 1.0
     # Valid rows are a prefix of every batch (padding only ends a site's last batch).
     counts = mask.sum(2).astype(np.int64)
     widths = [b if fixed_width else int(counts[s, :a].max()) for s, a in enumerate(active)]

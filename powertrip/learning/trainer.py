@@ -25,7 +25,12 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
-from powertrip.learning.batches import LocalTrainingConfig, round_batches, site_schedule
+from powertrip.learning.batches import (
+    LocalTrainingConfig,
+    round_batches,
+    round_orders,
+    site_schedule,
+)
 from powertrip.learning.compiled_step import CompiledSteps
 from powertrip.learning.device import (
     TorchParams,
@@ -37,6 +42,7 @@ from powertrip.learning.device import (
 )
 from powertrip.learning.site_loop import batched_training_blocker, train_sites_in_turn
 from powertrip.learning.site_optim import SiteOptimizer, SiteState
+from powertrip.learning.site_params import get_params, sample_losses
 from powertrip.learning.stacked import StackedChain, stacked_chain
 
 logger = logging.getLogger(__name__)
@@ -53,24 +59,6 @@ class SiteUpdates:
     #: each site's local optimizer state after the round, on the trainer's device (None for
     #: plain SGD, which keeps none); give it back to ``train`` to resume the site's moments
     opt_state: list[SiteState] | None = None
-
-
-def sample_losses(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy per sample: one label per sample (``y`` [B], logits [B, C]), or one per
-    position of a sequence model (``y`` [B, T], logits [B, T, V]; the sample's mean over T)."""
-    per_target = nn.functional.cross_entropy(logits.flatten(0, -2), y.flatten(), reduction="none")
-    if y.dim() == 1:
-        return per_target
-    return per_target.view(y.shape[0], -1).mean(1)
-
-
-def get_params(model: nn.Module) -> TorchParams:
-    """A site's state, what it sends and FedAvg averages: detached copies of the parameters and
-    of the floating-point buffers (a normalisation layer's running statistics), on the model's
-    device. Integer buffers (BatchNorm's batch counter) are bookkeeping and stay in the module."""
-    state = {name: p.detach().clone() for name, p in model.named_parameters()}
-    state.update((n, b.detach().clone()) for n, b in model.named_buffers() if b.is_floating_point())
-    return state
 
 
 class SiteTrainer:
@@ -154,27 +142,31 @@ class SiteTrainer:
             raise ValueError("one state (or None) per site is required")
         if not site_indices:
             raise ValueError("no site to train")
-        for i, idx in enumerate(site_indices):
-            if len(idx) == 0:
-                raise ValueError(f"site at position {i} has no training samples")
+        sizes = [len(i) for i in site_indices]
+        if 0 in sizes:
+            raise ValueError(f"site at position {sizes.index(0)} has no training samples")
+        k, step = len(site_indices), self.max_parallel_sites
+        # the whole round's batch orders in one call, and one host buffer its deltas land in
+        # (each chunk writes its rows: no concatenation of chunks afterwards)
+        orders = None
+        if self.unbatched_reason is None:
+            orders = round_orders(self.config, sizes, seeds)
+        b = self.config.batch_size  # eager: as many sites as fill max_parallel_sites full rows
+        step *= 1 if self._compiled is not None else max(1, b // max(1, min(b, max(sizes))))
+        deltas = {n: torch.empty((k, *p.shape), dtype=p.dtype) for n, p in global_params.items()}
         chunks = []
-        step = self.max_parallel_sites
-        for start in range(0, len(site_indices), step):
+        for start in range(0, k, step):
+            rows = slice(start, start + step)
             chunks.append(
                 self._train_chunk(
-                    global_params,
-                    x,
-                    y,
-                    site_indices[start : start + step],
-                    seeds[start : start + step],
-                    states[start : start + step],
+                    (global_params, x, y, site_indices[rows], seeds[rows], states[rows]),
+                    None if orders is None else orders[rows],
+                    {name: d[rows] for name, d in deltas.items()},
                 )
             )
-        if len(chunks) == 1:
-            return chunks[0]
         return SiteUpdates(
-            deltas={k: torch.cat([c.deltas[k] for c in chunks]) for k in chunks[0].deltas},
-            num_samples=np.concatenate([c.num_samples for c in chunks]),
+            deltas=deltas,
+            num_samples=np.array([len(i) for i in site_indices], dtype=np.int64),
             steps=np.concatenate([c.steps for c in chunks]),
             loss=np.concatenate([c.loss for c in chunks]),
             opt_state=None
@@ -182,23 +174,29 @@ class SiteTrainer:
             else sum((c.opt_state for c in chunks), []),
         )
 
-    def _train_chunk(self, global_params, x, y, site_indices, seeds, states) -> SiteUpdates:
-        args = (global_params, x, y, site_indices, seeds, states)
+    def _train_chunk(self, args: tuple, orders, out: TorchParams) -> SiteUpdates:
+        """Train one chunk of sites; their deltas go into ``out`` (rows of the round's buffer)."""
         if self.unbatched_reason is not None:
-            return self._train_in_turn(*args)
+            done = self._train_in_turn(*args)
+            for name, d in done.deltas.items():
+                out[name].copy_(d)
+            return done
         if self._compiled is None:
-            return self._train_rows(*args)
+            return self._train_rows(*args, orders, out)
         try:
-            return self._train_rows(*args)
+            return self._train_rows(*args, orders, out)
         except Exception as exc:  # a compiler missing or failing on this machine: train eagerly
             logger.warning("compiled SGD step failed (%s); training eagerly from now on", exc)
             self._compiled = None
-            return self._train_rows(*args)
+            return self._train_rows(*args, orders, out)
 
-    def _train_rows(self, global_params, x, y, site_indices, seeds, states) -> SiteUpdates:
+    def _train_rows(
+        self, global_params, x, y, site_indices, seeds, states, orders, out
+    ) -> SiteUpdates:
         k = len(site_indices)
         rows = self._compiled.rows(k) if self._compiled else k  # compiled: bucketed, padded
-        plan = round_batches(self.config, site_indices, seeds, rows, self._compiled is not None)
+        fixed = self._compiled is not None
+        plan = round_batches(self.config, site_indices, seeds, rows, fixed, orders)
         steps, order, active, widths = plan.steps, plan.order, plan.active, plan.widths
         gather_t = tensor(plan.gather, self.device)
         mask_t = tensor(plan.mask, self.device)
@@ -218,14 +216,17 @@ class SiteTrainer:
                 self._stacked.run(params, x, y, gather_t, mask_t, active, widths, opt, loss_sum)
             else:
                 self._eager_steps(params, x, y, gather_t, mask_t, active, widths, loss_sum, opt)
-        back_np = np.argsort(order)
-        back = tensor(back_np, self.device)
-        deltas = {  # to the host in one copy per tensor, not one per site
-            name: to_host(p[back] - global_params[name].to(self.device).unsqueeze(0))
-            for name, p in params.items()
-        }
+            back_np = np.argsort(order)
+            back = tensor(back_np, self.device)
+            same = rows == k and bool((back_np == np.arange(k)).all())  # rows in site order
+            for name, p in params.items():  # into the host buffer: one copy per tensor
+                g, p = global_params[name].to(self.device).unsqueeze(0), p if same else p[back]
+                if self.device.type == "cpu":
+                    torch.sub(p, g, out=out[name])
+                else:
+                    out[name].copy_(to_host(p - g))
         return SiteUpdates(
-            deltas=deltas,
+            deltas=out,
             num_samples=np.array([len(i) for i in site_indices], dtype=np.int64),
             steps=steps,
             loss=array(loss_sum[back]) / steps,
