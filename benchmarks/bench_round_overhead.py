@@ -7,6 +7,14 @@ fold them in order, evaluate and checkpoint. The difference per round is what th
 system costs (serialisation, streams, process hops, checkpoint), against the project's
 "framework overhead <= 1 s/round" target.
 
+Both sides are timed round to round, as a user waits for rounds: the emulator between two
+rounds' ``on_round`` callbacks, the services between two rounds' lines in the aggregator's log
+(``round N: ...``, logged once the round is recorded and its checkpoint handed over; the next
+round's line comes after that checkpoint is durable, so each interval holds what the
+checkpoint costs the round loop). Start-up, data generation and the initial evaluation are
+outside every interval. ``benchmarks/suite/overhead.py`` (the ``overhead`` section of
+``benchmarks/run.py``) uses the same functions.
+
     .venv/bin/python benchmarks/bench_round_overhead.py [--workers 4] [--sites 8,100] [--rounds 20]
 
 ``--sites`` takes a comma-separated list: one measurement per site count, so the overhead's growth
@@ -16,10 +24,14 @@ with the number of sites (per-site work in the round path) shows in one run.
 from __future__ import annotations
 
 import argparse
+import re
+import statistics
 import sys
 import tempfile
 import time
 import urllib.request
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -27,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from powertrip.experiment import build_config  # noqa: E402
+from powertrip.experiment import ExperimentConfig, build_config  # noqa: E402
 from powertrip.study.powertrip import run_study  # noqa: E402
 from services.cli.launcher import ClusterPlan, LocalCluster  # noqa: E402
 
@@ -39,8 +51,17 @@ def total(url: str, name: str) -> float:
         return sum(s.value for f in families for s in f.samples if s.name == name)
 
 
-def emulator_seconds_per_round(sites: int, rounds: int) -> float:
-    cfg = build_config(
+#: the aggregator's line for a finished round (``services.aggregator.run``), and its time stamp
+ROUND_LINE = re.compile(
+    r"^ts=(\S+ \S+) level=INFO service=aggregator logger=services\.aggregator\.run "
+    r"msg=round (\d+): "
+)
+
+
+def study_config(sites: int, rounds: int) -> ExperimentConfig:
+    """The ``quick`` preset, select-all over ``sites`` sites, ``rounds`` rounds: what both
+    sides run (the services get the same preset, policy, target and rounds from ``ClusterPlan``)."""
+    return build_config(
         "quick",
         num_sites=sites,
         policies=("select-all",),
@@ -48,15 +69,46 @@ def emulator_seconds_per_round(sites: int, rounds: int) -> float:
         max_rounds=rounds,
         static_sweep=(),
     )
+
+
+def intervals(stamps: list[float]) -> list[float]:
+    return [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
+
+
+def emulator_round_times(sites: int, rounds: int) -> list[float]:
+    """Wall seconds between consecutive rounds' ``on_round`` callbacks (one torch thread; the
+    caller's thread count is restored)."""
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    started = time.perf_counter()
-    study = run_study(cfg)
-    ((_, run),) = study.runs
-    return (time.perf_counter() - started) / len(run.rounds)
+    stamps: list[float] = []
+    try:
+        cfg = study_config(sites, rounds)
+        run_study(cfg, on_round=lambda *_: stamps.append(time.perf_counter()))
+    finally:
+        torch.set_num_threads(threads)
+    return intervals(stamps)
 
 
-def services_seconds_per_round(workers: int, sites: int, rounds: int) -> tuple[float, float]:
-    """(wall seconds per round seen by the aggregator, mean training seconds per worker-round)."""
+@dataclass
+class ServicesRounds:
+    round_s: list[float]  # wall seconds between consecutive rounds' lines in the aggregator log
+    train_s: float  # mean training seconds per worker-round (the workers' own metric)
+
+
+def round_stamps(log: Path) -> list[float]:
+    """Epoch seconds of each finished round's line in an aggregator log, in round order."""
+    stamps: dict[int, float] = {}
+    for line in log.read_text(errors="replace").splitlines():
+        m = ROUND_LINE.match(line)
+        if m:
+            ts = datetime.strptime(m[1], "%Y-%m-%d %H:%M:%S,%f")
+            stamps[int(m[2])] = ts.timestamp()
+    return [stamps[r] for r in sorted(stamps)]
+
+
+def services_round_times(workers: int, sites: int, rounds: int) -> ServicesRounds:
+    """The same rounds over a ``LocalCluster`` (a checkpoint every round), timed round to round
+    from the aggregator's log."""
     with tempfile.TemporaryDirectory() as tmp:
         plan = ClusterPlan(
             workers=workers,
@@ -70,14 +122,14 @@ def services_seconds_per_round(workers: int, sites: int, rounds: int) -> tuple[f
         with LocalCluster(plan) as cluster:
             cluster.start()
             cluster.wait_done(timeout_s=1800)
-            agg = cluster.aggregator.metrics_url
-            wall = total(agg, "powertrip_round_wall_duration_seconds_sum")
-            count = total(agg, "powertrip_round_wall_duration_seconds_count")
             workers_ = [s.metrics_url for s in cluster.services if s.name.startswith("worker")]
             # every site of a worker reports the worker's batched training time
             train = sum(total(u, "powertrip_worker_train_duration_seconds_sum") for u in workers_)
             n = sum(total(u, "powertrip_worker_train_duration_seconds_count") for u in workers_)
-    return wall / count, train / n
+            log = cluster.aggregator.log_path
+            assert log is not None
+            stamps = round_stamps(log)
+    return ServicesRounds(intervals(stamps), train / n)
 
 
 def main() -> None:
@@ -91,16 +143,17 @@ def main() -> None:
 
 
 def report(workers: int, sites: int, rounds: int) -> None:
-    emu = emulator_seconds_per_round(sites, rounds)
-    svc, train = services_seconds_per_round(workers, sites, rounds)
+    emu = statistics.median(emulator_round_times(sites, rounds))
+    services = services_round_times(workers, sites, rounds)
+    svc = statistics.median(services.round_s)
     print(f"{rounds} rounds of select-all over {sites} sites; services: {workers} workers")
-    print(f"{'':34}{'s/round':>10}{'rounds/h':>10}")
+    print(f"{'median, round to round':34}{'s/round':>10}{'rounds/h':>10}")
     print(f"{'emulator (in-process, baseline)':34}{emu:10.3f}{3600 / emu:10.0f}")
     print(f"{'services (gRPC, processes)':34}{svc:10.3f}{3600 / svc:10.0f}")
     print(
         f"services / emulator: {svc / emu:.2f}x; overhead {svc - emu:+.3f} s/round "
         f"(target <= 1 s: {'PASS' if svc - emu <= 1 else 'MISS'}); "
-        f"mean worker training {train:.3f} s/round"
+        f"mean worker training {services.train_s:.3f} s/round"
     )
 
 

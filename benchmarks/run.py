@@ -4,7 +4,8 @@ same run, as a table (``name | measured | baseline | ratio | target | PASS/MISS`
     .venv/bin/python benchmarks/run.py [--quick] [--flower] [--json out.json] [--only NAME,...]
 
 Each measured figure is a median; ``[min-max]`` after it is its range over the repeats.
-Sections: training, flower (only with --flower: it starts Ray), upload, fold, decision, rounds.
+Sections: training, flower (only with --flower: it starts Ray), upload, fold, decision, rounds,
+overhead.
 ``--quick`` shrinks every section (a smoke run, well under a minute without --flower); its
 figures are not the ones the targets are about. How to read the table: benchmarks/README.md.
 """
@@ -28,7 +29,7 @@ import torch  # noqa: E402
 
 from benchmarks.suite import Row  # noqa: E402
 
-SECTIONS = ("training", "flower", "upload", "fold", "decision", "rounds")
+SECTIONS = ("training", "flower", "upload", "fold", "decision", "rounds", "overhead")
 
 
 def machine() -> dict[str, Any]:

@@ -2,8 +2,9 @@
 services, so the run makes the emulator's decisions (Algorithm 1) for the same seed.
 
 Owns the clock (emulated or wall), the policy, the site profiles (``ProfileFeed``), checkpoints
-and the journal a restart replays, and the round metrics; the lifecycle and status are shared
-with curtailment mode (``lifecycle.RunLifecycle``).
+(written while the next round runs: ``checkpoint_writer``) and the journal a restart replays, and
+the round metrics; the lifecycle and status are shared with curtailment mode
+(``lifecycle.RunLifecycle``).
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ from powertrip.rounds import RoundRecord, TimeModel, run_rounds
 from powertrip.selection.registry import build_policy
 from powertrip.sites import SiteProfile, site_id
 from services.aggregator import checkpoint, metrics
+from services.aggregator.checkpoint_writer import CheckpointWriter
 from services.aggregator.config import AggregatorConfig
 from services.aggregator.executor import GrpcRoundExecutor
-from services.aggregator.journal_file import JournalFile
 from services.aggregator.lifecycle import Registration, RunLifecycle
 from services.aggregator.profile_feed import ProfileFeed
 from services.aggregator.registry import LivenessLog
@@ -63,11 +64,11 @@ class AggregatorRun(RunLifecycle):
         outer = exp.make_outer()  # None for FedAvg; its momentum is checkpointed (R6)
         keeps_momentum = outer is not None and outer.momentum > 0
         self._fits = _fits_run(params, exp.num_sites, keeps_momentum)
-        self._journal: JournalFile | None = None  # the journal file's writer
+        self._writer: CheckpointWriter | None = None  # checkpoints, in the background
         if self._checkpoints is not None:
             # NoUsableCheckpoint (all bad, no POWERTRIP_START_FRESH) stops the service
             ckpt = checkpoint.load_latest(self._checkpoints, self._fits, cfg.start_fresh)
-            self._journal = journal_writer(self._checkpoints, ckpt)
+            self._writer = CheckpointWriter(journal_writer(self._checkpoints, ckpt))
             if ckpt is not None:
                 params = ckpt.params
                 if outer is not None:
@@ -149,9 +150,9 @@ class AggregatorRun(RunLifecycle):
         self._record_round(StatusRound(rec), rec.time_s if reached else None)
         replayed = self.journaled.replaying(rec.round)
         self._stage_journal(rec.round)
-        if self._journal is not None and rec.outcome == "completed" and not replayed:
-            saved = checkpoint.save_or_report(
-                self._journal.directory,
+        if self._writer is not None and rec.outcome == "completed" and not replayed:
+            # written while the next round runs; durable before the next one is started
+            self._writer.submit(
                 rec.round,
                 self.executor.params,
                 {
@@ -160,11 +161,8 @@ class AggregatorRun(RunLifecycle):
                     "policy": strategy,
                     "initial": list(self.journaled.evaluate_initial()),
                 },
-                self._journal,
                 None if self.executor.outer is None else self.executor.outer.state,
             )
-            if saved:  # a disk that refuses it: logged and counted, the run goes on
-                metrics.CHECKPOINT_ROUND.set(rec.round)
         logger.info(
             "round %d: %d sites, %d updates, accuracy %.4f, clock %.1f s (%s%s)",
             rec.round,
@@ -178,15 +176,15 @@ class AggregatorRun(RunLifecycle):
         self._pace(rec.time_s, replayed)
 
     def _stage_journal(self, round_index: int) -> None:
-        """Hand the rounds run live so far, with their availability masks, to the journal
-        file (the next checkpoint appends them); the masks up to this round are not needed
-        again (a replayed round's mask was used before it ran)."""
+        """Hand the rounds run live so far, with their availability masks, to the checkpoint
+        writer (the next checkpoint appends them to the journal file); the masks up to this
+        round are not needed again (a replayed round's mask was used before it ran)."""
         down = self.liveness.down
         new = [
             replace(e, unavailable=tuple(down.get(e.round, ()))) for e in self.journaled.take_new()
         ]
-        if self._journal is not None:
-            self._journal.extend(e.to_json() for e in new)
+        if self._writer is not None:
+            self._writer.stage(e.to_json() for e in new)
         for r in [r for r in down if r <= round_index]:
             del down[r]
 
@@ -218,18 +216,22 @@ class AggregatorRun(RunLifecycle):
                 self.executor.resume_direction(before.params)
             else:
                 logger.warning("no checkpoint before the resumed one: next round unprojected")
-        run_rounds(
-            policy,
-            self.journaled,
-            self.profile_at,
-            self.time_model,
-            self.clock,
-            self.run_seed,
-            self.target,
-            exp.max_rounds,
-            on_round=self._on_round,
-            should_stop=self._stop.is_set,
-        )
+        try:
+            run_rounds(
+                policy,
+                self.journaled,
+                self.profile_at,
+                self.time_model,
+                self.clock,
+                self.run_seed,
+                self.target,
+                exp.max_rounds,
+                on_round=self._on_round,
+                should_stop=self._stop.is_set,
+            )
+        finally:  # the last checkpoint is durable before the run ends, however it ends
+            if self._writer is not None:
+                self._writer.wait()
         if self._quorum_lost:
             n, why = self.cfg.max_failed_rounds, self._last_failure
             if why == "quorum":

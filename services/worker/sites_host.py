@@ -59,8 +59,10 @@ class SitesHost:
         # state directory) it is saved after each round and resumed by a restarted worker;
         # without one it lives in memory and a restarted worker starts its sites fresh.
         # A round trained again (the aggregator resumed from before it) starts from the state
-        # the site had before it: ``SiteStateLog`` keeps one round of history.
-        self._log: SiteStateLog | None = SiteStateLog() if recipe.carries_over else None
+        # the site had before it: ``SiteStateLog`` keeps two rounds of history, since the
+        # aggregator writes round r's checkpoint while round r+1 trains here, and a crash in
+        # that write redoes round r after r+1 (one more state per site held: the price).
+        self._log: SiteStateLog | None = SiteStateLog(depth=3) if recipe.carries_over else None
         self._store = store if self._log is not None else None
         if self._store is not None and self._log is not None:
             shapes = {k: tuple(v.shape) for k, v in self._fed.initial_params.items()}

@@ -43,9 +43,12 @@ def test_the_trainer_device_benchmark_runs_every_method_on_the_cpu():
 
 def test_the_benchmark_runner_runs_quick(tmp_path):
     out = tmp_path / "bench.json"
-    printed = run_benchmark("run.py", "--quick", "--json", str(out), timeout_s=240)
+    printed = run_benchmark("run.py", "--quick", "--json", str(out), timeout_s=300)
     report = json.loads(out.read_text())
-    assert set(report["sections"]) == {"training", "upload", "fold", "decision", "rounds"}
+    sections = {"training", "upload", "fold", "decision", "rounds", "overhead"}
+    assert set(report["sections"]) == sections
+    (overhead,) = report["sections"]["overhead"]["rows"]  # both sides timed round to round
+    assert overhead["baseline"] > 0 and overhead["target"] == "<= 1.2x" and overhead["spread"]
     assert report["machine"]["cores"] >= 1 and report["machine"]["torch"]
     for section in report["sections"].values():
         assert section["rows"], section

@@ -252,7 +252,9 @@ def test_the_aggregator_starts_from_the_round_before_a_signed_checkpoint_it_cann
     run.liveness.down[2] = [1]
     run.journaled._new.append(JournalEntry(2, (0, 2), None))
     run._stage_journal(2)
-    checkpoint.save(tmp_path, 2, model, state(2), run._journal)
+    assert run._writer is not None
+    run._writer.submit(2, model, state(2))
+    assert run._writer.wait() is True
     assert run.liveness.down == {}
     resumed = resume_state(checkpoint.load_latest(tmp_path, run._fits), 3)
     assert [(e.round, e.selected) for e in resumed.journal] == [(1, (0, 1, 2)), (2, (0, 2))]
