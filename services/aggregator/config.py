@@ -79,7 +79,7 @@ class AggregatorConfig(ServiceConfig, CurtailSettings, DeviceSettings):
     # for its site's measured bandwidth x RTT, capped by this budget shared among the uploads
     # in flight, so buffered uploads hold about one budget of memory however many send at once.
     stream_window_mib: int = Field(64, ge=1)
-    receive_budget_mib: int = Field(64, ge=1)
+    receive_budget_mib: int = Field(32, ge=1)
     # Wall clock: expected local training time at full power, for ranking before measurement.
     wall_tau_s: float = Field(1.0, gt=0)
     round_deadline_s: float = Field(120.0, gt=0)  # wall seconds a round waits for updates

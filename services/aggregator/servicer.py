@@ -62,7 +62,7 @@ class AggregatorServicer(aggregator_pb2_grpc.AggregatorServiceServicer):
             run.registry.num_sites,
         )
         self.budget = ReceiveBudget(  # UploadUpdate's credits (upload_flow)
-            getattr(cfg, "receive_budget_mib", 64) * MiB,
+            getattr(cfg, "receive_budget_mib", 32) * MiB,
             getattr(cfg, "stream_window_mib", 64) * MiB,
             getattr(run, "link_of", None),
         )

@@ -9,10 +9,10 @@ upload with credits instead: chunk bytes the worker may send beyond what it was 
 Each upload's window is its site's bandwidth-delay product (the profiler's measured RTT x
 bandwidth, twice, as TCP would want it) capped by the receive budget
 (``POWERTRIP_RECEIVE_BUDGET_MIB``) divided among the uploads in flight, and credit is returned
-as the aggregator consumes the stream, as TCP returns window. Memory for buffered uploads stays
-about one budget however many workers send at once (a window shrinks as others start; what was
-granted is not revoked, so briefly up to two budgets), and a lone upload on a long link gets the
-whole budget.
+as the aggregator consumes the stream, as TCP returns window. Credit outstanding over all uploads
+stays within the budget (plus ``MIN_WINDOW`` per upload, so none stalls): an upload that starts
+while others hold the budget gets more only as they consume, and a lone upload on a long link
+gets the whole budget.
 
 Credit binds cooperating workers. A peer that ignores it is still bounded by the transport
 window per stream, and holds one stream per site it hosts (the round gate refuses duplicates).
@@ -44,14 +44,35 @@ class ReceiveBudget:
         self._link_of = link_of
         self._lock = threading.Lock()
         self.in_flight = 0
+        self.outstanding = 0  # credit granted and not yet consumed, over every upload
 
     def open(self) -> None:
         with self._lock:
             self.in_flight += 1
 
-    def close(self) -> None:
+    def close(self, outstanding: int = 0) -> None:
+        """An upload ended with ``outstanding`` bytes of its credit unused."""
         with self._lock:
             self.in_flight -= 1
+            self.outstanding -= outstanding
+
+    def consumed(self, n: int) -> None:
+        with self._lock:
+            self.outstanding -= n
+
+    def grant(self, site: int | None, own: int) -> int:
+        """Credit to grant an upload that has ``own`` bytes outstanding: up to its window,
+        within what the budget has left (an upload that started when others held the budget
+        waits for them to consume, not the budget for it), and never below ``MIN_WINDOW`` of
+        its own, so no upload stalls. 0 when nothing, or less than a quarter window, is due."""
+        window = self.window(site)
+        with self._lock:
+            left = self.budget - self.outstanding
+            room = min(window - own, max(left, MIN_WINDOW - own))
+            if room <= 0 or (room < window // 4 and own >= MIN_WINDOW):
+                return 0  # batched: a grant when a quarter window is due, or to the floor
+            self.outstanding += room
+            return room
 
     def window(self, site: int | None) -> int:
         """Bytes ``site``'s upload may have in flight now."""
@@ -94,20 +115,21 @@ class _Meter:
                 self._budget.open()
                 self._open = True
             elif msg.WhichOneof("part") == "chunk":
-                self._consumed += len(msg.chunk.data)
+                n = min(len(msg.chunk.data), self._granted - self._consumed)  # beyond: ignored
+                self._consumed += n
+                self._budget.consumed(n)
             self._grant()
 
     def _grant(self) -> None:
-        window = self._budget.window(self._site)
-        room = window - (self._granted - self._consumed)
-        if room >= max(window // 4, 1) and room > 0:
+        room = self._budget.grant(self._site, self._granted - self._consumed)
+        if room > 0:
             self._granted += room
             self._replies.put(("credit", room))
 
     def close(self) -> None:
         if self._open:
             self._open = False
-            self._budget.close()
+            self._budget.close(max(0, self._granted - self._consumed))
 
 
 def credited(

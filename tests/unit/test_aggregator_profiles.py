@@ -65,7 +65,7 @@ def test_a_probed_sites_measured_link_sizes_its_uploads_window(wall):
     budget = AggregatorServicer(wall).budget
     budget.open()
     assert budget.window(1) == 1 << 20  # 2 x 0.2 s x 2.5 MB/s = 1 MB: the 1 MiB floor
-    assert budget.window(0) == 64 << 20  # the whole budget for a lone upload
+    assert budget.window(0) == 32 << 20  # the whole budget for a lone upload
 
 
 def test_emulated_clock_uses_the_site_model_like_the_emulator():

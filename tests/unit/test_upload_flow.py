@@ -45,6 +45,29 @@ def test_a_measured_link_asks_for_twice_its_bandwidth_delay_product_within_the_l
     assert budget.window(2) == MIN_WINDOW  # 64 uploads share 64 MiB
 
 
+def test_uploads_starting_one_after_another_never_hold_more_credit_than_the_budget():
+    budget = ReceiveBudget(32 * MiB, 64 * MiB)
+    held = []
+    for _ in range(8):  # each starts while the earlier ones still hold their credit
+        budget.open()
+        held.append(budget.grant(None, 0))
+    assert held[0] == 32 * MiB  # alone: the whole budget
+    assert held[1:] == [MIN_WINDOW] * 7  # the rest start on the floor, not a fresh share each
+    assert budget.outstanding == sum(held) <= 32 * MiB + 8 * MIN_WINDOW
+    budget.consumed(24 * MiB)  # the first consumes; a later one may grow into what it freed
+    assert budget.grant(None, MIN_WINDOW) == 4 * MiB - MIN_WINDOW  # its 4 MiB share of 32
+    assert budget.outstanding <= 32 * MiB
+
+
+def test_a_grant_is_batched_to_a_quarter_window_but_never_leaves_an_upload_below_the_floor():
+    budget = ReceiveBudget(64 * MiB, 64 * MiB)
+    budget.open()
+    assert budget.grant(None, 60 * MiB) == 0  # 4 MiB due: less than a quarter of 64
+    assert budget.grant(None, 40 * MiB) == 24 * MiB
+    budget.outstanding = 64 * MiB  # others hold the whole budget
+    assert budget.grant(None, 0) == MIN_WINDOW
+
+
 def test_chunks_wait_for_credit_and_other_parts_do_not():
     credit = Credit()
     parts = [b"\x0aheader", chunk_request(0, [memoryview(b"x" * 10)]), b"\x22trailer"]
