@@ -29,7 +29,7 @@ import torch  # noqa: E402
 
 from benchmarks.suite import Row  # noqa: E402
 
-SECTIONS = ("training", "flower", "upload", "fold", "decision", "rounds", "overhead")
+SECTIONS = ("training", "flower", "upload", "fold", "intake", "decision", "rounds", "overhead")
 
 
 def machine() -> dict[str, Any]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import tempfile
 import threading
 from collections.abc import Sequence
+from typing import BinaryIO
 
 from numpy.typing import NDArray
 
@@ -32,12 +33,18 @@ class InPlaceFold:
     half's for a site in that half) piece by piece, undoably. Thread-safe: ``add`` runs in the
     update's stream thread, ``rollback`` may come from the thread that closes the round."""
 
-    def __init__(self, targets: Sequence[StreamingFedAvg], weight: float) -> None:
+    def __init__(
+        self, targets: Sequence[StreamingFedAvg], weight: float, undo: BinaryIO | None = None
+    ) -> None:
         self._targets = list(targets)
         self._weight = float(weight)
         self._sq = [0.0] * len(self._targets)
         self._proj = [0.0] * len(self._targets)
-        self._undo = tempfile.TemporaryFile()  # noqa: SIM115 - closed by commit/rollback
+        # The undo log: ``undo``, a file the caller reuses fold after fold (one at a time:
+        # rewriting pages already in the page cache costs half of fresh ones), else our own.
+        self._own_undo = undo is None
+        self._undo = tempfile.TemporaryFile() if undo is None else undo  # noqa: SIM115
+        self._undo.seek(0)
         self._log: list[tuple[int, str, int, int]] = []  # (target, tensor, start, size)
         self._lock = threading.Lock()
         self._state = "open"
@@ -65,7 +72,7 @@ class InPlaceFold:
             if self._state != "open":
                 raise FoldCancelled(f"the fold was {self._state} before its commit")
             self._state = "committed"
-            self._undo.close()
+            self._release()
             for i, target in enumerate(self._targets):
                 target.count_update(self._weight, self._sq[0], self._proj[i])
 
@@ -86,5 +93,9 @@ class InPlaceFold:
             self._undo.seek(end)
             if self._undo.readinto(raw) != len(raw):
                 raise RuntimeError("the undo log is shorter than the folds it records")
-        self._undo.close()
+        self._release()
         self._log.clear()
+
+    def _release(self) -> None:
+        if self._own_undo:
+            self._undo.close()

@@ -2,28 +2,27 @@
 
 ``RoundGate`` holds what every kind of round shares (admission, failures, the wait for the
 last update, closing at the deadline); ``RoundCollector`` folds FedAvg sums on top of it (PowerTrip
-mode), and ``delta_inbox.DeltaInbox`` keeps each delta whole (curtailment mode's sub-rounds).
-A site may send its update as per-rank shards (``services.aggregator.shards``): it is committed
-once all of them verified, as one update.
+mode), ``delta_inbox.DeltaInbox`` keeps each delta whole (curtailment mode's sub-rounds). A site
+may send per-rank shards (``services.aggregator.shards``), committed once all verified.
 
-Updates are checked chunk by chunk while they stream in (``TensorStreamReceiver``). Folds happen
-in the order the policy selected the sites, so the float32 sums, and hence the run, do not
-depend on network timing and equal the emulator's bit for bit. The update whose turn it is
-folds straight from the received chunks (``direct_sink``, ``powertrip.fold_in_place``: undone
-exactly if its stream dies or fails its checksum); one that arrives ahead of its turn waits in
-its spool (on disk when large) until the updates before it are folded. A stream that dies
-mid-way or carries a bad value leaves the sums as they were. Memory stays one accumulator (two
-with the split-half probe) plus a few chunks, whatever the number of concurrent uploads. A robust
-rule (``powertrip.robust``, POWERTRIP_AGGREGATION) must hold every accepted update instead: n
-models (1.5 n with the split-half probe), still folded in selection order.
+Updates are checked chunk by chunk as they stream in (``TensorStreamReceiver``) and folded in the
+order the policy selected the sites, so the float32 sums, and hence the run, do not depend on
+network timing and equal the emulator's bit for bit. The update whose turn it is folds straight
+from its chunks (``direct_sink``, ``powertrip.fold_in_place``: undone exactly if its stream dies
+or fails its checksum); one ahead of its turn waits in its spool (on disk when large). A stream
+that dies mid-way or carries a bad value leaves the sums as they were. Memory stays one
+accumulator (two with the split-half probe) plus a few chunks, whatever the number of uploads. A
+robust rule (``powertrip.robust``, POWERTRIP_AGGREGATION) must hold every accepted update
+instead: n models (1.5 n with the split-half probe), still folded in selection order.
 """
 
 from __future__ import annotations
 
+import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, BinaryIO
 
 from numpy.typing import NDArray
 
@@ -88,14 +87,13 @@ class RoundGate(ShardIntake):
         raise NotImplementedError
 
     def _prepare(self, rx: TensorStreamReceiver) -> Any:
-        """Outside the lock: turn a verified stream into what ``_keep`` stores."""
-        return rx
+        return rx  # outside the lock: a verified stream as ``_keep`` stores it
 
     def _keep(self, site: int, item: Any, weight: float) -> None:
         raise NotImplementedError
 
-    def _discard(self, item: Any) -> None:
-        """A late arrival, refused: release what ``_prepare`` made."""
+    def _discard(self, item: Any) -> None:  # a late arrival, refused: release what _prepare made
+        pass
 
     def _changed(self) -> None:
         """A site delivered, failed or the round closed."""
@@ -203,6 +201,7 @@ class RoundCollector(RoundGate):
         self._half_sites = {s for j, s in enumerate(self.selected) if j % 2 == 0}
         self._ready: dict[int, tuple[TensorStreamReceiver, float]] = {}
         self._direct: dict[int, InPlaceFold] = {}  # the site folding as its stream arrives
+        self._undo: BinaryIO | None = None
         self._next = 0  # position in ``selected`` of the next update to fold
         # The accumulators' pages are faulted in while the sites train, not by the first fold
         # (which must wait for it: both write the same buffers).
@@ -231,7 +230,9 @@ class RoundCollector(RoundGate):
         targets = [self.agg]
         if self.half is not None and site in self._half_sites:
             targets.append(self.half)  # type: ignore[arg-type]  # the same rule: FedAvg
-        fold = InPlaceFold(targets, weight)  # type: ignore[arg-type]
+        # one undo log for the round's in-turn folds (one at a time), closed with the round
+        self._undo = self._undo or tempfile.TemporaryFile()  # noqa: SIM115
+        fold = InPlaceFold(targets, weight, self._undo)  # type: ignore[arg-type]
         with self._cv:
             if not self._turn(site):  # closed meanwhile: nothing folded yet
                 fold.rollback()
@@ -263,6 +264,8 @@ class RoundCollector(RoundGate):
             self._direct.clear()
         for fold in folds:  # each waits for a piece being folded; later pieces are refused
             fold.rollback()
+        if self._undo is not None:
+            self._undo.close()
         super().close()
 
     def _keep(self, site: int, item: TensorStreamReceiver, weight: float) -> None:
