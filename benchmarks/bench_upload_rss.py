@@ -137,6 +137,9 @@ class NaiveCollector:
     def weight_problem(self, site: int, weight: float) -> str | None:
         return None  # the benchmark's uploads are honest
 
+    def direct_sink(self, site: int, weight: float) -> None:
+        return None  # every update is kept whole: nothing is folded as it arrives
+
     def commit(self, site: int, rx: Any, weight: float) -> None:
         arrays = rx.arrays()
         rx.close()

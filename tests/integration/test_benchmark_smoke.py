@@ -45,7 +45,7 @@ def test_the_benchmark_runner_runs_quick(tmp_path):
     out = tmp_path / "bench.json"
     printed = run_benchmark("run.py", "--quick", "--json", str(out), timeout_s=300)
     report = json.loads(out.read_text())
-    sections = {"training", "upload", "fold", "decision", "rounds", "overhead"}
+    sections = {"training", "upload", "fold", "intake", "decision", "rounds", "overhead"}
     assert set(report["sections"]) == sections
     (overhead,) = report["sections"]["overhead"]["rows"]  # both sides timed round to round
     assert overhead["baseline"] > 0 and overhead["target"] == "<= 1.2x" and overhead["spread"]
