@@ -172,7 +172,7 @@ def run(quick: bool, ctx: dict[str, Any]) -> list[Row]:
     many = project_round(mib, uploads, 2)
     x = (many["peak_mib"] - many["rss_pre_mib"]) / many["model_mib"]
     return [
-        Row(f"upload {mib} MiB: project SubmitUpdate vs raw TCP", proj, "MiB/s", tcp,
+        Row(f"upload {mib} MiB: project vs raw TCP", proj, "MiB/s", tcp,
             "raw TCP loopback", proj / tcp, f">= {TARGET_SHARE:.0%}",
             verdict(proj / tcp >= TARGET_SHARE),
             note=f"one upload, insecure loopback; {one['upload_s']:.2f} s of which the fold after "
