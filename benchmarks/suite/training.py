@@ -112,6 +112,7 @@ def run(quick: bool, ctx: dict[str, Any]) -> list[Row]:
         rows.append(Row(
             f"training {steps} step(s), {sites} sites: emulator vs one model at a time",
             emu, "site-updates/s", one, "one-by-one loop", emu / one,
+            spread=(sites / max(t_emu), sites / min(t_emu)),
             note=f"train + StreamingFedAvg fold, median of {repeats}",
         ))  # fmt: skip
     if torch.cuda.is_available():  # GPU figures, only where there is one
