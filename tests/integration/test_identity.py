@@ -47,7 +47,7 @@ from services.worker.config import WorkerConfig
 from services.worker.runner import RoundRunner
 from services.worker.servicer import WorkerServicer
 from services.worker.sites_host import SiteUpdate
-from services.worker.uploader import update_messages
+from services.worker.uploader import GrpcUploader, update_messages
 
 C = grpc.StatusCode
 REPO = Path(__file__).resolve().parents[2]
@@ -186,6 +186,10 @@ def test_a_worker_certificate_claiming_another_worker_registers_and_submits_noth
                         10.0, 0.1)  # fmt: skip
     code, _ = refusal(lambda: w0.SubmitUpdate(update_messages("w1", 0, update, 4096), timeout=5))
     assert code == C.PERMISSION_DENIED  # not NOT_FOUND: refused before the site is looked up
+    # the same through UploadUpdate (credit-metered, what workers send): refused alike
+    as_w1 = GrpcUploader(channel(address, pki, "w0", AGGREGATOR), "w1", 4096)
+    code, _ = refusal(lambda: as_w1(0, update, timeout_s=5))
+    assert code == C.PERMISSION_DENIED
     st = status(address, pki)
     assert st.registered_sites == before and run.registry.owner(5) is None
     with pytest.raises(NotFound):
