@@ -74,11 +74,12 @@ class AggregatorConfig(ServiceConfig, CurtailSettings, DeviceSettings):
     # Each site's local optimizer (powertrip/learning/local_optim.py) as JSON, e.g.
     # {"name": "adamw", "lr": 0.001}; handed to the workers in the run's configuration
     local_optimizer: LocalOptimizer | None = None
-    # Uploads' flow control (services/aggregator/upload_flow.py): the transport window is the
-    # most one upload may have in flight (64 MiB: ~1.3 GB/s at 50 ms); each upload gets credit
-    # for its site's measured bandwidth x RTT, capped by this budget shared among the uploads
-    # in flight, so buffered uploads hold about one budget of memory however many send at once.
-    stream_window_mib: int = Field(64, ge=1)
+    # Uploads' flow control (services/aggregator/upload_flow.py): each upload gets credit for
+    # its site's measured bandwidth x RTT, capped by the receive budget shared among the uploads
+    # in flight (buffered uploads hold about one budget however many send at once) and by the
+    # transport window, the most one stream may have in flight (32 MiB: ~670 MB/s at 50 ms),
+    # which also bounds a worker that ignores its credit. Raise both for fatter long links.
+    stream_window_mib: int = Field(32, ge=1)
     receive_budget_mib: int = Field(32, ge=1)
     # Wall clock: expected local training time at full power, for ranking before measurement.
     wall_tau_s: float = Field(1.0, gt=0)

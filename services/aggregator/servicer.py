@@ -63,7 +63,7 @@ class AggregatorServicer(aggregator_pb2_grpc.AggregatorServiceServicer):
         )
         self.budget = ReceiveBudget(  # UploadUpdate's credits (upload_flow)
             getattr(cfg, "receive_budget_mib", 32) * MiB,
-            getattr(cfg, "stream_window_mib", 64) * MiB,
+            getattr(cfg, "stream_window_mib", 32) * MiB,
             getattr(run, "link_of", None),
         )
         # the owners map admits only the workers it names, besides the allow-list's own rule
