@@ -38,7 +38,7 @@ class InPlaceFold:
     ) -> None:
         self._targets = list(targets)
         self._weight = float(weight)
-        self._sq = [0.0] * len(self._targets)
+        self._sq = 0.0  # the update's squared norm, measured once (on the first target)
         self._proj = [0.0] * len(self._targets)
         # The undo log: ``undo``, a file the caller reuses fold after fold (one at a time:
         # rewriting pages already in the page cache costs half of fresh ones), else our own.
@@ -61,7 +61,7 @@ class InPlaceFold:
                 self._undo.write(memoryview(region).cast("B"))
                 self._log.append((i, name, start, values.size))
                 sq, proj = target.fold_piece(name, start, values, self._weight, norm=i == 0)
-                self._sq[i] += sq if i == 0 else 0.0
+                self._sq += sq  # 0.0 from the other targets: norm=False
                 self._proj[i] += proj
             self.folded += values.size
 
@@ -74,7 +74,7 @@ class InPlaceFold:
             self._state = "committed"
             self._release()
             for i, target in enumerate(self._targets):
-                target.count_update(self._weight, self._sq[0], self._proj[i])
+                target.count_update(self._weight, self._sq, self._proj[i])
 
     def rollback(self) -> None:
         """Restore every region this fold touched; idempotent, a no-op after ``commit``."""

@@ -27,8 +27,8 @@ from typing import Any
 
 from powertrip.sites import site_index
 from powertrip.v1 import aggregator_pb2
+from services.common.tensor_stream import MiB
 
-MiB = 1 << 20
 MIN_WINDOW = 1 * MiB  # two of the worker's 512 KiB chunks: a stream never stalls on one
 
 #: the site's link as (RTT seconds, bytes per second) when measured, else None
