@@ -24,6 +24,7 @@ from powertrip.fold_inputs import (
     sq_norm,
     validate_update,
 )
+from powertrip.fold_rows import dense_direction, row_sq_norms, shared_matrix
 
 __all__ = [  # the rules and, for callers' convenience, what an update is checked against
     "FOLD_BLOCK", "NumpyParams", "StreamingFedAvg", "UpdateFold", "UpdateRejected",
@@ -55,6 +56,14 @@ def _add_scaled(acc: NDArray, a: NDArray, weight: float, norm: bool = True) -> f
     return sq
 
 
+def _running(start: float, terms: NDArray[np.float64]) -> float:
+    """``start + terms[0] + terms[1] + ...`` added left to right (``np.cumsum`` accumulates in
+    order), the bits a Python loop over the terms gives."""
+    if terms.size == 1:
+        return float(start + terms[0])
+    return float(np.cumsum(np.concatenate(([start], terms)))[-1])
+
+
 class StreamingFedAvg(UpdateFold):
     """Sample-weighted mean of deltas, w_{t+1} = w_t + sum_i (n_i / sum_j n_j) * delta_i.
 
@@ -81,6 +90,7 @@ class StreamingFedAvg(UpdateFold):
         self._weighted_sq_norm = 0.0
         self._weighted_proj = 0.0
         self._weighted_sq_proj = 0.0
+        self._dense: NDArray | None = None  # the direction over a full row, for matrix folds
 
     def add(self, delta: NumpyParams, weight: float) -> None:
         """``UpdateFold.add`` with the squared norm the validation computes anyway: one read of
@@ -140,21 +150,20 @@ class StreamingFedAvg(UpdateFold):
         self, weights: Sequence[float], sqs: Sequence[float], projs: Sequence[float]
     ) -> None:
         """Updates' weights, squared norms and projections into the round's statistics, one
-        update after the other (the same float additions whether folded alone or as rows)."""
-        total, sum_sq_w, w_sq = self.total_weight, self._sum_sq_weights, self._weighted_sq_norm
-        w_proj, w_sq_proj = self._weighted_proj, self._weighted_sq_proj
-        norm = self._direction_norm if self._direction is not None else None
-        for weight, sq, proj in zip(weights, sqs, projs, strict=True):
-            total += weight
-            sum_sq_w += weight * weight
-            w_sq += weight * sq
-            if norm is not None:
-                p = proj / norm
-                w_proj += weight * p
-                w_sq_proj += weight * p * p
-        self.total_weight, self._sum_sq_weights, self._weighted_sq_norm = total, sum_sq_w, w_sq
-        self._weighted_proj, self._weighted_sq_proj = w_proj, w_sq_proj
-        self.count += len(weights)
+        update after the other: each sum is a running (left-to-right) sum, so folding a round as
+        rows gives the same float additions as folding its updates one at a time."""
+        w = np.asarray(weights, dtype=np.float64)
+        sq = np.asarray(sqs, dtype=np.float64)
+        if w.shape != sq.shape or w.shape != np.shape(projs):
+            raise ValueError("one squared norm and one projection per weight")
+        self.total_weight = _running(self.total_weight, w)
+        self._sum_sq_weights = _running(self._sum_sq_weights, w * w)
+        self._weighted_sq_norm = _running(self._weighted_sq_norm, w * sq)
+        if self._direction is not None:
+            p = np.asarray(projs, dtype=np.float64) / self._direction_norm
+            self._weighted_proj = _running(self._weighted_proj, w * p)
+            self._weighted_sq_proj = _running(self._weighted_sq_proj, w * p * p)
+        self.count += w.size
 
     def add_rows(
         self, stacked: NumpyParams, weights: Sequence[float], sq_norms: NDArray | None = None
@@ -175,24 +184,33 @@ class StreamingFedAvg(UpdateFold):
             return np.zeros(0)
         formed = sq_norms is not None or rows_well_formed(self._spec, stacked, w)
         rows = {n: np.asarray(stacked[n]).reshape(w.size, -1) for n in self._spec} if formed else {}
+        flat = shared_matrix(stacked, list(self._spec)) if formed else None
         if sq_norms is not None:
             sq = np.asarray(sq_norms, dtype=np.float64)
+        elif flat is not None:  # one batched dot product over whole rows
+            sq = row_sq_norms(flat)
         else:
             sq = np.zeros(w.size)
             for r in rows.values():  # the rows' squared norms, before the sum is touched
                 sq += np.einsum("ij,ij->i", r, r)
-            if not (formed and np.isfinite(sq).all()):  # name the first bad row, as ``add`` would
-                for j, weight in enumerate(w.tolist()):  # (finite rows whose squares overflow)
-                    validate_update(self._spec, {n: a[j] for n, a in stacked.items()}, weight)
+        if sq_norms is None and not (formed and np.isfinite(sq).all()):
+            # name the first bad row, as ``add`` would (finite rows whose squares overflow too)
+            for j, weight in enumerate(w.tolist()):
+                validate_update(self._spec, {n: a[j] for n, a in stacked.items()}, weight)
         proj = np.zeros(w.size)
         u = self._direction
-        for name, r in rows.items():
-            acc = self._sum[name].reshape(-1)  # a view: the accumulator is contiguous
+        for name, r in rows.items():  # per tensor: a product over the whole matrix adds the
+            acc = self._sum[name].reshape(-1)  # same terms in another order (other bits)
             acc += w.astype(r.dtype) @ r
-            if u is not None:
+            if u is not None and flat is None:
                 sampled = r[:, :: self.stride]
                 proj += sampled @ u[name][: sampled.shape[1]]
-        self._fold_scalars(w.tolist(), sq.tolist(), proj.tolist())
+        if u is not None and flat is not None:  # one dense product over whole rows
+            if self._dense is None or self._dense.dtype != flat.dtype:
+                shapes = {n: s for n, (s, _) in self._spec.items()}
+                self._dense = dense_direction(u, shapes, self.stride, flat.dtype)
+            proj += flat @ self._dense
+        self._fold_scalars(w, sq, proj)
         return sq
 
     def prefault(self) -> None:

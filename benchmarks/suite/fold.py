@@ -18,7 +18,8 @@ import torch
 
 from benchmarks.suite import MiB, Row, rate_stats, repeat_times, verdict
 from powertrip.fedavg import StreamingFedAvg, delta_sketch, sketch_stride
-from powertrip.learning.device import row_to_numpy, to_numpy
+from powertrip.fold_rows import shared_matrix
+from powertrip.learning.device import host_rows, row_to_numpy, to_numpy
 from powertrip.learning.models import build_model
 from powertrip.robust import Aggregation
 from services.common.tensor_stream import DEFAULT_CHUNK_BYTES
@@ -75,7 +76,9 @@ def emulator_row(sites: int, repeats: int) -> Row:
     model = build_model("cnn1d", 10, (1, 40))
     params = {k: v.detach().clone() for k, v in model.state_dict().items()}
     gen = torch.Generator().manual_seed(0)
-    deltas = {k: torch.randn((sites, *v.shape), generator=gen) for k, v in params.items()}
+    deltas = host_rows(params, sites)  # the trainer's round buffer: one [sites, P] matrix
+    for d in deltas.values():
+        d.copy_(torch.randn(d.shape, generator=gen))
     template = to_numpy(params)
     direction = delta_sketch(row_to_numpy(deltas, 0), template, sketch_stride(template))
     rule = Aggregation()
@@ -94,7 +97,8 @@ def emulator_row(sites: int, repeats: int) -> Row:
     model_bytes = sum(v.numel() * 4 for v in params.values())
     folded = model_bytes * (sites + (sites + 1) // 2)
     rate = rate_stats(folded, repeat_times(round_aggregation, repeats))
-    copy = memcpy_rate(to_numpy(deltas), repeats)  # the same stacked rows, one copy
+    stacked = to_numpy(deltas)  # the baseline: one copy of the same [sites, P] matrix
+    copy = memcpy_rate({"rows": shared_matrix(stacked, list(stacked))}, repeats)
     kib = model_bytes / 1024
     return _row(f"fold emulator round aggregation, {sites} x {kib:.0f} KiB CNN1D", rate, copy)
 

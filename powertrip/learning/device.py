@@ -26,6 +26,7 @@ __all__ = [
     "TorchParams",
     "array",
     "device_name",
+    "host_rows",
     "resolve_device",
     "row_to_numpy",
     "scalar",
@@ -123,3 +124,18 @@ def tensor(data: ArrayLike, device: torch.device | str | None = None) -> torch.T
 def row_to_numpy(stacked: Mapping[str, torch.Tensor], j: int) -> NumpyParams:
     """Site ``j``'s slice of a batched result (every tensor stacked along dim 0), as numpy."""
     return {k: array(v[j]) for k, v in stacked.items()}
+
+
+def host_rows(params: Mapping[str, torch.Tensor], k: int) -> TorchParams:
+    """k rows of every tensor in host memory, for a batched round's results: views of one
+    [k, P] matrix when the model has one dtype (``powertrip.fold_rows``: the fold then reads
+    whole rows), else one buffer per tensor. Row j of each view is contiguous."""
+    dtypes = {p.dtype for p in params.values()}
+    if len(dtypes) != 1:
+        return {n: torch.empty((k, *p.shape), dtype=p.dtype) for n, p in params.items()}
+    matrix = torch.empty((k, sum(p.numel() for p in params.values())), dtype=dtypes.pop())
+    views, off = {}, 0
+    for name, p in params.items():
+        views[name] = matrix[:, off : off + p.numel()].view(k, *p.shape)
+        off += p.numel()
+    return views

@@ -35,6 +35,7 @@ from powertrip.learning.compiled_step import CompiledSteps
 from powertrip.learning.device import (
     TorchParams,
     array,
+    host_rows,
     resolve_device,
     scalar,
     tensor,
@@ -153,7 +154,7 @@ class SiteTrainer:
             orders = round_orders(self.config, sizes, seeds)
         b = self.config.batch_size  # eager: as many sites as fill max_parallel_sites full rows
         step *= 1 if self._compiled is not None else max(1, b // max(1, min(b, max(sizes))))
-        deltas = {n: torch.empty((k, *p.shape), dtype=p.dtype) for n, p in global_params.items()}
+        deltas = host_rows(global_params, k)
         chunks = []
         for start in range(0, k, step):
             rows = slice(start, start + step)
