@@ -184,7 +184,9 @@ class StreamingFedAvg(UpdateFold):
             return np.zeros(0)
         formed = sq_norms is not None or rows_well_formed(self._spec, stacked, w)
         rows = {n: np.asarray(stacked[n]).reshape(w.size, -1) for n in self._spec} if formed else {}
-        flat = shared_matrix(stacked, list(self._spec)) if formed else None
+        u = self._direction  # the matrix serves the norms and the projections only
+        use_matrix = formed and (sq_norms is None or u is not None)
+        flat = shared_matrix(stacked, list(self._spec)) if use_matrix else None
         if sq_norms is not None:
             sq = np.asarray(sq_norms, dtype=np.float64)
         elif flat is not None:  # one batched dot product over whole rows
@@ -198,7 +200,6 @@ class StreamingFedAvg(UpdateFold):
             for j, weight in enumerate(w.tolist()):
                 validate_update(self._spec, {n: a[j] for n, a in stacked.items()}, weight)
         proj = np.zeros(w.size)
-        u = self._direction
         for name, r in rows.items():  # per tensor: a product over the whole matrix adds the
             acc = self._sum[name].reshape(-1)  # same terms in another order (other bits)
             acc += w.astype(r.dtype) @ r
