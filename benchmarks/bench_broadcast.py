@@ -24,14 +24,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
-from powertrip.v1 import worker_pb2  # noqa: E402
-from services.aggregator.delta_inbox import DeltaInbox  # noqa: E402
-from services.aggregator.executor import EncodedModel, GrpcRoundExecutor  # noqa: E402
-from services.common.tensor_stream import (  # noqa: E402
+from powertrip.services.aggregator.delta_inbox import DeltaInbox  # noqa: E402
+from powertrip.services.aggregator.executor import EncodedModel, GrpcRoundExecutor  # noqa: E402
+from powertrip.services.common.tensor_stream import (  # noqa: E402
     DEFAULT_CHUNK_BYTES,
     encode,
     wrap_tensor_stream,
 )
+from powertrip.v1 import worker_pb2  # noqa: E402
 
 SERIALIZE = True  # --no-serialize: iterate only, to see the encoding's share alone
 

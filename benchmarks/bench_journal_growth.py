@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from powertrip.journal import JournalEntry  # noqa: E402
 from powertrip.rounds import RoundOutcome  # noqa: E402
-from services.aggregator import checkpoint  # noqa: E402
-from services.aggregator.journal_file import NAME, JournalFile  # noqa: E402
+from powertrip.services.aggregator import checkpoint  # noqa: E402
+from powertrip.services.aggregator.journal_file import NAME, JournalFile  # noqa: E402
 
 SITES, SELECTED = 50, 20
 WINDOW = 100  # saves timed around each measuring point (fsync latency is noisy)

@@ -40,8 +40,8 @@ import torch  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from powertrip.experiment import ExperimentConfig, build_config  # noqa: E402
+from powertrip.services.cli.launcher import ClusterPlan, LocalCluster  # noqa: E402
 from powertrip.study.powertrip import run_study  # noqa: E402
-from services.cli.launcher import ClusterPlan, LocalCluster  # noqa: E402
 
 
 def total(url: str, name: str) -> float:
@@ -51,9 +51,10 @@ def total(url: str, name: str) -> float:
         return sum(s.value for f in families for s in f.samples if s.name == name)
 
 
-#: the aggregator's line for a finished round (``services.aggregator.run``), and its time stamp
+#: the aggregator's line for a finished round (``powertrip.services.aggregator.run``), and its
+#: time stamp
 ROUND_LINE = re.compile(
-    r"^ts=(\S+ \S+) level=INFO service=aggregator logger=services\.aggregator\.run "
+    r"^ts=(\S+ \S+) level=INFO service=aggregator logger=powertrip\.services\.aggregator\.run "
     r"msg=round (\d+): "
 )
 

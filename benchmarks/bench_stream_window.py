@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.suite import MiB  # noqa: E402
 from benchmarks.suite.upload import METHOD, sink_server  # noqa: E402
-from services.common.tensor_stream import DEFAULT_CHUNK_BYTES as CHUNK  # noqa: E402
-from services.netem.delay_relay import DelayRelay  # noqa: E402
+from powertrip.services.common.tensor_stream import DEFAULT_CHUNK_BYTES as CHUNK  # noqa: E402
+from powertrip.services.netem.delay_relay import DelayRelay  # noqa: E402
 
 
 @contextmanager
@@ -84,7 +84,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--windows", default="4,16,64", help="comma-separated fixed windows, MiB")
     ap.add_argument("--mib", type=int, default=128, help="upload size per measurement")
     args = ap.parse_args(argv)
-    logging.getLogger("services.netem.delay_relay").setLevel(logging.ERROR)  # "no netem": known
+    logging.getLogger("powertrip.services.netem.delay_relay").setLevel(
+        logging.ERROR
+    )  # "no netem": known
     rtts = [float(r) for r in args.rtt_ms.split(",")]
     windows = [int(w) for w in args.windows.split(",")]
     if args.mib < 1 or min(rtts) < 0 or min(windows) < 1:

@@ -190,14 +190,14 @@ def model_error(
 def serve(mode: str, args: argparse.Namespace) -> None:
     """Aggregator child: print {"port"}, wait for the uploads, commit, print the result."""
     from powertrip.fedavg import delta_sketch, sketch_stride
-    from services.aggregator.collector import RoundCollector
-    from services.aggregator.config import AggregatorConfig
-    from services.aggregator.registry import WorkerRegistry
-    from services.aggregator.service_handlers import add_to_server
-    from services.aggregator.servicer import AggregatorServicer
-    from services.common.config import ServiceConfig
-    from services.common.grpc_server import build_server
-    from services.common.memory import pin_mmap_threshold
+    from powertrip.services.aggregator.collector import RoundCollector
+    from powertrip.services.aggregator.config import AggregatorConfig
+    from powertrip.services.aggregator.registry import WorkerRegistry
+    from powertrip.services.aggregator.service_handlers import add_to_server
+    from powertrip.services.aggregator.servicer import AggregatorServicer
+    from powertrip.services.common.config import ServiceConfig
+    from powertrip.services.common.grpc_server import build_server
+    from powertrip.services.common.memory import pin_mmap_threshold
 
     uploads, timeout_s, rows = args.uploads, args.timeout, args.rows
     pin_mmap_threshold()  # as services/aggregator/__main__.py does
@@ -339,11 +339,11 @@ def client(port: int, sites: list[int], args: argparse.Namespace) -> None:
     concurrent streams on that channel); starts on "go" from stdin."""
     import grpc
 
-    from services.common.config import ServiceConfig
-    from services.common.grpc_client import make_channel
-    from services.common.tensor_stream import DEFAULT_CHUNK_BYTES
-    from services.worker.sites_host import SiteUpdate
-    from services.worker.uploader import GrpcUploader, shard_updates
+    from powertrip.services.common.config import ServiceConfig
+    from powertrip.services.common.grpc_client import make_channel
+    from powertrip.services.common.tensor_stream import DEFAULT_CHUNK_BYTES
+    from powertrip.services.worker.sites_host import SiteUpdate
+    from powertrip.services.worker.uploader import GrpcUploader, shard_updates
 
     timeout_s, prebuilt, rows = args.timeout, args.uploads == 1, args.rows
 

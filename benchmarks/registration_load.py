@@ -49,14 +49,14 @@ from benchmarks.load_stats import (  # noqa: E402
     spread,
     status_kib,
 )
+from powertrip.services.cli.certs import mint_cluster, tls_env  # noqa: E402
+from powertrip.services.cli.service_process import Service, start_service  # noqa: E402
+from powertrip.services.common.config import ServiceConfig, load_config  # noqa: E402
+from powertrip.services.common.grpc_client import retry_idempotent  # noqa: E402
+from powertrip.services.common.grpc_options import client_options  # noqa: E402
+from powertrip.services.common.tls import channel_credentials  # noqa: E402
 from powertrip.sites import site_id  # noqa: E402
 from powertrip.v1 import aggregator_pb2, aggregator_pb2_grpc  # noqa: E402
-from services.cli.certs import mint_cluster, tls_env  # noqa: E402
-from services.cli.service_process import Service, start_service  # noqa: E402
-from services.common.config import ServiceConfig, load_config  # noqa: E402
-from services.common.grpc_client import retry_idempotent  # noqa: E402
-from services.common.grpc_options import client_options  # noqa: E402
-from services.common.tls import channel_credentials  # noqa: E402
 
 #: the matrix's targets: clients -> (required success ratio, p99 seconds)
 TARGETS = {200: (1.0, 0.5), 500: (0.0, 1.5)}
@@ -262,7 +262,9 @@ def main() -> int:
     ap.add_argument("--json", type=Path, help="also write the results here")
     ap.add_argument("--preconnect", action="store_true", help="handshake first: time the RPC alone")
     a = ap.parse_args()
-    logging.getLogger("services.common.grpc_client").setLevel(logging.ERROR)  # retry notices
+    logging.getLogger("powertrip.services.common.grpc_client").setLevel(
+        logging.ERROR
+    )  # retry notices
     cases = [("current", ())] + ([("baseline", BASELINE_OPTIONS)] if a.baseline else [])
     rows: list[dict] = []
     print(

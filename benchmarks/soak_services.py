@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from services.cli.launcher import ClusterPlan, LocalCluster  # noqa: E402
+from powertrip.services.cli.launcher import ClusterPlan, LocalCluster  # noqa: E402
 
 
 def proc_stats(pid: int) -> tuple[int, int, int]:

@@ -23,6 +23,8 @@ that needs it is used).
 
 from __future__ import annotations
 
+__version__ = "0.1.0"
+
 import importlib
 from typing import TYPE_CHECKING, Any
 

@@ -14,7 +14,7 @@
 # Re-running apply converges on the requested layout, so it is safe to repeat.
 #
 # Without sch_netem (as on kernels built without it) delay/jitter/loss cannot be applied: apply
-# fails with exit 3 and names the application-level fallback (services.netem.delay_relay).
+# fails with exit 3 and names the application-level fallback (powertrip.services.netem.delay_relay).
 # --allow-no-netem applies the rate alone and says on stderr what it skipped.
 #
 # Exit codes: 0 ok, 1 tc or interface error, 2 usage error, 3 netem unavailable.
@@ -119,7 +119,7 @@ no_netem_error() {
     local iface=$1 wanted=$2
     printf '%s: error: netem is unavailable on this kernel (no sch_netem), so %s cannot be applied on %s.\n' \
         "$PROG" "$wanted" "$iface" >&2
-    printf '%s: emulate latency in the application instead: python -m services.netem.delay_relay --listen HOST:PORT --target HOST:PORT --delay-ms MS\n' \
+    printf '%s: emulate latency in the application instead: python -m powertrip.services.netem.delay_relay --listen HOST:PORT --target HOST:PORT --delay-ms MS\n' \
         "$PROG" >&2
     printf '%s: or pass --allow-no-netem to apply RATE alone.\n' "$PROG" >&2
     exit "$E_NO_NETEM"
@@ -201,7 +201,7 @@ apply() {
             [[ -n $rate ]] || kept="nothing (the interface is cleared)"
             printf '%s: WARNING: netem is unavailable on this kernel: SKIPPED %s on %s; applying %s.\n' \
                 "$PROG" "${wanted[*]}" "$iface" "$kept" >&2
-            printf '%s: WARNING: emulate that latency with python -m services.netem.delay_relay.\n' \
+            printf '%s: WARNING: emulate that latency with python -m powertrip.services.netem.delay_relay.\n' \
                 "$PROG" >&2
             netem_args=()
         fi

@@ -106,7 +106,7 @@ read_profile() {
         local root="$HERE/.."
         [[ -d $root/services ]] || root="$HERE/../../.."
         PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" "${PYTHON:-python3}" \
-            -m services.netem.topology_profile --sites "$sites" --seed "$seed" \
+            -m powertrip.services.netem.topology_profile --sites "$sites" --seed "$seed" \
             --rate-scale "$rate_scale"
     else
         die "up needs --profile FILE or --sites N"
@@ -237,7 +237,7 @@ status() {
     while read -r kind i name ns site_if site_ip hub_if hub_ip rate delay applied; do
         [[ $kind == site ]] || continue
         note=""
-        [[ $applied == yes ]] || note=" (NOT applied: no netem; use services.netem.delay_relay)"
+        [[ $applied == yes ]] || note=" (NOT applied: no netem; use powertrip.services.netem.delay_relay)"
         grep -qxF -- "$ns" <<<"$live" || note+=" [namespace missing]"
         printf '%-12s %-16s %-10s %-14s %-14s %-14s %s\n' \
             "$name" "$ns" "$site_if" "$site_ip" "$hub_ip" "$rate" "$delay$note"

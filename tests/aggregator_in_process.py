@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import grpc
 
-from services.aggregator.config import AggregatorConfig
-from services.aggregator.run import AggregatorRun
-from services.aggregator.service_handlers import add_to_server
-from services.aggregator.servicer import AggregatorServicer
-from services.common.config import load_config
-from services.common.grpc_server import build_server, set_serving
+from powertrip.services.aggregator.config import AggregatorConfig
+from powertrip.services.aggregator.run import AggregatorRun
+from powertrip.services.aggregator.service_handlers import add_to_server
+from powertrip.services.aggregator.servicer import AggregatorServicer
+from powertrip.services.common.config import load_config
+from powertrip.services.common.grpc_server import build_server, set_serving
 
 SERVICE = "powertrip.v1.AggregatorService"
 SMALL_RUN = {

@@ -17,6 +17,6 @@ def run_powertrip(
     OpenMP thread (runs stay comparable on a shared machine)."""
     env = {**os.environ, "POWERTRIP_CACHE_DIR": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
     return subprocess.run(
-        [sys.executable, "-m", "services.cli.main", *args],
+        [sys.executable, "-m", "powertrip.services.cli.main", *args],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip

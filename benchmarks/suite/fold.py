@@ -22,7 +22,7 @@ from powertrip.fold_rows import shared_matrix
 from powertrip.learning.device import host_rows, row_to_numpy, to_numpy
 from powertrip.learning.models import build_model
 from powertrip.robust import Aggregation
-from services.common.tensor_stream import DEFAULT_CHUNK_BYTES
+from powertrip.services.common.tensor_stream import DEFAULT_CHUNK_BYTES
 
 TARGET = 0.80
 FOLD_TRAFFIC, COPY_TRAFFIC = 3, 2  # bytes moved per byte folded / copied

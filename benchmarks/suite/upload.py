@@ -142,7 +142,7 @@ def long_link_rows(mib: int, rtt_ms: float) -> list[Row]:
     window no link here fills (256 MiB)."""
     from bench_stream_window import upload_mib_s
 
-    logging.getLogger("services.netem.delay_relay").setLevel(logging.ERROR)  # "no netem"
+    logging.getLogger("powertrip.services.netem.delay_relay").setLevel(logging.ERROR)  # "no netem"
     big = [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 256 * MiB)]
     ceiling = upload_mib_s(big, rtt_ms / 1000, mib)
     proj = mib / project_round(mib, 1, 1, rtt_ms)["upload_s"]

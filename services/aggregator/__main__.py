@@ -8,27 +8,27 @@ import threading
 import time
 from collections.abc import Callable
 
+from powertrip.services.aggregator.checkpoint import NoUsableCheckpoint
+from powertrip.services.aggregator.config import AggregatorConfig
+from powertrip.services.aggregator.curtail_run import CurtailmentRun
+from powertrip.services.aggregator.lifecycle import Run
+from powertrip.services.aggregator.run import AggregatorRun
+from powertrip.services.aggregator.run_status import RunState
+from powertrip.services.aggregator.service_handlers import add_to_server
+from powertrip.services.aggregator.servicer import AggregatorServicer
+from powertrip.services.aggregator.worker_tracker import WorkerTracker
+from powertrip.services.common.command_line import parse_service_args
+from powertrip.services.common.config import ConfigError, load_config
+from powertrip.services.common.fault_points import armed_faults
+from powertrip.services.common.grpc_client import make_channel, retry_idempotent
+from powertrip.services.common.grpc_server import build_server, serve
+from powertrip.services.common.identity import PROFILER
+from powertrip.services.common.logging import configure
+from powertrip.services.common.memory import pin_mmap_threshold
+from powertrip.services.common.metrics import start_metrics_server
 from powertrip.v1 import profiler_pb2, profiler_pb2_grpc
-from services.aggregator.checkpoint import NoUsableCheckpoint
-from services.aggregator.config import AggregatorConfig
-from services.aggregator.curtail_run import CurtailmentRun
-from services.aggregator.lifecycle import Run
-from services.aggregator.run import AggregatorRun
-from services.aggregator.run_status import RunState
-from services.aggregator.service_handlers import add_to_server
-from services.aggregator.servicer import AggregatorServicer
-from services.aggregator.worker_tracker import WorkerTracker
-from services.common.command_line import parse_service_args
-from services.common.config import ConfigError, load_config
-from services.common.fault_points import armed_faults
-from services.common.grpc_client import make_channel, retry_idempotent
-from services.common.grpc_server import build_server, serve
-from services.common.identity import PROFILER
-from services.common.logging import configure
-from services.common.memory import pin_mmap_threshold
-from services.common.metrics import start_metrics_server
 
-logger = logging.getLogger("services.aggregator")
+logger = logging.getLogger("powertrip.services.aggregator")
 SERVICE = "powertrip.v1.AggregatorService"
 #: the exit code of a FAILED run (every worker lost, sites never came, a crash): restart-worthy
 EXIT_RUN_FAILED = 4

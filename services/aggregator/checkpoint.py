@@ -40,14 +40,14 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from services.aggregator import journal_file, metrics
-from services.aggregator.checkpoint_verify import (
+from powertrip.services.aggregator import journal_file, metrics
+from powertrip.services.aggregator.checkpoint_verify import (
     FORMAT,
     Rejected,
     verified_manifest,
     verified_params,
 )
-from services.aggregator.durable_files import (
+from powertrip.services.aggregator.durable_files import (
     TMP,
     canonical_sha256,
     commit_rename,
@@ -55,8 +55,8 @@ from services.aggregator.durable_files import (
     sha256_file,
     write_temp,
 )
-from services.aggregator.journal_file import JournalError, JournalFile, JournalRef
-from services.common.fault_points import fault_point
+from powertrip.services.aggregator.journal_file import JournalError, JournalFile, JournalRef
+from powertrip.services.common.fault_points import fault_point
 
 logger = logging.getLogger(__name__)
 KEEP = 2  # the newest and one fallback

@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from services.aggregator import metrics
-from services.aggregator.durable_files import canonical_sha256, sha256_file
+from powertrip.services.aggregator import metrics
+from powertrip.services.aggregator.durable_files import canonical_sha256, sha256_file
 
 FORMAT = 3  # 1: model hash only, state at the top level; 2: the journal in the state
 LOADS = (2, FORMAT)  # 2 still loads: its journal is moved to the file at the next save

@@ -19,7 +19,7 @@ run stages the rounds' entries here (``stage``); they reach the file's writer at
 
 A crash while round r's checkpoint is written may find round r+1 already trained by the
 workers: the restart redoes round r, so a worker keeps its sites' optimizer states from two
-rounds back (``services.worker.sites_host``).
+rounds back (``powertrip.services.worker.sites_host``).
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from typing import Any
 
 from numpy.typing import NDArray
 
-from services.aggregator import checkpoint, metrics
-from services.aggregator.journal_file import JournalFile
+from powertrip.services.aggregator import checkpoint, metrics
+from powertrip.services.aggregator.journal_file import JournalFile
 
 
 class CheckpointWriter:

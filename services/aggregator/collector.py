@@ -3,7 +3,7 @@
 ``RoundGate`` holds what every kind of round shares (admission, failures, the wait for the
 last update, closing at the deadline); ``RoundCollector`` folds FedAvg sums on top of it (PowerTrip
 mode), ``delta_inbox.DeltaInbox`` keeps each delta whole (curtailment mode's sub-rounds). A site
-may send per-rank shards (``services.aggregator.shards``), committed once all verified.
+may send per-rank shards (``powertrip.services.aggregator.shards``), committed once all verified.
 
 Updates are checked chunk by chunk as they stream in (``TensorStreamReceiver``) and folded in the
 order the policy selected the sites, so the float32 sums, and hence the run, do not depend on
@@ -30,12 +30,12 @@ from powertrip.fedavg import StreamingFedAvg
 from powertrip.fold_in_place import InPlaceFold
 from powertrip.fold_inputs import weight_problem
 from powertrip.robust import Aggregation
+from powertrip.services.aggregator import metrics
+from powertrip.services.aggregator.shards import ShardedUpdate, ShardIntake
+from powertrip.services.common.errors import Duplicate, StaleRound
+from powertrip.services.common.fault_points import fault_point
+from powertrip.services.common.tensor_receiver import Sink, TensorStreamReceiver
 from powertrip.sites import site_id
-from services.aggregator import metrics
-from services.aggregator.shards import ShardedUpdate, ShardIntake
-from services.common.errors import Duplicate, StaleRound
-from services.common.fault_points import fault_point
-from services.common.tensor_receiver import Sink, TensorStreamReceiver
 
 
 class CountedReceiver(TensorStreamReceiver):

@@ -22,8 +22,7 @@ from powertrip.experiment import (
 )
 from powertrip.learning.local_optim import LocalOptimizer
 from powertrip.selection.registry import validate_policy_name
-from powertrip.workloads import validate_workload
-from services.common.config import (
+from powertrip.services.common.config import (
     ConfigError,
     CurtailSettings,
     DeviceSettings,
@@ -31,6 +30,7 @@ from services.common.config import (
     config_error,
     env_name,
 )
+from powertrip.workloads import validate_workload
 
 
 class AggregatorConfig(ServiceConfig, CurtailSettings, DeviceSettings):
@@ -186,7 +186,9 @@ class AggregatorConfig(ServiceConfig, CurtailSettings, DeviceSettings):
         # At start, sites checked against the run's size: a typo is exit 2 naming the entry,
         # not a worker refused later. (A bad later edit of the file keeps the last good map.)
         if self.site_owners or self.site_owners_file:
-            from services.aggregator.site_owners import SiteOwners  # lazily: it imports grpc
+            from powertrip.services.aggregator.site_owners import (
+                SiteOwners,  # lazily: it imports grpc
+            )
 
             SiteOwners(self.site_owners, self.site_owners_file, self._run_sites())
         return self

@@ -29,17 +29,17 @@ from powertrip.learning.federation import StreamSetup
 from powertrip.learning.tokenizer_settings import with_tokenizer_hash
 from powertrip.outer_step import NesterovOuter
 from powertrip.rounds import RoundRecord
+from powertrip.services.aggregator import metrics
+from powertrip.services.aggregator.config import AggregatorConfig
+from powertrip.services.aggregator.delta_inbox import DeltaInbox
+from powertrip.services.aggregator.executor import GrpcRoundExecutor
+from powertrip.services.aggregator.lifecycle import Registration, RunLifecycle
+from powertrip.services.aggregator.profile_feed import ProfileFeed
+from powertrip.services.aggregator.run_status import StatusRound
 from powertrip.sites import site_id
 from powertrip.study.curtailment import build_engine, build_policy
 from powertrip.traces.carbon import CarbonTrace
 from powertrip.v1 import common_pb2
-from services.aggregator import metrics
-from services.aggregator.config import AggregatorConfig
-from services.aggregator.delta_inbox import DeltaInbox
-from services.aggregator.executor import GrpcRoundExecutor
-from services.aggregator.lifecycle import Registration, RunLifecycle
-from services.aggregator.profile_feed import ProfileFeed
-from services.aggregator.run_status import StatusRound
 
 logger = logging.getLogger(__name__)
 

@@ -7,8 +7,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from services.aggregator.collector import RoundGate
-from services.common.tensor_receiver import TensorStreamReceiver
+from powertrip.services.aggregator.collector import RoundGate
+from powertrip.services.common.tensor_receiver import TensorStreamReceiver
 
 
 class DeltaInbox(RoundGate):

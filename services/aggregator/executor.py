@@ -22,14 +22,19 @@ from powertrip.outcome import Evaluate, round_outcome
 from powertrip.outer_step import NesterovOuter
 from powertrip.robust import Aggregation
 from powertrip.rounds import RoundOutcome
+from powertrip.services.aggregator import metrics
+from powertrip.services.aggregator.collector import RoundCollector, RoundGate
+from powertrip.services.aggregator.registry import WorkerRegistry
+from powertrip.services.common.config import ServiceConfig
+from powertrip.services.common.grpc_client import make_channel
+from powertrip.services.common.tensor_stream import (
+    DEFAULT_CHUNK_BYTES,
+    encode,
+    specs_of,
+    wrap_tensor_stream,
+)
 from powertrip.sites import SiteProfile, site_id
 from powertrip.v1 import common_pb2, worker_pb2, worker_pb2_grpc
-from services.aggregator import metrics
-from services.aggregator.collector import RoundCollector, RoundGate
-from services.aggregator.registry import WorkerRegistry
-from services.common.config import ServiceConfig
-from services.common.grpc_client import make_channel
-from services.common.tensor_stream import DEFAULT_CHUNK_BYTES, encode, specs_of, wrap_tensor_stream
 
 logger = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from services.aggregator.durable_files import fsync_dir
+from powertrip.services.aggregator.durable_files import fsync_dir
 
 NAME = "journal.jsonl"
 GENESIS = "0" * 64

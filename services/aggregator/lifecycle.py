@@ -20,13 +20,18 @@ from typing import Protocol
 
 from powertrip.curtailment.emissions import EnergyReport
 from powertrip.fedavg import NumpyParams
-from services.aggregator import metrics
-from services.aggregator.collector import RoundGate
-from services.aggregator.config import AggregatorConfig
-from services.aggregator.executor import GrpcRoundExecutor
-from services.aggregator.pacing import Pacer
-from services.aggregator.registry import WorkerRegistry
-from services.aggregator.run_status import RunState, RunStatus, StatusRound, StatusSnapshot
+from powertrip.services.aggregator import metrics
+from powertrip.services.aggregator.collector import RoundGate
+from powertrip.services.aggregator.config import AggregatorConfig
+from powertrip.services.aggregator.executor import GrpcRoundExecutor
+from powertrip.services.aggregator.pacing import Pacer
+from powertrip.services.aggregator.registry import WorkerRegistry
+from powertrip.services.aggregator.run_status import (
+    RunState,
+    RunStatus,
+    StatusRound,
+    StatusSnapshot,
+)
 
 logger = logging.getLogger(__name__)
 

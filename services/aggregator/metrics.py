@@ -3,7 +3,7 @@ labels, so the number of series stays bounded however long a run lasts."""
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from services.common.metrics import UPDATE_BYTES  # noqa: F401 - re-exported: one definition
+from powertrip.services.common.metrics import UPDATE_BYTES  # noqa: F401 - re-exported: one definition
 
 ROUND_DURATION = Histogram(
     "powertrip_round_duration_seconds",

@@ -29,15 +29,15 @@ import numpy as np
 
 from powertrip.curtailment.availability import SiteAvailability
 from powertrip.rounds import TimeModel
+from powertrip.services.aggregator import metrics
+from powertrip.services.aggregator.config import AggregatorConfig
+from powertrip.services.common.grpc_client import make_channel, retry_idempotent
+from powertrip.services.common.identity import PROFILER
+from powertrip.services.common.wire import from_availability_reply
 from powertrip.sites import SiteProfile, site_id, site_index
 from powertrip.timing import comm_time_s
 from powertrip.traces.carbon import CarbonTrace
 from powertrip.v1 import profiler_pb2, profiler_pb2_grpc
-from services.aggregator import metrics
-from services.aggregator.config import AggregatorConfig
-from services.common.grpc_client import make_channel, retry_idempotent
-from services.common.identity import PROFILER
-from services.common.wire import from_availability_reply
 
 logger = logging.getLogger(__name__)
 FIRST_BACKOFF_S = 0.5  # a hold's first wait; doubles up to POWERTRIP_PROFILER_RETRY_S

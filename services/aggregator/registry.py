@@ -19,9 +19,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 from numpy.typing import NDArray
 
+from powertrip.services.aggregator import metrics
+from powertrip.services.common.errors import BadRequest, Duplicate, NotFound
 from powertrip.sites import SiteProfile, site_id
-from services.aggregator import metrics
-from services.common.errors import BadRequest, Duplicate, NotFound
 
 logger = logging.getLogger(__name__)
 

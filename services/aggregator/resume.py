@@ -15,8 +15,8 @@ from pathlib import Path
 
 from powertrip.fedavg import NumpyParams
 from powertrip.journal import JournalEntry
-from services.aggregator import checkpoint, journal_file
-from services.aggregator.journal_file import EMPTY, JournalFile
+from powertrip.services.aggregator import checkpoint, journal_file
+from powertrip.services.aggregator.journal_file import EMPTY, JournalFile
 
 
 @dataclass(frozen=True)

@@ -22,18 +22,18 @@ from powertrip.learning.tokenizer_settings import with_tokenizer_hash
 from powertrip.robust import Aggregation
 from powertrip.rounds import RoundRecord, TimeModel, run_rounds
 from powertrip.selection.registry import build_policy
+from powertrip.services.aggregator import checkpoint, metrics
+from powertrip.services.aggregator.checkpoint_writer import CheckpointWriter
+from powertrip.services.aggregator.config import AggregatorConfig
+from powertrip.services.aggregator.executor import GrpcRoundExecutor
+from powertrip.services.aggregator.lifecycle import Registration, RunLifecycle
+from powertrip.services.aggregator.profile_feed import ProfileFeed
+from powertrip.services.aggregator.registry import LivenessLog
+from powertrip.services.aggregator.resume import Resume, journal_writer
+from powertrip.services.aggregator.resume import fits_run as _fits_run
+from powertrip.services.aggregator.resume import resume_state as _resume_state
+from powertrip.services.aggregator.run_status import StatusRound
 from powertrip.sites import SiteProfile, site_id
-from services.aggregator import checkpoint, metrics
-from services.aggregator.checkpoint_writer import CheckpointWriter
-from services.aggregator.config import AggregatorConfig
-from services.aggregator.executor import GrpcRoundExecutor
-from services.aggregator.lifecycle import Registration, RunLifecycle
-from services.aggregator.profile_feed import ProfileFeed
-from services.aggregator.registry import LivenessLog
-from services.aggregator.resume import Resume, journal_writer
-from services.aggregator.resume import fits_run as _fits_run
-from services.aggregator.resume import resume_state as _resume_state
-from services.aggregator.run_status import StatusRound
 
 logger = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import grpc
 
+from powertrip.services.common.chunk_wire import read_submit_request
 from powertrip.v1 import aggregator_pb2_grpc
-from services.common.chunk_wire import read_submit_request
 
 UPLOADS = ("SubmitUpdate", "UploadUpdate")
 

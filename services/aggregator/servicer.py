@@ -9,16 +9,14 @@ from typing import Any
 import grpc
 
 from powertrip.fold_in_place import FoldCancelled
-from powertrip.sites import site_id, site_index
-from powertrip.v1 import aggregator_pb2, aggregator_pb2_grpc
-from services.aggregator import metrics
-from services.aggregator.collector import CountedReceiver
-from services.aggregator.lifecycle import Run
-from services.aggregator.site_owners import SiteOwners
-from services.aggregator.upload_flow import MiB, ReceiveBudget, credited
-from services.common.allow_list import AllowList, all_of
-from services.common.errors import BadRequest, NotFound, StaleRound, translate_errors
-from services.common.identity import (
+from powertrip.services.aggregator import metrics
+from powertrip.services.aggregator.collector import CountedReceiver
+from powertrip.services.aggregator.lifecycle import Run
+from powertrip.services.aggregator.site_owners import SiteOwners
+from powertrip.services.aggregator.upload_flow import MiB, ReceiveBudget, credited
+from powertrip.services.common.allow_list import AllowList, all_of
+from powertrip.services.common.errors import BadRequest, NotFound, StaleRound, translate_errors
+from powertrip.services.common.identity import (
     AGGREGATOR,
     OPERATOR,
     PROFILER,
@@ -27,8 +25,10 @@ from services.common.identity import (
     require_id,
     require_role,
 )
-from services.common.tensor_receiver import Sink
-from services.common.tensor_stream import StreamError, TensorSpec, shard_specs, specs_of
+from powertrip.services.common.tensor_receiver import Sink
+from powertrip.services.common.tensor_stream import StreamError, TensorSpec, shard_specs, specs_of
+from powertrip.sites import site_id, site_index
+from powertrip.v1 import aggregator_pb2, aggregator_pb2_grpc
 
 logger = logging.getLogger(__name__)
 SERVICE = "AggregatorService"  # as metrics and refusal logs name it

@@ -30,10 +30,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 from powertrip.learning.shards import shard_rows
+from powertrip.services.common.errors import Duplicate, StaleRound
+from powertrip.services.common.tensor_receiver import TensorStreamReceiver
+from powertrip.services.common.tensor_stream import MiB, StreamError, TensorSpec
 from powertrip.sites import site_id
-from services.common.errors import Duplicate, StaleRound
-from services.common.tensor_receiver import TensorStreamReceiver
-from services.common.tensor_stream import MiB, StreamError, TensorSpec
 
 __all__ = ["MAX_SHARDS", "ShardIntake", "ShardedUpdate"]
 

@@ -14,9 +14,9 @@ import logging
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from powertrip.services.common.allow_list import WatchedFile
+from powertrip.services.common.identity import SERVICES, id_problem
 from powertrip.sites import parse_site_list, site_id
-from services.common.allow_list import WatchedFile
-from services.common.identity import SERVICES, id_problem
 
 logger = logging.getLogger(__name__)
 VARIABLE = "POWERTRIP_SITE_OWNERS"

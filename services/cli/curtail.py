@@ -18,7 +18,7 @@ from powertrip.curtailment.config import (
     CurtailmentConfig,
     build_curtail_config,
 )
-from services.cli.common import (
+from powertrip.services.cli.common import (
     CommaList,
     OutputDir,
     describe_validation,
@@ -30,8 +30,8 @@ from services.cli.common import (
     preset_option,
     require_output,
 )
-from services.cli.export import require_tensorboard, tensorboard_option, write_tensorboard
-from services.cli.optimizer_options import optimizer_options
+from powertrip.services.cli.export import require_tensorboard, tensorboard_option, write_tensorboard
+from powertrip.services.cli.optimizer_options import optimizer_options
 
 FLAG_FOR_FIELD = {
     "carbon_trace_path": "--carbon-trace",

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 from rich.markup import escape
 
-from services.cli.common import OutputDir, fail, out
+from powertrip.services.cli.common import OutputDir, fail, out
 
 tensorboard_option = click.option(
     "--tensorboard",

@@ -17,13 +17,13 @@ from pathlib import Path
 
 import grpc
 
+from powertrip.services.cli.certs import mint_cluster, tls_env
+from powertrip.services.cli.netns_topology import Topology
+from powertrip.services.cli.service_process import LaunchError, Service, start_service
+from powertrip.services.common.config import ServiceConfig, load_config
+from powertrip.services.common.grpc_client import make_channel
+from powertrip.services.common.identity import AGGREGATOR
 from powertrip.v1 import aggregator_pb2, aggregator_pb2_grpc
-from services.cli.certs import mint_cluster, tls_env
-from services.cli.netns_topology import Topology
-from services.cli.service_process import LaunchError, Service, start_service
-from services.common.config import ServiceConfig, load_config
-from services.common.grpc_client import make_channel
-from services.common.identity import AGGREGATOR
 
 __all__ = ["ClusterPlan", "LaunchError", "LocalCluster", "Service"]
 

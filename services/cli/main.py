@@ -11,9 +11,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from powertrip.experiment import PRESETS, ExperimentConfig, build_config
-from services.cli import export
-from services.cli.certs import certs
-from services.cli.common import (
+from powertrip.services.cli import export
+from powertrip.services.cli.certs import certs
+from powertrip.services.cli.common import (
     CommaList,
     OneLineErrors,
     OutputDir,
@@ -28,10 +28,10 @@ from services.cli.common import (
     preset_option,
     require_output,
 )
-from services.cli.curtail import curtail
-from services.cli.optimizer_options import training_options
-from services.cli.traces import traces
-from services.cli.up import up
+from powertrip.services.cli.curtail import curtail
+from powertrip.services.cli.optimizer_options import training_options
+from powertrip.services.cli.traces import traces
+from powertrip.services.cli.up import up
 
 # CLI flag for each config field, so validation errors name what the user typed.
 FLAG_FOR_FIELD = {

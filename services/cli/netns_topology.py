@@ -1,7 +1,7 @@
 """The ``--netns-profile`` wiring: a hub namespace and one tc-shaped link per worker namespace.
 
 Built and torn down by ``topology.sh`` from the tc-scripts that ship with the package
-(``services.netem.scripts``), so an installed ``powertrip up`` runs it from any directory.
+(``powertrip.services.netem.scripts``), so an installed ``powertrip up`` runs it from any directory.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.cli.service_process import LaunchError
-from services.netem.scripts import tc_scripts_dir
+from powertrip.services.cli.service_process import LaunchError
+from powertrip.services.netem.scripts import tc_scripts_dir
 
 
 def topology_script() -> Path:

@@ -14,7 +14,7 @@ import click
 from pydantic import ValidationError
 
 from powertrip.learning.local_optim import LocalOptimizer
-from services.cli.common import aggregation_options, describe_validation, fail
+from powertrip.services.cli.common import aggregation_options, describe_validation, fail
 
 __all__ = ["optimizer_options", "training_options"]
 

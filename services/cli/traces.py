@@ -10,6 +10,7 @@ import click
 import numpy as np
 from rich.table import Table
 
+from powertrip.services.cli.common import err, fail, out
 from powertrip.traces.carbon import (
     HOLD_S,
     THRESHOLD,
@@ -22,7 +23,6 @@ from powertrip.traces.carbon import (
 from powertrip.traces.io import TraceError, read_header
 from powertrip.traces.power import PowerTrace, is_power_header, read_power_trace
 from powertrip.traces.synthetic import synthetic_power_trace
-from services.cli.common import err, fail, out
 
 HOURS = 3600.0
 DAYS = 86_400.0

@@ -15,11 +15,11 @@ from rich.table import Table
 from powertrip.curtailment.config import CURTAIL_PRESETS
 from powertrip.experiment import PRESETS, Partition, needs_dataset_path
 from powertrip.selection.registry import validate_policy_name
+from powertrip.services.cli.common import OutputDir, WorkloadName, device_option, err, fail, out
+from powertrip.services.cli.export import require_tensorboard, tensorboard_option, write_tensorboard
+from powertrip.services.cli.launcher import ClusterPlan, LaunchError, LocalCluster
+from powertrip.services.cli.up_outputs import write_rounds_csv, write_scrape_config
 from powertrip.v1 import aggregator_pb2
-from services.cli.common import OutputDir, WorkloadName, device_option, err, fail, out
-from services.cli.export import require_tensorboard, tensorboard_option, write_tensorboard
-from services.cli.launcher import ClusterPlan, LaunchError, LocalCluster
-from services.cli.up_outputs import write_rounds_csv, write_scrape_config
 
 AT_LEAST_1 = click.IntRange(min=1)
 #: each local worker is a process holding torch (~0.3 GB): beyond this a laptop or CI box swaps

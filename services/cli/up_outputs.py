@@ -7,8 +7,8 @@ import csv
 from collections.abc import Iterable
 from pathlib import Path
 
+from powertrip.services.cli.service_process import Service
 from powertrip.v1 import aggregator_pb2
-from services.cli.service_process import Service
 
 
 def write_rounds_csv(path: Path, policy: str, rounds: list[aggregator_pb2.RoundSummary]) -> None:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Generic, TypeVar
 
-from services.common.identity import id_problem
+from powertrip.services.common.identity import id_problem
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")

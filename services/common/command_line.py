@@ -24,7 +24,7 @@ from pathlib import Path
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from services.common.config import env_name
+from powertrip.services.common.config import env_name
 
 WIDTH = 100
 ABOUT_ENV = """\
@@ -52,7 +52,8 @@ def parse_service_args(
 
 
 def summary(doc: str | None) -> str:
-    """The first line of a ``__main__`` docstring without its ``python -m services.x:`` label."""
+    """The first line of a ``__main__`` docstring without its ``python -m
+    powertrip.services.x:`` label."""
     lines = (doc or "").strip().splitlines()
     text = lines[0].split(": ", 1)[-1] if lines else ""
     return text[:1].upper() + text[1:]

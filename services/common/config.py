@@ -83,7 +83,7 @@ class ServiceConfig(BaseModel):
         bad file is a ConfigError at start; later edits are re-read by ``AllowList``."""
         if not v:
             return None
-        from services.common.allow_list import read_ids  # lazily: it imports grpc
+        from powertrip.services.common.allow_list import read_ids  # lazily: it imports grpc
 
         read_ids(v)
         return v
@@ -116,7 +116,7 @@ class ServiceConfig(BaseModel):
 def _usable_certificate(cert: str | None, key: str | None, ca: str | None) -> None:
     """An expired, not yet valid (clock skew), foreign-CA or mismatched certificate fails at
     start with one line, rather than as "Socket closed" at the peer's first handshake."""
-    from services.common.cert_check import local_problem  # lazily: cryptography
+    from powertrip.services.common.cert_check import local_problem  # lazily: cryptography
 
     assert cert and key and ca
     problem = local_problem(cert, key, ca)

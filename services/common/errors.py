@@ -22,8 +22,8 @@ from typing import Any, NoReturn, TypeVar
 import grpc
 
 from powertrip.fedavg import UpdateRejected
-from services.common.handlers import split_method, wrap_handler
-from services.common.log_limit import LogLimiter, one_line
+from powertrip.services.common.handlers import split_method, wrap_handler
+from powertrip.services.common.log_limit import LogLimiter, one_line
 
 logger = logging.getLogger(__name__)
 #: at most 5 lines per (method, code) per minute and process; the rest become one summary line

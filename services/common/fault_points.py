@@ -20,7 +20,7 @@ import signal
 import time
 from collections.abc import Mapping
 
-from services.common.config import ConfigError
+from powertrip.services.common.config import ConfigError
 
 VARIABLE = "POWERTRIP_FAULT_INJECT"
 #: where the points are, and what a crash there leaves behind

@@ -17,9 +17,9 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from services.common.config import ServiceConfig
-from services.common.grpc_options import BACKOFF_CAP_S, client_options
-from services.common.tls_channel import IdentityChannel, TlsRefused
+from powertrip.services.common.config import ServiceConfig
+from powertrip.services.common.grpc_options import BACKOFF_CAP_S, client_options
+from powertrip.services.common.tls_channel import IdentityChannel, TlsRefused
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")

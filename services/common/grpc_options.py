@@ -7,7 +7,7 @@ is what makes a frozen (SIGSTOPped) peer visible in seconds instead of about a m
 
 from __future__ import annotations
 
-from services.common.config import ServiceConfig
+from powertrip.services.common.config import ServiceConfig
 
 MiB = 1 << 20
 #: longest wait between two reconnect attempts, and between two retries (grpc_client)

@@ -13,11 +13,11 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from services.common.config import ServiceConfig
-from services.common.errors import RequestGuard
-from services.common.grpc_options import server_options
-from services.common.metrics import GrpcMetricsInterceptor
-from services.common.tls import server_credentials
+from powertrip.services.common.config import ServiceConfig
+from powertrip.services.common.errors import RequestGuard
+from powertrip.services.common.grpc_options import server_options
+from powertrip.services.common.metrics import GrpcMetricsInterceptor
+from powertrip.services.common.tls import server_credentials
 
 logger = logging.getLogger(__name__)
 

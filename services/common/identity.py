@@ -16,8 +16,8 @@ from collections.abc import Callable, Collection
 
 import grpc
 
-from services.common.auth_metrics import count_denied
-from services.common.errors import BadRequest, Forbidden
+from powertrip.services.common.auth_metrics import count_denied
+from powertrip.services.common.errors import BadRequest, Forbidden
 
 #: the service identities (certificate CNs) every cluster has besides its workers; the one place
 #: that names them (``powertrip certs`` mints exactly these)

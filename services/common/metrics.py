@@ -13,8 +13,8 @@ from typing import Any
 import grpc
 from prometheus_client import Counter, Histogram, start_http_server
 
-from services.common.auth_metrics import note_call
-from services.common.handlers import split_method, wrap_handler
+from powertrip.services.common.auth_metrics import note_call
+from powertrip.services.common.handlers import split_method, wrap_handler
 
 # Both the worker (bytes it sends) and the aggregator (bytes it accepts) count updates; one
 # definition lets them share a process (tests, a single-process deployment).

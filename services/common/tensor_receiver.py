@@ -10,8 +10,8 @@ prefix is replayed into the sink and every further checked chunk is handed over 
 instead of spooled. The sink must then be able to undo what it took if the stream fails
 (``powertrip.fold_in_place``).
 
-A bfloat16 tensor (``services.common.bf16``) is scanned on its bits (exponent all ones: inf or
-NaN) and replayed widened to float32 piece by piece, never as a whole float32 copy.
+A bfloat16 tensor (``powertrip.services.common.bf16``) is scanned on its bits (exponent all
+ones: inf or NaN) and replayed widened to float32 piece by piece, never as a whole float32 copy.
 """
 
 from __future__ import annotations
@@ -25,9 +25,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from powertrip.fold_inputs import all_finite
-from powertrip.v1 import common_pb2
-from services.common.bf16 import BF16, all_finite_bf16, widen_into
-from services.common.tensor_stream import (
+from powertrip.services.common.bf16 import BF16, all_finite_bf16, widen_into
+from powertrip.services.common.tensor_stream import (
     ALLOWED_DTYPES,
     MiB,
     StreamError,
@@ -35,6 +34,7 @@ from services.common.tensor_stream import (
     new_digest,
     wire_dtype,
 )
+from powertrip.v1 import common_pb2
 
 __all__ = ["Sink", "TensorStreamReceiver"]
 

@@ -11,7 +11,8 @@ authenticated worker can send any bytes it likes anyway (validation and robust a
 with that), so a cryptographic hash buys nothing here, at about ten times the CPU on each side
 (SHA-256 ~1.5 GB/s, XXH3-128 ~20 GB/s on one core of the benchmark box).
 
-A float32 tensor may travel as bfloat16 (``bf16=True``: half the bytes; ``services.common.bf16``).
+A float32 tensor may travel as bfloat16 (``bf16=True``: half the bytes;
+``powertrip.services.common.bf16``).
 A site's update may travel in per-rank shards (``shard_specs``, ``shard_of``: rows
 ``shard_rows(dim0, count, index)`` of every tensor, 0-d tensors in shard 0 only).
 """
@@ -27,8 +28,8 @@ import xxhash
 from numpy.typing import NDArray
 
 from powertrip.learning.shards import shard_rows
+from powertrip.services.common.bf16 import BF16, bf16_bits
 from powertrip.v1 import common_pb2
-from services.common.bf16 import BF16, bf16_bits
 
 MiB = 1 << 20
 # Under the aggregator's 1 MiB mmap threshold (services/common/memory.py), so the per-chunk

@@ -28,9 +28,9 @@ from pathlib import Path
 import grpc
 from prometheus_client import Counter
 
-from services.common.auth_metrics import TLS_AUTHENTICATED, TLS_CONNECTIONS
-from services.common.cert_check import pair_mismatch
-from services.common.config import ServiceConfig
+from powertrip.services.common.auth_metrics import TLS_AUTHENTICATED, TLS_CONNECTIONS
+from powertrip.services.common.cert_check import pair_mismatch
+from powertrip.services.common.config import ServiceConfig
 
 logger = logging.getLogger(__name__)
 REFUSED_SUMMARY_S = 60.0  # at most one "handshakes refused" line per this long

@@ -25,8 +25,8 @@ from typing import Any
 
 import grpc
 
-from services.common.cert_check import local_problem, pair_mismatch, probe
-from services.common.log_limit import LogLimiter, one_line
+from powertrip.services.common.cert_check import local_problem, pair_mismatch, probe
+from powertrip.services.common.log_limit import LogLimiter, one_line
 
 logger = logging.getLogger(__name__)
 RELOAD_CHECK_S = 1.0

@@ -10,7 +10,8 @@ What it does not emulate: the relay terminates TCP, so each side's congestion co
 short loopback RTT, not the emulated one (no slow start stretched over a long RTT). Probes that
 time request/response exchanges, such as the profiler's RTT estimate, see the delay exactly.
 
-    python -m services.netem.delay_relay --listen 127.0.0.1:0 --target host:port --delay-ms 40
+    python -m powertrip.services.netem.delay_relay --listen 127.0.0.1:0 --target host:port \
+        --delay-ms 40
 """
 
 from __future__ import annotations
@@ -161,7 +162,7 @@ async def _serve(listen: tuple[str, int], relay: DelayRelay) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m services.netem.delay_relay", description=__doc__.splitlines()[0]
+        prog="python -m powertrip.services.netem.delay_relay", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--listen", type=_host_port, required=True, help="HOST:PORT (port 0: any)")
     parser.add_argument("--target", type=_host_port, required=True, help="HOST:PORT to forward to")

@@ -52,8 +52,8 @@ def latency_path_message(netem: bool | None) -> str:
     why = "this kernel has no netem" if netem is False else "netem cannot be checked here"
     return (
         f"latency path: {why}; an emulated delay can only come from the application-level relay "
-        "(python -m services.netem.delay_relay), which logs each delay it adds: RTTs measured "
-        "through it include the relay's delay, not a kernel qdisc's"
+        "(python -m powertrip.services.netem.delay_relay), which logs each delay it adds: "
+        "RTTs measured through it include the relay's delay, not a kernel qdisc's"
     )
 
 

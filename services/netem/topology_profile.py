@@ -4,8 +4,9 @@ Rate is B(d) and delay is the one-way d/c of spec §4.3, so an emulated topology
 the emulator assumes. ``--rate-scale`` shrinks every rate by one factor (a 2-core box cannot push
 the model's 1-10 Gbit/s through veth pairs) while keeping the sites' ordering and ratios.
 
-    python -m services.netem.topology_profile --sites 4 --seed 0 --rate-scale 0.01   # TSV
-    python -m services.netem.topology_profile --distance-mi 4000 --names eu-west --format env
+    python -m powertrip.services.netem.topology_profile --sites 4 --seed 0 --rate-scale 0.01   # TSV
+    python -m powertrip.services.netem.topology_profile --distance-mi 4000 --names eu-west \
+        --format env
 """
 
 from __future__ import annotations
@@ -84,7 +85,8 @@ def format_env(profile: LinkProfile, command: str) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m services.netem.topology_profile", description=__doc__.splitlines()[0]
+        prog="python -m powertrip.services.netem.topology_profile",
+        description=__doc__.splitlines()[0],
     )
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--sites", type=int, help="draw N sites with the spec §4.3 generator")
@@ -108,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif len(profiles) != 1:
         parser.error("--format env describes one site; pass one distance")
     else:
-        command = "python -m services.netem.topology_profile " + " ".join(
+        command = "python -m powertrip.services.netem.topology_profile " + " ".join(
             sys.argv[1:] if argv is None else argv
         )
         sys.stdout.write(format_env(profiles[0], command))

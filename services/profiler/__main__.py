@@ -6,20 +6,20 @@ import logging
 import sys
 import threading
 
+from powertrip.services.common.command_line import parse_service_args
+from powertrip.services.common.config import ConfigError, load_config
+from powertrip.services.common.grpc_server import build_server, serve
+from powertrip.services.common.logging import configure
+from powertrip.services.common.metrics import start_metrics_server
+from powertrip.services.netem.latency import log_latency_path
+from powertrip.services.profiler.catalogue import SiteCatalogue
+from powertrip.services.profiler.config import ProfilerConfig
+from powertrip.services.profiler.feed import CarbonFeed
+from powertrip.services.profiler.servicer import LinkProber, ProfilerServicer
 from powertrip.v1 import profiler_pb2_grpc
-from services.common.command_line import parse_service_args
-from services.common.config import ConfigError, load_config
-from services.common.grpc_server import build_server, serve
-from services.common.logging import configure
-from services.common.metrics import start_metrics_server
-from services.netem.latency import log_latency_path
-from services.profiler.catalogue import SiteCatalogue
-from services.profiler.config import ProfilerConfig
-from services.profiler.feed import CarbonFeed
-from services.profiler.servicer import LinkProber, ProfilerServicer
 
 SERVICE = "powertrip.v1.ProfilerService"
-logger = logging.getLogger("services.profiler")
+logger = logging.getLogger("powertrip.services.profiler")
 
 
 def main() -> int:

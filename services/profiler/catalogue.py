@@ -7,12 +7,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from powertrip.services.profiler import metrics
+from powertrip.services.profiler.config import ProfilerConfig
+from powertrip.services.profiler.links import LinkEstimate
 from powertrip.sites import PowerSource, SiteSet, generate_sites
 from powertrip.traces.io import TraceError
 from powertrip.traces.power_model import build_power
-from services.profiler import metrics
-from services.profiler.config import ProfilerConfig
-from services.profiler.links import LinkEstimate
 
 logger = logging.getLogger(__name__)
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 from pydantic import Field, model_validator
 
+from powertrip.services.common.config import CurtailSettings, ServiceConfig
 from powertrip.sites import DistanceMode
 from powertrip.traces.power_model import PowerModel
-from services.common.config import CurtailSettings, ServiceConfig
 
 
 class ProfilerConfig(ServiceConfig, CurtailSettings):

@@ -6,8 +6,8 @@ import os
 import time
 from dataclasses import dataclass
 
+from powertrip.services.profiler.links import bandwidth_bytes_per_s, median_rtt
 from powertrip.v1 import worker_pb2, worker_pb2_grpc
-from services.profiler.links import bandwidth_bytes_per_s, median_rtt
 
 PING_PAYLOAD_BYTES = 64
 

@@ -9,20 +9,20 @@ from dataclasses import dataclass
 
 import grpc
 
+from powertrip.services.common.config import ServiceConfig
+from powertrip.services.common.errors import BadRequest, NotFound, translate_errors
+from powertrip.services.common.grpc_client import make_channel
+from powertrip.services.common.identity import AGGREGATOR, OPERATOR, require_id, require_role
+from powertrip.services.common.wire import availability_reply
+from powertrip.services.profiler import metrics
+from powertrip.services.profiler.catalogue import SiteCatalogue
+from powertrip.services.profiler.config import ProfilerConfig
+from powertrip.services.profiler.feed import CarbonFeed
+from powertrip.services.profiler.links import LinkEstimate
+from powertrip.services.profiler.probe_budget import ProbeBudget
+from powertrip.services.profiler.probes import measure_bandwidth, measure_rtt
 from powertrip.sites import site_id, site_index
 from powertrip.v1 import common_pb2, profiler_pb2, profiler_pb2_grpc, worker_pb2_grpc
-from services.common.config import ServiceConfig
-from services.common.errors import BadRequest, NotFound, translate_errors
-from services.common.grpc_client import make_channel
-from services.common.identity import AGGREGATOR, OPERATOR, require_id, require_role
-from services.common.wire import availability_reply
-from services.profiler import metrics
-from services.profiler.catalogue import SiteCatalogue
-from services.profiler.config import ProfilerConfig
-from services.profiler.feed import CarbonFeed
-from services.profiler.links import LinkEstimate
-from services.profiler.probe_budget import ProbeBudget
-from services.profiler.probes import measure_bandwidth, measure_rtt
 
 logger = logging.getLogger(__name__)
 SERVICE = "ProfilerService"

@@ -11,25 +11,25 @@ from typing import TypeGuard
 
 import grpc
 
+from powertrip.services.common.command_line import parse_service_args
+from powertrip.services.common.config import ConfigError, load_config
+from powertrip.services.common.fault_points import armed_faults
+from powertrip.services.common.grpc_client import make_channel, retry_idempotent
+from powertrip.services.common.grpc_server import build_server, serve
+from powertrip.services.common.identity import AGGREGATOR
+from powertrip.services.common.logging import configure
+from powertrip.services.common.metrics import start_metrics_server
+from powertrip.services.common.tensor_stream import DEFAULT_CHUNK_BYTES
+from powertrip.services.worker.config import WorkerConfig
+from powertrip.services.worker.run_mode import UnsupportedMode, host_for_reply, partition_host
+from powertrip.services.worker.runner import RoundRunner
+from powertrip.services.worker.servicer import WorkerServicer
+from powertrip.services.worker.state_dir import SavedRun, SiteStateFileError, WorkerStateDir
+from powertrip.services.worker.uploader import GrpcUploader
 from powertrip.sites import site_id
 from powertrip.v1 import aggregator_pb2, aggregator_pb2_grpc, worker_pb2_grpc
-from services.common.command_line import parse_service_args
-from services.common.config import ConfigError, load_config
-from services.common.fault_points import armed_faults
-from services.common.grpc_client import make_channel, retry_idempotent
-from services.common.grpc_server import build_server, serve
-from services.common.identity import AGGREGATOR
-from services.common.logging import configure
-from services.common.metrics import start_metrics_server
-from services.common.tensor_stream import DEFAULT_CHUNK_BYTES
-from services.worker.config import WorkerConfig
-from services.worker.run_mode import UnsupportedMode, host_for_reply, partition_host
-from services.worker.runner import RoundRunner
-from services.worker.servicer import WorkerServicer
-from services.worker.state_dir import SavedRun, SiteStateFileError, WorkerStateDir
-from services.worker.uploader import GrpcUploader
 
-logger = logging.getLogger("services.worker")
+logger = logging.getLogger("powertrip.services.worker")
 SERVICE = "powertrip.v1.WorkerService"
 #: registration refusals a worker waits out instead of exiting: a supervisor restarting it would
 #: change nothing, while the operator may fix the site owners map or a squatter may go away

@@ -9,9 +9,9 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from powertrip.learning.site_engine.config import SiteEngineConfig
+from powertrip.services.common.config import ConfigError, DeviceSettings, ServiceConfig, env_name
+from powertrip.services.common.identity import validate_id
 from powertrip.sites import parse_site_list
-from services.common.config import ConfigError, DeviceSettings, ServiceConfig, env_name
-from services.common.identity import validate_id
 
 
 class WorkerConfig(ServiceConfig, DeviceSettings):

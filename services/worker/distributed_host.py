@@ -28,10 +28,10 @@ from powertrip.learning.device import to_numpy, to_torch
 from powertrip.learning.federation import build_federation, load_workload, site_model_factory
 from powertrip.learning.site_engine.config import SiteEngineConfig
 from powertrip.learning.site_engine.group import RankFailed, SiteGroup
+from powertrip.services.worker.site_host import RoundJob, SiteUpdate, no_stream_rows
+from powertrip.services.worker.state_dir import SiteStateStore
 from powertrip.sites import site_id
 from powertrip.v1 import common_pb2
-from services.worker.site_host import RoundJob, SiteUpdate, no_stream_rows
-from services.worker.state_dir import SiteStateStore
 
 logger = logging.getLogger(__name__)
 

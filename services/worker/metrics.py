@@ -2,7 +2,7 @@
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from services.common.metrics import UPDATE_BYTES  # noqa: F401 - re-exported: one definition
+from powertrip.services.common.metrics import UPDATE_BYTES  # noqa: F401 - re-exported: one definition
 
 TRAIN_DURATION = Histogram(
     "powertrip_worker_train_duration_seconds",

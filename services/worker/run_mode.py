@@ -11,9 +11,9 @@ from typing import Protocol
 
 from powertrip.curtailment.config import CurtailmentConfig
 from powertrip.experiment import ExperimentConfig
-from services.worker.config import WorkerConfig
-from services.worker.site_host import SiteHost
-from services.worker.state_dir import SavedRun, WorkerStateDir
+from powertrip.services.worker.config import WorkerConfig
+from powertrip.services.worker.site_host import SiteHost
+from powertrip.services.worker.state_dir import SavedRun, WorkerStateDir
 
 __all__ = ["UnsupportedMode", "host_for_reply", "partition_host"]
 
@@ -38,10 +38,12 @@ def partition_host(
     engine = cfg.site_engine
     store = state.store(run) if state is not None else None
     if engine is not None:
-        from services.worker.distributed_host import DistributedSitesHost  # spawns processes
+        from powertrip.services.worker.distributed_host import (
+            DistributedSitesHost,  # spawns processes
+        )
 
         return DistributedSitesHost(run_cfg, run.run_seed, cfg.site_indices, device, engine, store)
-    from services.worker.sites_host import SitesHost  # torch: loaded once a run is known
+    from powertrip.services.worker.sites_host import SitesHost  # torch: loaded once a run is known
 
     return SitesHost(run_cfg, run.run_seed, cfg.site_indices, device, store)
 
@@ -57,7 +59,7 @@ def host_for_reply(
                 "POWERTRIP_SITE_RANKS is set, but a curtailment-mode run trains its sites on "
                 "one data stream in process; unset it (0) for this run"
             )
-        from services.worker.stream_host import StreamHost
+        from powertrip.services.worker.stream_host import StreamHost
 
         curtail = CurtailmentConfig.model_validate_json(reply.curtail_config_json)
         return StreamHost(curtail, cfg.site_indices, device)

@@ -16,11 +16,11 @@ from collections.abc import Callable, Mapping
 import numpy as np
 from numpy.typing import NDArray
 
+from powertrip.services.common.errors import Busy
+from powertrip.services.worker import metrics
+from powertrip.services.worker.site_host import RoundJob, SiteHost, SiteUpdate
 from powertrip.sites import site_id
 from powertrip.v1 import common_pb2
-from services.common.errors import Busy
-from services.worker import metrics
-from services.worker.site_host import RoundJob, SiteHost, SiteUpdate
 
 __all__ = ["RoundJob", "RoundRunner", "Uploader", "release_delays"]
 

@@ -11,14 +11,14 @@ from collections.abc import Iterator
 
 import grpc
 
+from powertrip.services.common.errors import BadRequest, Busy, NotFound, translate_errors
+from powertrip.services.common.identity import AGGREGATOR, PROFILER, require_role
+from powertrip.services.common.tensor_receiver import TensorStreamReceiver
+from powertrip.services.common.tensor_stream import StreamError
+from powertrip.services.worker import metrics
+from powertrip.services.worker.runner import RoundJob, RoundRunner
 from powertrip.sites import site_id, site_index
 from powertrip.v1 import worker_pb2, worker_pb2_grpc
-from services.common.errors import BadRequest, Busy, NotFound, translate_errors
-from services.common.identity import AGGREGATOR, PROFILER, require_role
-from services.common.tensor_receiver import TensorStreamReceiver
-from services.common.tensor_stream import StreamError
-from services.worker import metrics
-from services.worker.runner import RoundJob, RoundRunner
 
 logger = logging.getLogger(__name__)
 MAX_PROBE_BYTES = 64 << 20

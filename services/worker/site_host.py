@@ -1,7 +1,7 @@
 """The one protocol a worker trains through, whatever its run mode.
 
 A worker hosts its sites in exactly one way, chosen once when it joins a run
-(``services.worker.run_mode``): partitioned sites trained together in this process
+(``powertrip.services.worker.run_mode``): partitioned sites trained together in this process
 (``SitesHost``), sites reading one data stream (``StreamHost``, curtailment mode) or sites that
 each train as a ``torch.distributed`` job over several devices (``DistributedSitesHost``). The
 host owns its part of the round spec (``round_inputs``: what a round must carry for it, checked

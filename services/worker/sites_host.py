@@ -20,9 +20,9 @@ from powertrip.experiment import ExperimentConfig
 from powertrip.learning.device import row_to_numpy, to_numpy, to_torch
 from powertrip.learning.federation import build_federation, load_workload
 from powertrip.learning.site_optim import SiteState, SiteStateLog
+from powertrip.services.worker.site_host import RoundJob, SiteUpdate, no_stream_rows
+from powertrip.services.worker.state_dir import SiteStateStore
 from powertrip.v1 import common_pb2
-from services.worker.site_host import RoundJob, SiteUpdate, no_stream_rows
-from services.worker.state_dir import SiteStateStore
 
 __all__ = ["SiteUpdate", "SitesHost"]  # SiteUpdate: re-exported, where callers long found it
 

@@ -16,9 +16,9 @@ from powertrip.curtailment.learner import check_stream_trainer, train_stream_row
 from powertrip.learning.device import row_to_numpy, to_torch
 from powertrip.learning.federation import StreamSetup
 from powertrip.learning.site_optim import SiteState
+from powertrip.services.worker.site_host import RoundJob, SiteUpdate
 from powertrip.sites import site_index
 from powertrip.v1 import common_pb2
-from services.worker.site_host import RoundJob, SiteUpdate
 
 
 class StreamHost:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable, Iterator
 
+from powertrip.services.common.chunk_wire import CHUNK_TAG
 from powertrip.v1 import aggregator_pb2
-from services.common.chunk_wire import CHUNK_TAG
 
 
 class Credit:

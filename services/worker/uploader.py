@@ -25,11 +25,9 @@ from typing import TYPE_CHECKING
 import grpc
 from numpy.typing import NDArray
 
-from powertrip.sites import site_id
-from powertrip.v1 import aggregator_pb2, common_pb2
-from services.common.chunk_wire import chunk_request
-from services.common.fault_points import fault_point
-from services.common.tensor_stream import (
+from powertrip.services.common.chunk_wire import chunk_request
+from powertrip.services.common.fault_points import fault_point
+from powertrip.services.common.tensor_stream import (
     chunk_views,
     encode,
     new_digest,
@@ -37,10 +35,12 @@ from services.common.tensor_stream import (
     stream_header,
     wrap_tensor_stream,
 )
-from services.worker.upload_credit import upload
+from powertrip.services.worker.upload_credit import upload
+from powertrip.sites import site_id
+from powertrip.v1 import aggregator_pb2, common_pb2
 
 if TYPE_CHECKING:  # a type only: importing sites_host loads torch
-    from services.worker.sites_host import SiteUpdate
+    from powertrip.services.worker.sites_host import SiteUpdate
 
 _SERVICE = aggregator_pb2.DESCRIPTOR.services_by_name["AggregatorService"]
 UPLOAD_UPDATE = f"/{_SERVICE.full_name}/UploadUpdate"

@@ -389,7 +389,7 @@ def _stand_in_dir() -> tempfile.TemporaryDirectory:
 def _stand_in_pki() -> Path:
     """A throw-away CA and one pair it signed (the loaders check that they match, not the
     name): ca.pem, stand-in.pem, stand-in.key."""
-    from services.cli.certs import issue, new_ca, write_pair
+    from powertrip.services.cli.certs import issue, new_ca, write_pair
 
     root = Path(_stand_in_dir().name) / "pki"
     root.mkdir()
@@ -648,7 +648,8 @@ def _mixin_fields(
     tree: ast.Module, name: str, seen: frozenset[str] = frozenset()
 ) -> dict[str, bool]:
     """Fields of a settings mixin ``name`` used as a base class in ``tree``: defined there, or
-    imported ``from services.x.y import name`` (read from services/x/y.py), with its own bases."""
+    imported ``from powertrip.services.x.y import name`` (read from services/x/y.py), with its
+    own bases."""
     if name in seen or name in {"BaseModel", "ServiceConfig"}:
         return {}
     for node in tree.body:
@@ -660,8 +661,8 @@ def _mixin_fields(
     for node in tree.body:
         module = (node.module or "") if isinstance(node, ast.ImportFrom) else ""
         names = [(a.name, a.asname) for a in getattr(node, "names", [])]
-        if module.startswith("services.") and (name, None) in names:
-            path = REPO / (module.replace(".", "/") + ".py")
+        if module.startswith("powertrip.services.") and (name, None) in names:
+            path = REPO / (module.removeprefix("powertrip.").replace(".", "/") + ".py")
             return _mixin_fields(ast.parse(path.read_text(), str(path)), name, seen)
     raise AssertionError(f"settings base class {name} not found")
 

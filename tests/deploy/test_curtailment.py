@@ -38,10 +38,10 @@ PER_CONTAINER = {"POWERTRIP_SITES", "POWERTRIP_SITE_OWNERS", *TLS_VARS}
 
 def load(service: str, env: dict[str, str]) -> Any:
     try:
-        load_config = importlib.import_module("services.common.config").load_config
+        load_config = importlib.import_module("powertrip.services.common.config").load_config
         cls = {
-            "aggregator": "services.aggregator.config.AggregatorConfig",
-            "profiler": "services.profiler.config.ProfilerConfig",
+            "aggregator": "powertrip.services.aggregator.config.AggregatorConfig",
+            "profiler": "powertrip.services.profiler.config.ProfilerConfig",
         }[service]
         module, _, name = cls.rpartition(".")
         return load_config(getattr(importlib.import_module(module), name), with_tls_stand_ins(env))
@@ -95,7 +95,7 @@ def test_k8s_and_compose_configure_the_curtailment_mode_alike():
 def test_profiler_serves_exactly_the_sites_of_the_run(where):
     """The run fails before its first round unless the profiler's curtailment sites are
     site-000 .. NUM_SITES-1; workers are checked to cover exactly NUM_SITES elsewhere."""
-    feed = pytest.importorskip("services.profiler.feed").CarbonFeed
+    feed = pytest.importorskip("powertrip.services.profiler.feed").CarbonFeed
     env = SETTINGS[where]("curtailment")
     profiler = load("profiler", env)
     sites = feed.build(profiler.curtail_config()).availability

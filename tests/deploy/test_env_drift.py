@@ -113,9 +113,13 @@ def test_compose_runs_every_service(compose):
 def service_config_classes() -> dict[str, Any]:
     try:
         return {
-            "aggregator": importlib.import_module("services.aggregator.config").AggregatorConfig,
-            "profiler": importlib.import_module("services.profiler.config").ProfilerConfig,
-            "worker": importlib.import_module("services.worker.config").WorkerConfig,
+            "aggregator": importlib.import_module(
+                "powertrip.services.aggregator.config"
+            ).AggregatorConfig,
+            "profiler": importlib.import_module(
+                "powertrip.services.profiler.config"
+            ).ProfilerConfig,
+            "worker": importlib.import_module("powertrip.services.worker.config").WorkerConfig,
         }
     except (ImportError, AttributeError) as exc:
         pytest.skip(f"service config modules not importable from this checkout: {exc}")
@@ -124,7 +128,7 @@ def service_config_classes() -> dict[str, Any]:
 def load_service_config(service: str, env: dict[str, str]) -> Any:
     """The service's config as its real loader builds it; raises ConfigError naming the bad
     variable (values, not just names: e.g. curtailment mode on the wall clock)."""
-    load_config = importlib.import_module("services.common.config").load_config
+    load_config = importlib.import_module("powertrip.services.common.config").load_config
     return load_config(service_config_classes()[service], with_tls_stand_ins(env))
 
 

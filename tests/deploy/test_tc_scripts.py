@@ -264,7 +264,7 @@ def test_delay_without_netem_fails_naming_the_relay_and_leaves_the_link_as_it_wa
     assert proc.returncode == 3
     assert "netem is unavailable" in proc.stderr
     assert "DELAY=40ms" in proc.stderr
-    assert "services.netem.delay_relay" in proc.stderr
+    assert "powertrip.services.netem.delay_relay" in proc.stderr
     assert clean_link.qdiscs() == before
 
 
@@ -415,7 +415,7 @@ def tc_rate_bps(qdisc_show: str) -> float:
 @needs_root
 def test_topology_from_the_site_model_shapes_each_link_to_its_modelled_rate(topology):
     model = ("--sites", "2", "--seed", "0", "--rate-scale", "0.01")
-    rows = run(sys.executable, "-m", "services.netem.topology_profile", *model).stdout
+    rows = run(sys.executable, "-m", "powertrip.services.netem.topology_profile", *model).stdout
 
     up = topology("up", *model, *UP_FLAGS)
 

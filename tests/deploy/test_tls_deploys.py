@@ -308,7 +308,7 @@ def mint(args: list[str], out: Path) -> dict[str, Any]:
     return name -> certificate for every NAME.pem written."""
     from click.testing import CliRunner
 
-    from services.cli.certs import certs
+    from powertrip.services.cli.certs import certs
 
     result = CliRunner().invoke(certs, [*args, "--out", str(out)])
     assert result.exit_code == 0, result.output

@@ -16,6 +16,7 @@ from google.protobuf.message_factory import GetMessageClass
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
+from powertrip.services.cli.launcher import ClusterPlan, LocalCluster
 from powertrip.v1 import (
     aggregator_pb2,
     aggregator_pb2_grpc,
@@ -25,7 +26,6 @@ from powertrip.v1 import (
     worker_pb2,
     worker_pb2_grpc,
 )
-from services.cli.launcher import ClusterPlan, LocalCluster
 
 pytestmark = pytest.mark.slow
 

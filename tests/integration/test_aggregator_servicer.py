@@ -11,10 +11,10 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from powertrip.fedavg import StreamingFedAvg
+from powertrip.services.aggregator.collector import RoundCollector
+from powertrip.services.worker.sites_host import SiteUpdate
+from powertrip.services.worker.uploader import update_messages
 from powertrip.v1 import aggregator_pb2, aggregator_pb2_grpc
-from services.aggregator.collector import RoundCollector
-from services.worker.sites_host import SiteUpdate
-from services.worker.uploader import update_messages
 from tests.aggregator_in_process import serve, small_run
 
 SERVICE = "powertrip.v1.AggregatorService"

@@ -20,13 +20,20 @@ import pytest
 from click.testing import CliRunner
 from cryptography import x509
 
-from services.cli.certs import issue, load_authority, mint_cluster, new_ca, tls_env, write_pair
-from services.cli.main import main as powertrip
-from services.common.cert_check import CLOCK_SKEW_MARGIN
-from services.common.config import ConfigError, ServiceConfig, load_config
-from services.common.grpc_client import make_channel, retry_idempotent
-from services.common.grpc_server import build_server
-from services.common.identity import AGGREGATOR
+from powertrip.services.cli.certs import (
+    issue,
+    load_authority,
+    mint_cluster,
+    new_ca,
+    tls_env,
+    write_pair,
+)
+from powertrip.services.cli.main import main as powertrip
+from powertrip.services.common.cert_check import CLOCK_SKEW_MARGIN
+from powertrip.services.common.config import ConfigError, ServiceConfig, load_config
+from powertrip.services.common.grpc_client import make_channel, retry_idempotent
+from powertrip.services.common.grpc_server import build_server
+from powertrip.services.common.identity import AGGREGATOR
 
 pytestmark = pytest.mark.reliability("R29")
 REPO = Path(__file__).resolve().parents[2]
@@ -194,9 +201,9 @@ def test_a_stub_called_after_its_channel_closed_raises_instead_of_crashing(pki):
 import grpc
 from pathlib import Path
 from powertrip.v1 import worker_pb2, worker_pb2_grpc
-from services.cli.certs import tls_env
-from services.common.config import ServiceConfig, load_config
-from services.common.grpc_client import make_channel
+from powertrip.services.cli.certs import tls_env
+from powertrip.services.common.config import ServiceConfig, load_config
+from powertrip.services.common.grpc_client import make_channel
 cfg = load_config(ServiceConfig, tls_env(Path({str(pki)!r}), "profiler"))
 channel = make_channel("127.0.0.1:1", cfg, "w0")
 stub = worker_pb2_grpc.WorkerServiceStub(channel)
@@ -278,7 +285,7 @@ def test_a_refused_client_names_its_own_certificate_problem_at_once(
 def test_a_refusal_that_persists_is_logged_once_not_per_call(pki, tmp_path, caplog, monkeypatch):
     """A heartbeat keeps calling with an expired certificate: every call raises the reason,
     re-diagnosed each time here, but the log gets one line (its "now" changes, not its news)."""
-    monkeypatch.setattr("services.common.tls_channel.DIAGNOSIS_TTL_S", 0.0)
+    monkeypatch.setattr("powertrip.services.common.tls_channel.DIAGNOSIS_TTL_S", 0.0)
     server, address = serve(pki)
     bad = pair(pki, tmp_path / "bad", "w0", days=1, not_before=LAST_MONTH)
     channel = make_channel(address, unchecked(bad, "w0"), AGGREGATOR)
@@ -346,7 +353,7 @@ def test_a_service_with_an_expired_certificate_refuses_to_start_in_one_line(pki,
     env = {k: v for k, v in os.environ.items() if not k.startswith("POWERTRIP_")}
     env |= {"POWERTRIP_GRPC_PORT": "0", "POWERTRIP_METRICS_PORT": "0", **tls_env(bad, "profiler")}
     proc = subprocess.run(
-        [sys.executable, "-m", "services.profiler"],
+        [sys.executable, "-m", "powertrip.services.profiler"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert proc.returncode == 2

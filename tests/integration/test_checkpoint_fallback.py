@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from powertrip.services.cli.launcher import ClusterPlan, LocalCluster
 from powertrip.v1 import aggregator_pb2
-from services.cli.launcher import ClusterPlan, LocalCluster
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
@@ -75,7 +75,7 @@ def test_every_checkpoint_corrupted_refuses_to_start(tmp_path):
         "POWERTRIP_CHECKPOINT_DIR": str(ckpts),
         "POWERTRIP_INSECURE": "1",
     }
-    cmd = [sys.executable, "-m", "services.aggregator"]
+    cmd = [sys.executable, "-m", "powertrip.services.aggregator"]
     done = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=50)
     assert done.returncode == 3, done.stderr
     lines = done.stderr.strip().splitlines()

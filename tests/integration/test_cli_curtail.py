@@ -16,7 +16,7 @@ SMALL = ["--preset", "curtailment-quick", "--num-samples", "1000", "--shards", "
 def powertrip(*args: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "POWERTRIP_CACHE_DIR": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
     return subprocess.run(
-        [sys.executable, "-m", "services.cli.main", "curtail", *args, "--threads", "1"],
+        [sys.executable, "-m", "powertrip.services.cli.main", "curtail", *args, "--threads", "1"],
         cwd=REPO,
         env=env,
         capture_output=True,

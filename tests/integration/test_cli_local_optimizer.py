@@ -12,8 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 from powertrip.experiment import build_config
+from powertrip.services.cli.main import main as powertrip
 from powertrip.study.files import summary_header
-from services.cli.main import main as powertrip
 from tests.cli import run_powertrip
 
 TINY = ["--sites", "4", "--sweep", "2,4", "--max-rounds", "2", "--target", "0.3",

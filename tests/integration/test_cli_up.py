@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from services.cli.service_process import LaunchError, service_executable
+from powertrip.services.cli.service_process import LaunchError, service_executable
 from tests.integration.test_cli_experiment import powertrip
 
 pytestmark = pytest.mark.slow
@@ -102,8 +102,8 @@ def test_up_shows_each_endpoint_when_ready_and_lingers_for_a_scraper(tmp_path):
     out = tmp_path / "up"
     env = {**os.environ, "POWERTRIP_CACHE_DIR": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "services.cli.main", "up", "--workers", "1", "--sites", "2",
-         "--max-rounds", "2", "--linger", "30", "--output", str(out)],
+        [sys.executable, "-m", "powertrip.services.cli.main", "up", "--workers", "1",
+         "--sites", "2", "--max-rounds", "2", "--linger", "30", "--output", str(out)],
         cwd=Path(__file__).resolve().parents[2], env=env, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True,
     )  # fmt: skip

@@ -14,9 +14,9 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
-from services.common.config import ServiceConfig
-from services.common.grpc_client import is_unavailable, make_channel, retry_idempotent
-from services.common.grpc_server import build_server
+from powertrip.services.common.config import ServiceConfig
+from powertrip.services.common.grpc_client import is_unavailable, make_channel, retry_idempotent
+from powertrip.services.common.grpc_server import build_server
 
 LIMIT = 2
 CALLS = 8

@@ -5,11 +5,11 @@ SHA-256 equals an uninterrupted run's, with the same rounds (sites, accuracies, 
 One cluster (profiler, 2 workers hosting 4 sites) serves both runs: the golden run first, then
 the crashed run in its own checkpoint directory, killed three times in round 3 (in a fold, in a
 checkpoint write, after a checkpoint commit) before it is let finish. The aggregator kills
-itself at the exact moment (``POWERTRIP_FAULT_INJECT``, ``services.common.fault_points``), so the
-crash lands where no outside ``kill`` could aim; the workers stay up and find each new
-aggregator by their heartbeat. Each restart's readiness is watched: the port refuses (the
-server is built only once the checkpoint is loaded) or answers NOT_SERVING, never SERVING
-before the log says the checkpoint was loaded.
+itself at the exact moment (``POWERTRIP_FAULT_INJECT``,
+``powertrip.services.common.fault_points``), so the crash lands where no outside ``kill``
+could aim; the workers stay up and find each new aggregator by their heartbeat. Each
+restart's readiness is watched: the port refuses (the server is built only once the checkpoint
+is loaded) or answers NOT_SERVING, never SERVING before the log says the checkpoint was loaded.
 """
 
 from __future__ import annotations
@@ -26,12 +26,12 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from powertrip.services.aggregator import checkpoint
+from powertrip.services.cli.certs import tls_env
+from powertrip.services.cli.launcher import ClusterPlan, LocalCluster
+from powertrip.services.common.config import ServiceConfig, load_config
+from powertrip.services.common.grpc_client import make_channel
 from powertrip.v1 import aggregator_pb2
-from services.aggregator import checkpoint
-from services.cli.certs import tls_env
-from services.cli.launcher import ClusterPlan, LocalCluster
-from services.common.config import ServiceConfig, load_config
-from services.common.grpc_client import make_channel
 
 pytestmark = pytest.mark.slow
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import pytest
 
+from powertrip.services.aggregator import checkpoint
 from powertrip.v1 import aggregator_pb2
-from services.aggregator import checkpoint
 from tests.integration.test_crash_recovery import (
     CRASH_ROUND,
     crash_plan,

@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 
 from powertrip.curtailment.config import build_curtail_config
+from powertrip.services.cli.launcher import ClusterPlan, LocalCluster
 from powertrip.sites import site_id
 from powertrip.study.curtailment import run_curtailment_study
 from powertrip.v1 import aggregator_pb2
-from services.cli.launcher import ClusterPlan, LocalCluster
 from tests.integration.test_services_e2e import scrape
 
 pytestmark = pytest.mark.slow

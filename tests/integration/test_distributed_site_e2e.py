@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from powertrip.services.cli.launcher import ClusterPlan, LocalCluster
 from powertrip.v1 import aggregator_pb2
-from services.cli.launcher import ClusterPlan, LocalCluster
 
 pytestmark = pytest.mark.slow
 

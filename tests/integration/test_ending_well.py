@@ -14,11 +14,11 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.aggregator import checkpoint
-from services.aggregator.__main__ import EXIT_RUN_FAILED
-from services.cli.launcher import ClusterPlan, LocalCluster
-from services.cli.service_process import Service
-from services.common.grpc_server import DEFAULT_GRACE_S
+from powertrip.services.aggregator import checkpoint
+from powertrip.services.aggregator.__main__ import EXIT_RUN_FAILED
+from powertrip.services.cli.launcher import ClusterPlan, LocalCluster
+from powertrip.services.cli.service_process import Service
+from powertrip.services.common.grpc_server import DEFAULT_GRACE_S
 
 pytestmark = pytest.mark.slow
 

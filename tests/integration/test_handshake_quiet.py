@@ -13,9 +13,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from services.cli.certs import issue, mint_cluster, new_ca, tls_env, write_pair
-from services.cli.service_process import start_service
-from services.common.identity import PROFILER
+from powertrip.services.cli.certs import issue, mint_cluster, new_ca, tls_env, write_pair
+from powertrip.services.cli.service_process import start_service
+from powertrip.services.common.identity import PROFILER
 
 pytestmark = [pytest.mark.slow, pytest.mark.reliability("R14", "R24")]
 

@@ -20,6 +20,25 @@ from click.testing import CliRunner
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import REGISTRY
 
+from powertrip.services.aggregator.config import AggregatorConfig
+from powertrip.services.aggregator.run import AggregatorRun
+from powertrip.services.aggregator.service_handlers import add_to_server
+from powertrip.services.aggregator.servicer import AggregatorServicer
+from powertrip.services.cli.certs import mint_cluster, tls_env
+from powertrip.services.cli.main import main as powertrip
+from powertrip.services.common.config import ConfigError, ServiceConfig, load_config
+from powertrip.services.common.errors import NotFound
+from powertrip.services.common.grpc_client import make_channel
+from powertrip.services.common.grpc_server import build_server, set_serving
+from powertrip.services.common.identity import AGGREGATOR, PROFILER
+from powertrip.services.profiler.catalogue import SiteCatalogue
+from powertrip.services.profiler.config import ProfilerConfig
+from powertrip.services.profiler.servicer import LinkProber, ProfilerServicer
+from powertrip.services.worker.config import WorkerConfig
+from powertrip.services.worker.runner import RoundRunner
+from powertrip.services.worker.servicer import WorkerServicer
+from powertrip.services.worker.sites_host import SiteUpdate
+from powertrip.services.worker.uploader import GrpcUploader, update_messages
 from powertrip.v1 import (
     aggregator_pb2,
     aggregator_pb2_grpc,
@@ -29,25 +48,6 @@ from powertrip.v1 import (
     worker_pb2,
     worker_pb2_grpc,
 )
-from services.aggregator.config import AggregatorConfig
-from services.aggregator.run import AggregatorRun
-from services.aggregator.service_handlers import add_to_server
-from services.aggregator.servicer import AggregatorServicer
-from services.cli.certs import mint_cluster, tls_env
-from services.cli.main import main as powertrip
-from services.common.config import ConfigError, ServiceConfig, load_config
-from services.common.errors import NotFound
-from services.common.grpc_client import make_channel
-from services.common.grpc_server import build_server, set_serving
-from services.common.identity import AGGREGATOR, PROFILER
-from services.profiler.catalogue import SiteCatalogue
-from services.profiler.config import ProfilerConfig
-from services.profiler.servicer import LinkProber, ProfilerServicer
-from services.worker.config import WorkerConfig
-from services.worker.runner import RoundRunner
-from services.worker.servicer import WorkerServicer
-from services.worker.sites_host import SiteUpdate
-from services.worker.uploader import GrpcUploader, update_messages
 
 C = grpc.StatusCode
 REPO = Path(__file__).resolve().parents[2]
@@ -366,7 +366,7 @@ def test_a_malformed_id_is_refused_by_track_worker_certs_and_worker_config(profi
 def start_profiler(env: dict[str, str]) -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("POWERTRIP_")} | env
     return subprocess.Popen(
-        [sys.executable, "-m", "services.profiler"],
+        [sys.executable, "-m", "powertrip.services.profiler"],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
 

@@ -15,9 +15,9 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from services.common.config import ServiceConfig
-from services.common.grpc_client import make_channel
-from services.common.grpc_server import build_server
+from powertrip.services.common.config import ServiceConfig
+from powertrip.services.common.grpc_client import make_channel
+from powertrip.services.common.grpc_server import build_server
 
 KEEPALIVE_S = 0.2
 IDLE_S = 6 * KEEPALIVE_S  # > 3 keepalive periods, and several pings, of silence

@@ -16,8 +16,8 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.cli.launcher import ClusterPlan, LocalCluster, Service
-from services.common.grpc_options import BACKOFF_CAP_S
+from powertrip.services.cli.launcher import ClusterPlan, LocalCluster, Service
+from powertrip.services.common.grpc_options import BACKOFF_CAP_S
 from tests.integration.test_netns_cluster import _netns_works
 
 pytestmark = [

@@ -17,9 +17,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.aggregator import checkpoint
-from services.aggregator.__main__ import EXIT_RUN_FAILED
-from services.cli.launcher import ClusterPlan, LocalCluster, Service
+from powertrip.services.aggregator import checkpoint
+from powertrip.services.aggregator.__main__ import EXIT_RUN_FAILED
+from powertrip.services.cli.launcher import ClusterPlan, LocalCluster, Service
 
 pytestmark = pytest.mark.slow
 

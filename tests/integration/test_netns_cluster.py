@@ -13,9 +13,9 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from powertrip.services.cli.launcher import ClusterPlan, LocalCluster
+from powertrip.services.common.identity import PROFILER
 from powertrip.v1 import aggregator_pb2, profiler_pb2, profiler_pb2_grpc
-from services.cli.launcher import ClusterPlan, LocalCluster
-from services.common.identity import PROFILER
 
 
 def _netns_works() -> bool:

@@ -20,14 +20,14 @@ import pytest
 
 from powertrip.selection.base import RoundContext
 from powertrip.selection.registry import build_policy
+from powertrip.services.common.grpc_server import build_server
+from powertrip.services.profiler import metrics
+from powertrip.services.profiler.catalogue import SiteCatalogue
+from powertrip.services.profiler.config import ProfilerConfig
+from powertrip.services.profiler.servicer import LinkProber, ProfilerServicer
 from powertrip.sites import SiteProfile
 from powertrip.traces.io import TraceError
 from powertrip.v1 import profiler_pb2, profiler_pb2_grpc
-from services.common.grpc_server import build_server
-from services.profiler import metrics
-from services.profiler.catalogue import SiteCatalogue
-from services.profiler.config import ProfilerConfig
-from services.profiler.servicer import LinkProber, ProfilerServicer
 from tests.unit.test_power_traces import CORRUPTIONS, corrupt, google_dir
 
 BAD_FILE = "cella_pdu6.csv"
@@ -59,7 +59,7 @@ def test_a_corrupt_trace_file_is_named_skipped_and_the_rest_serve_every_site(
     folder = trace_folder(shared_data, tmp_path, how)
     before = rejected()
 
-    with caplog.at_level(logging.ERROR, logger="services.profiler.catalogue"):
+    with caplog.at_level(logging.ERROR, logger="powertrip.services.profiler.catalogue"):
         catalogue = SiteCatalogue(profiler_cfg(folder))
 
     assert rejected() == before + 1

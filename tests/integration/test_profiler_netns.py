@@ -30,8 +30,8 @@ from pathlib import Path
 
 import pytest
 
-from services.profiler.config import ProfilerConfig
-from services.profiler.servicer import LinkProber
+from powertrip.services.profiler.config import ProfilerConfig
+from powertrip.services.profiler.servicer import LinkProber
 
 ROOT = Path(__file__).resolve().parents[2]
 SHAPE = ROOT / "tc-scripts" / "shape.sh"
@@ -42,9 +42,9 @@ DELAYS_MS = (20.0, 60.0)
 WORKER_SCRIPT = """
 import sys
 from powertrip.v1 import worker_pb2_grpc
-from services.common.config import ServiceConfig
-from services.common.grpc_server import build_server
-from services.worker.servicer import WorkerServicer
+from powertrip.services.common.config import ServiceConfig
+from powertrip.services.common.grpc_server import build_server
+from powertrip.services.worker.servicer import WorkerServicer
 
 servicer = WorkerServicer(runner=None, hosted=[])  # answers Ping and ProbeBandwidth only
 server, port, _ = build_server(
@@ -174,7 +174,7 @@ def start_relay(shaped_worker, procs, tmp_path):
             [
                 sys.executable,
                 "-m",
-                "services.netem.delay_relay",
+                "powertrip.services.netem.delay_relay",
                 "--listen",
                 "127.0.0.1:0",
                 "--target",

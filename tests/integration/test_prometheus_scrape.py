@@ -23,9 +23,9 @@ from typing import Any
 
 import pytest
 
+from powertrip.services.cli.launcher import ClusterPlan, LocalCluster, Service
+from powertrip.services.cli.up_outputs import write_scrape_config
 from powertrip.v1 import aggregator_pb2
-from services.cli.launcher import ClusterPlan, LocalCluster, Service
-from services.cli.up_outputs import write_scrape_config
 
 pytestmark = [
     pytest.mark.slow,

@@ -22,11 +22,11 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from powertrip.services.cli.certs import mint_cluster, tls_env
+from powertrip.services.common.config import ServiceConfig, load_config
+from powertrip.services.common.grpc_client import make_channel
+from powertrip.services.common.grpc_server import build_server, set_serving
 from powertrip.v1 import aggregator_pb2, aggregator_pb2_grpc
-from services.cli.certs import mint_cluster, tls_env
-from services.common.config import ServiceConfig, load_config
-from services.common.grpc_client import make_channel
-from services.common.grpc_server import build_server, set_serving
 from tests.integration.test_abuse_quiet import undecodable
 
 pytestmark = pytest.mark.slow

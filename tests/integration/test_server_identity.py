@@ -13,15 +13,15 @@ from pathlib import Path
 import grpc
 import pytest
 
+from powertrip.services.aggregator.run import AggregatorRun
+from powertrip.services.cli.certs import mint_cluster, tls_env
+from powertrip.services.common.config import ServiceConfig, load_config
+from powertrip.services.common.grpc_client import make_channel, retry_idempotent
+from powertrip.services.common.grpc_server import build_server
+from powertrip.services.common.identity import AGGREGATOR
+from powertrip.services.worker.runner import RoundRunner
+from powertrip.services.worker.servicer import WorkerServicer
 from powertrip.v1 import aggregator_pb2, aggregator_pb2_grpc, worker_pb2, worker_pb2_grpc
-from services.aggregator.run import AggregatorRun
-from services.cli.certs import mint_cluster, tls_env
-from services.common.config import ServiceConfig, load_config
-from services.common.grpc_client import make_channel, retry_idempotent
-from services.common.grpc_server import build_server
-from services.common.identity import AGGREGATOR
-from services.worker.runner import RoundRunner
-from services.worker.servicer import WorkerServicer
 from tests.aggregator_in_process import serve, small_run
 
 pytestmark = pytest.mark.reliability("R27")

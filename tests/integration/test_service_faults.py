@@ -13,10 +13,10 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from powertrip.services.cli.service_process import READY, service_executable
+from powertrip.services.common.config import ServiceConfig
+from powertrip.services.common.grpc_client import make_channel
 from powertrip.v1 import profiler_pb2, profiler_pb2_grpc
-from services.cli.service_process import READY, service_executable
-from services.common.config import ServiceConfig
-from services.common.grpc_client import make_channel
 
 
 def serving(channel: grpc.Channel) -> bool:

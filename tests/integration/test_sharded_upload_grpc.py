@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from powertrip.fedavg import StreamingFedAvg
-from services.common.bf16 import bf16_bits, widen_into
-from services.worker.sites_host import SiteUpdate
-from services.worker.uploader import GrpcUploader, shard_updates, update_messages
+from powertrip.services.common.bf16 import bf16_bits, widen_into
+from powertrip.services.worker.sites_host import SiteUpdate
+from powertrip.services.worker.uploader import GrpcUploader, shard_updates, update_messages
 from tests.integration import test_aggregator_servicer as servicer_tests
 from tests.integration.test_aggregator_servicer import C, code_of, register
 

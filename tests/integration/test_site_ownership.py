@@ -20,14 +20,14 @@ import numpy as np
 import pytest
 from prometheus_client import REGISTRY
 
+from powertrip.services.aggregator.run import AggregatorRun
+from powertrip.services.cli.certs import mint_cluster, tls_env
+from powertrip.services.common.config import ServiceConfig, load_config
+from powertrip.services.common.grpc_client import make_channel
+from powertrip.services.common.identity import AGGREGATOR
+from powertrip.services.worker.sites_host import SiteUpdate
+from powertrip.services.worker.uploader import update_messages
 from powertrip.v1 import aggregator_pb2, aggregator_pb2_grpc
-from services.aggregator.run import AggregatorRun
-from services.cli.certs import mint_cluster, tls_env
-from services.common.config import ServiceConfig, load_config
-from services.common.grpc_client import make_channel
-from services.common.identity import AGGREGATOR
-from services.worker.sites_host import SiteUpdate
-from services.worker.uploader import update_messages
 from tests.aggregator_in_process import serve, small_run
 
 C = grpc.StatusCode
@@ -133,7 +133,7 @@ def start_worker(pki: Path, aggregator: str, worker_id: str, sites: str) -> subp
         **tls_env(pki, worker_id),
     }
     return subprocess.Popen(
-        [sys.executable, "-m", "services.worker"],
+        [sys.executable, "-m", "powertrip.services.worker"],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
 
@@ -192,7 +192,7 @@ def test_the_operator_certificate_cannot_register_or_submit_as_a_worker(pki):
 
 
 def test_tls_without_an_owners_map_warns_once_that_sites_are_first_come(pki, caplog):
-    caplog.set_level(logging.WARNING, logger="services.aggregator.servicer")
+    caplog.set_level(logging.WARNING, logger="powertrip.services.aggregator.servicer")
     for owners in ({}, {"POWERTRIP_SITE_OWNERS": OWNERS}):
         server, _, _ = start_aggregator(pki, **owners)
         server.stop(grace=None)
@@ -300,7 +300,7 @@ def test_a_bad_owners_map_stops_the_aggregator_with_exit_2_naming_the_entry():
         "POWERTRIP_SITE_OWNERS": "w0=0-3;w1=3-7",
     }
     proc = subprocess.Popen(
-        [sys.executable, "-m", "services.aggregator"],
+        [sys.executable, "-m", "powertrip.services.aggregator"],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:

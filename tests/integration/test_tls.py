@@ -17,20 +17,27 @@ from cryptography import x509
 from cryptography.x509.oid import NameOID
 from prometheus_client import REGISTRY
 
+from powertrip.services.aggregator.config import AggregatorConfig
+from powertrip.services.aggregator.run import AggregatorRun
+from powertrip.services.aggregator.service_handlers import add_to_server
+from powertrip.services.aggregator.servicer import AggregatorServicer
+from powertrip.services.cli.certs import (
+    issue,
+    load_authority,
+    mint_cluster,
+    new_ca,
+    tls_env,
+    write_pair,
+)
+from powertrip.services.cli.launcher import ClusterPlan, LaunchError, LocalCluster
+from powertrip.services.cli.main import main as powertrip
+from powertrip.services.common.config import ConfigError, ServiceConfig, load_config
+from powertrip.services.common.grpc_client import make_channel, retry_idempotent
+from powertrip.services.common.grpc_server import build_server, set_serving
+from powertrip.services.common.identity import AGGREGATOR
+from powertrip.services.worker.sites_host import SiteUpdate
+from powertrip.services.worker.uploader import update_messages
 from powertrip.v1 import aggregator_pb2, aggregator_pb2_grpc
-from services.aggregator.config import AggregatorConfig
-from services.aggregator.run import AggregatorRun
-from services.aggregator.service_handlers import add_to_server
-from services.aggregator.servicer import AggregatorServicer
-from services.cli.certs import issue, load_authority, mint_cluster, new_ca, tls_env, write_pair
-from services.cli.launcher import ClusterPlan, LaunchError, LocalCluster
-from services.cli.main import main as powertrip
-from services.common.config import ConfigError, ServiceConfig, load_config
-from services.common.grpc_client import make_channel, retry_idempotent
-from services.common.grpc_server import build_server, set_serving
-from services.common.identity import AGGREGATOR
-from services.worker.sites_host import SiteUpdate
-from services.worker.uploader import update_messages
 
 SERVICE = "powertrip.v1.AggregatorService"
 C = grpc.StatusCode
@@ -210,7 +217,7 @@ def test_up_mints_into_the_output_directory_unless_insecure(tmp_path, monkeypatc
             plans.append(self.plan)
             raise LaunchError("recorded")
 
-    monkeypatch.setattr("services.cli.up.LocalCluster", Recorder)
+    monkeypatch.setattr("powertrip.services.cli.up.LocalCluster", Recorder)
     out = tmp_path / "up"
     for args in (["--tls"], []):  # --tls: the default, kept as an alias
         r = CliRunner().invoke(powertrip, ["up", *args, "--workers", "2", "--output", str(out)])

@@ -4,7 +4,8 @@ from a directory that holds its own ``services`` package, which must not shadow 
 The fresh venv gets only the wheel (``--no-deps``); torch, grpc and the rest come from the
 development venv through a .pth line naming its site-packages. A .pth line adds a directory but
 does not run the .pth files inside it, so the development venv's editable install of this
-checkout stays invisible: every ``powertrip`` and ``services`` import must come from the wheel.
+checkout stays invisible: every ``powertrip`` import (the services are ``powertrip.services``) must
+come from the wheel.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from services.cli.service_process import READY
+from powertrip.services.cli.service_process import READY
 
 pytestmark = pytest.mark.slow
 
@@ -97,11 +98,33 @@ def installed(tmp_path_factory) -> Installed:
 
 def test_the_packages_are_imported_from_the_wheel_not_the_checkout(installed):
     files = installed.python(
-        "import powertrip, services, services.cli.service_process as sp\n"
-        "print(powertrip.__file__, services.__file__, sp.service_executable('worker'), sep='\\n')"
+        "import powertrip, powertrip.services, powertrip.services.cli.service_process as sp\n"
+        "print(powertrip.__file__, powertrip.services.__file__, sp.service_executable('worker'),"
+        " sep='\\n')"
     ).splitlines()
     assert all(Path(f).is_relative_to(installed.site_packages) for f in files[:2]), files
     assert files[2] == str(installed.bin / "powertrip-worker")
+
+
+def test_the_wheel_installs_one_top_level_package_with_its_version(installed):
+    ours = {p.name for p in installed.site_packages.iterdir() if not p.name.startswith("_")}
+    assert {n for n in ours if not n.endswith((".dist-info", ".pth"))} == {"powertrip"}
+    (info,) = (n for n in ours if n.endswith(".dist-info"))
+    version = installed.python("import powertrip; print(powertrip.__version__)")
+    assert info == f"powertrip-{version}.dist-info"
+
+
+def test_another_services_package_on_the_path_does_not_shadow_the_cli(installed):
+    """The reproduction: a directory holding its own ``services`` package put first on
+    PYTHONPATH used to break every command (``No module named 'services.cli'``)."""
+    env = {**installed.env, "PYTHONPATH": str(installed.workdir)}
+    for command in ("powertrip", "powertrip-aggregator"):
+        done = subprocess.run(
+            [str(installed.bin / command), "--help"], cwd=installed.workdir, env=env,
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert "the working directory's services package was imported" not in done.stderr
 
 
 @pytest.mark.parametrize(
@@ -128,7 +151,7 @@ def test_an_unknown_argument_is_refused_with_exit_2(installed):
 
 
 def test_the_installed_package_ships_its_link_shaping_scripts(installed):
-    code = "from services.netem.scripts import tc_scripts_dir\nprint(tc_scripts_dir())"
+    code = "from powertrip.services.netem.scripts import tc_scripts_dir\nprint(tc_scripts_dir())"
     found = Path(installed.python(code))
     assert found.is_relative_to(installed.site_packages)
     assert (found / "topology.sh").is_file() and (found / "shape.sh").is_file()

@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 
 from powertrip.experiment import build_config
+from powertrip.services.common.config import ServiceConfig
+from powertrip.services.common.grpc_server import build_server
+from powertrip.services.common.tensor_stream import encode, wrap_tensor_stream
+from powertrip.services.worker.runner import RoundJob, RoundRunner, release_delays
+from powertrip.services.worker.servicer import WorkerServicer
+from powertrip.services.worker.sites_host import SitesHost, SiteUpdate
 from powertrip.v1 import common_pb2, worker_pb2, worker_pb2_grpc
-from services.common.config import ServiceConfig
-from services.common.grpc_server import build_server
-from services.common.tensor_stream import encode, wrap_tensor_stream
-from services.worker.runner import RoundJob, RoundRunner, release_delays
-from services.worker.servicer import WorkerServicer
-from services.worker.sites_host import SitesHost, SiteUpdate
 
 C = grpc.StatusCode
 HOSTED = [0, 1]

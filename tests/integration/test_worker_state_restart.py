@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
+from powertrip.services.cli.launcher import ClusterPlan, LocalCluster, Service
+from powertrip.services.cli.service_process import start_service
 from powertrip.v1 import aggregator_pb2
-from services.cli.launcher import ClusterPlan, LocalCluster, Service
-from services.cli.service_process import start_service
 from tests.integration.test_crash_recovery import model_sha256, rounds
 
 pytestmark = pytest.mark.slow

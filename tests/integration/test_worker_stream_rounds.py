@@ -12,13 +12,13 @@ import torch
 
 from powertrip.curtailment.config import build_curtail_config
 from powertrip.learning.federation import StreamSetup
+from powertrip.services.common.config import ServiceConfig
+from powertrip.services.common.grpc_server import build_server
+from powertrip.services.common.tensor_stream import encode, wrap_tensor_stream
+from powertrip.services.worker.runner import RoundRunner
+from powertrip.services.worker.servicer import WorkerServicer
+from powertrip.services.worker.stream_host import StreamHost
 from powertrip.v1 import common_pb2, worker_pb2, worker_pb2_grpc
-from services.common.config import ServiceConfig
-from services.common.grpc_server import build_server
-from services.common.tensor_stream import encode, wrap_tensor_stream
-from services.worker.runner import RoundRunner
-from services.worker.servicer import WorkerServicer
-from services.worker.stream_host import StreamHost
 
 HOSTED = [0, 1]
 CFG = build_curtail_config("curtailment-quick", num_samples=1000)

@@ -10,12 +10,12 @@ import pytest
 from powertrip.clock import EmulatedClock
 from powertrip.rounds import RoundOutcome, TimeModel, run_rounds
 from powertrip.selection.registry import build_policy
+from powertrip.services.aggregator.config import AggregatorConfig
+from powertrip.services.aggregator.run import AggregatorRun
+from powertrip.services.common.config import load_config
 from powertrip.sites import SiteProfile
 from powertrip.timing import comm_time_s
 from powertrip.v1 import common_pb2, profiler_pb2
-from services.aggregator.config import AggregatorConfig
-from services.aggregator.run import AggregatorRun
-from services.common.config import load_config
 
 
 def run_with(clock: str) -> AggregatorRun:
@@ -60,7 +60,7 @@ def test_a_probed_sites_measured_link_sizes_its_uploads_window(wall):
     wall.feed.to_profile(reply(), wall.time_model)
     assert wall.link_of(1) == (0.2, 2.5e6)
     assert wall.link_of(0) is None  # not probed yet: its share of the receive budget
-    from services.aggregator.servicer import AggregatorServicer
+    from powertrip.services.aggregator.servicer import AggregatorServicer
 
     budget = AggregatorServicer(wall).budget
     budget.open()

@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from powertrip.fedavg import StreamingFedAvg
-from services.aggregator.collector import RoundCollector
-from services.common.bf16 import all_finite_bf16, bf16_bits, widen_into
-from services.common.tensor_receiver import TensorStreamReceiver
-from services.common.tensor_stream import StreamError, encode, specs_of
-from services.worker.sites_host import SiteUpdate
-from services.worker.uploader import update_messages, update_wire
+from powertrip.services.aggregator.collector import RoundCollector
+from powertrip.services.common.bf16 import all_finite_bf16, bf16_bits, widen_into
+from powertrip.services.common.tensor_receiver import TensorStreamReceiver
+from powertrip.services.common.tensor_stream import StreamError, encode, specs_of
+from powertrip.services.worker.sites_host import SiteUpdate
+from powertrip.services.worker.uploader import update_messages, update_wire
 from tests.unit.test_tensor_stream import receive  # the stream's one reference reader
 
 TEMPLATE = {

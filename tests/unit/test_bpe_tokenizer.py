@@ -117,7 +117,7 @@ def test_the_lm_workload_takes_its_vocabulary_from_the_configured_tokenizer():
 def test_both_study_commands_take_a_tokenizer_flag_and_refuse_a_bad_one():
     from click.testing import CliRunner
 
-    from services.cli.main import main
+    from powertrip.services.cli.main import main
 
     runner = CliRunner()
     bad = runner.invoke(main, ["experiment", "--workload", "lm", "--tokenizer", "bpe-1"])
@@ -131,7 +131,7 @@ def test_a_worker_with_another_tokenizer_refuses_the_aggregators_config(tmp_path
     cached tokenizer differs (here: the cached file was altered) refuses to build its sites."""
     from powertrip.learning.federation import load_workload
     from powertrip.learning.tokenizer_settings import with_tokenizer_hash
-    from services.worker.sites_host import SitesHost
+    from powertrip.services.worker.sites_host import SitesHost
 
     cfg = ExperimentConfig(
         workload="lm", num_samples=200, context_length=16, tokenizer="bpe-300", num_sites=4

@@ -11,16 +11,16 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
+from powertrip.services.aggregator import executor as executor_module
+from powertrip.services.aggregator.delta_inbox import DeltaInbox
+from powertrip.services.aggregator.executor import EncodedModel, GrpcRoundExecutor
+from powertrip.services.aggregator.registry import WorkerRegistry
+from powertrip.services.common.config import ServiceConfig
+from powertrip.services.common.grpc_server import build_server
+from powertrip.services.common.tensor_receiver import TensorStreamReceiver
+from powertrip.services.common.tensor_stream import encode, wrap_tensor_stream
 from powertrip.sites import SiteProfile, site_index
 from powertrip.v1 import worker_pb2, worker_pb2_grpc
-from services.aggregator import executor as executor_module
-from services.aggregator.delta_inbox import DeltaInbox
-from services.aggregator.executor import EncodedModel, GrpcRoundExecutor
-from services.aggregator.registry import WorkerRegistry
-from services.common.config import ServiceConfig
-from services.common.grpc_server import build_server
-from services.common.tensor_receiver import TensorStreamReceiver
-from services.common.tensor_stream import encode, wrap_tensor_stream
 
 CFG = ServiceConfig(insecure=True)
 WORKERS = {"w0": [0, 1], "w1": [2], "w2": [3, 4], "w3": [5]}

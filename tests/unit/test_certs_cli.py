@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from services.cli.main import main as powertrip
+from powertrip.services.cli.main import main as powertrip
 
 
 def certs(*args: str):
@@ -89,7 +89,7 @@ def test_renewal_takes_no_worker_list(tmp_path):
 def test_renewal_refuses_a_certificate_whose_name_is_not_an_id(tmp_path):
     """--renew writes NAME.pem for each certificate's CN: a stray one named '../x' must not
     make it write outside OUT."""
-    from services.cli.certs import issue, load_authority
+    from powertrip.services.cli.certs import issue, load_authority
 
     assert certs("--out", str(tmp_path / "out"), "--workers", "w0").exit_code == 0
     cert, _ = issue(load_authority(tmp_path / "out"), "../escaped")

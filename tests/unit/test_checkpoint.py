@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from services.aggregator import checkpoint, checkpoint_verify, metrics
-from services.aggregator.durable_files import canonical_sha256, sha256_file
-from services.aggregator.executor import GrpcRoundExecutor
-from services.aggregator.journal_file import JournalFile
-from services.aggregator.run import _fits_run, _resume_state
+from powertrip.services.aggregator import checkpoint, checkpoint_verify, metrics
+from powertrip.services.aggregator.durable_files import canonical_sha256, sha256_file
+from powertrip.services.aggregator.executor import GrpcRoundExecutor
+from powertrip.services.aggregator.journal_file import JournalFile
+from powertrip.services.aggregator.run import _fits_run, _resume_state
 
 
 def params(value: float) -> dict[str, np.ndarray]:
@@ -51,7 +51,7 @@ def test_resume_direction_is_the_latest_model_minus_the_one_before(tmp_path):
 
 
 # -- verification at load: every file checksummed, a bad one rejected for the one before ------
-LOGGER = "services.aggregator.checkpoint"
+LOGGER = "powertrip.services.aggregator.checkpoint"
 
 
 def rejected(reason: str) -> float:
@@ -259,7 +259,7 @@ def test_no_checkpoint_at_all_is_a_first_start(tmp_path):
 
 
 def test_start_fresh_is_a_documented_setting():
-    from services.aggregator.config import AggregatorConfig
-    from services.common.command_line import env_help
+    from powertrip.services.aggregator.config import AggregatorConfig
+    from powertrip.services.common.command_line import env_help
 
     assert "POWERTRIP_START_FRESH" in env_help(AggregatorConfig)

@@ -17,14 +17,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from services.aggregator import checkpoint, metrics
-from services.aggregator.durable_files import canonical_sha256, sha256_file
-from services.aggregator.journal_file import JournalFile
-from services.aggregator.run import _fits_run
-from services.common.config import ConfigError
-from services.common.fault_points import armed_faults, parse
+from powertrip.services.aggregator import checkpoint, metrics
+from powertrip.services.aggregator.durable_files import canonical_sha256, sha256_file
+from powertrip.services.aggregator.journal_file import JournalFile
+from powertrip.services.aggregator.run import _fits_run
+from powertrip.services.common.config import ConfigError
+from powertrip.services.common.fault_points import armed_faults, parse
 
-LOGGER = "services.aggregator.checkpoint"
+LOGGER = "powertrip.services.aggregator.checkpoint"
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -198,7 +198,7 @@ def test_an_unknown_crash_point_stops_the_aggregator_at_start_with_exit_code_2(t
         "POWERTRIP_CHECKPOINT_DIR": str(tmp_path),
         "POWERTRIP_FAULT_INJECT": "agregation@3",
     }
-    cmd = [sys.executable, "-m", "services.aggregator"]
+    cmd = [sys.executable, "-m", "powertrip.services.aggregator"]
     done = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stderr
     assert "POWERTRIP_FAULT_INJECT" in done.stderr and "unknown point" in done.stderr

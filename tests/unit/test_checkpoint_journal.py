@@ -14,14 +14,14 @@ import pytest
 
 from powertrip.journal import JournalEntry
 from powertrip.rounds import RoundOutcome
-from services.aggregator import checkpoint, checkpoint_verify
-from services.aggregator.config import AggregatorConfig
-from services.aggregator.durable_files import canonical_sha256
-from services.aggregator.journal_file import NAME, JournalFile
-from services.aggregator.resume import fits_run, journal_writer, resume_state
-from services.common.config import load_config
+from powertrip.services.aggregator import checkpoint, checkpoint_verify
+from powertrip.services.aggregator.config import AggregatorConfig
+from powertrip.services.aggregator.durable_files import canonical_sha256
+from powertrip.services.aggregator.journal_file import NAME, JournalFile
+from powertrip.services.aggregator.resume import fits_run, journal_writer, resume_state
+from powertrip.services.common.config import load_config
 
-LOGGER = "services.aggregator.checkpoint"
+LOGGER = "powertrip.services.aggregator.checkpoint"
 SITES = 50
 
 
@@ -223,7 +223,7 @@ def test_the_aggregator_starts_from_the_round_before_a_signed_checkpoint_it_cann
     tmp_path, caplog
 ):
     """The real aggregator run, built as its entry point builds it: no crash loop."""
-    from services.aggregator.run import AggregatorRun
+    from powertrip.services.aggregator.run import AggregatorRun
 
     env = {
         "POWERTRIP_PROFILER_ADDR": "127.0.0.1:1",  # never reached while the run is built

@@ -9,11 +9,11 @@ import logging
 import numpy as np
 import pytest
 
-from services.aggregator import checkpoint
-from services.aggregator.journal_file import JournalFile
-from services.aggregator.run import _fits_run
+from powertrip.services.aggregator import checkpoint
+from powertrip.services.aggregator.journal_file import JournalFile
+from powertrip.services.aggregator.run import _fits_run
 
-LOGGER = "services.aggregator.checkpoint"
+LOGGER = "powertrip.services.aggregator.checkpoint"
 
 
 def params(value: float) -> dict[str, np.ndarray]:

@@ -19,15 +19,15 @@ import numpy as np
 import pytest
 
 from powertrip.rounds import RoundRecord
-from services.aggregator import checkpoint, metrics
-from services.aggregator.checkpoint_writer import CheckpointWriter
-from services.aggregator.config import AggregatorConfig
-from services.aggregator.journal_file import JournalFile
-from services.aggregator.resume import fits_run
-from services.aggregator.run_status import RunState
-from services.common.config import load_config
+from powertrip.services.aggregator import checkpoint, metrics
+from powertrip.services.aggregator.checkpoint_writer import CheckpointWriter
+from powertrip.services.aggregator.config import AggregatorConfig
+from powertrip.services.aggregator.journal_file import JournalFile
+from powertrip.services.aggregator.resume import fits_run
+from powertrip.services.aggregator.run_status import RunState
+from powertrip.services.common.config import load_config
 
-LOGGER = "services.aggregator.checkpoint"
+LOGGER = "powertrip.services.aggregator.checkpoint"
 GLIMPSE_S = 0.3  # how long a wait that must not end is watched
 
 
@@ -119,7 +119,7 @@ def test_a_bug_in_a_save_is_raised_in_the_runs_thread(tmp_path):
 
 
 def test_the_run_reports_done_only_once_its_last_checkpoint_is_durable(tmp_path, monkeypatch):
-    from services.aggregator import run as run_module
+    from powertrip.services.aggregator import run as run_module
 
     env = {
         "POWERTRIP_PROFILER_ADDR": "127.0.0.1:1",  # never reached: the round loop is faked

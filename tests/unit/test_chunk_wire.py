@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 from google.protobuf.message import DecodeError
 
-from powertrip.v1 import aggregator_pb2, common_pb2
-from services.common.chunk_wire import (
+from powertrip.services.common.chunk_wire import (
     CHUNK_TAG,
     ChunkView,
     chunk_request,
     read_submit_request,
     varint,
 )
+from powertrip.v1 import aggregator_pb2, common_pb2
 
 Request = aggregator_pb2.SubmitUpdateRequest
 

@@ -10,10 +10,10 @@ import pytest
 from powertrip.fedavg import StreamingFedAvg
 from powertrip.journal import JournalEntry
 from powertrip.rounds import RoundOutcome
-from services.aggregator.collector import RoundCollector, RoundGate
-from services.common.errors import Duplicate, StaleRound
-from services.common.tensor_receiver import TensorStreamReceiver
-from services.common.tensor_stream import encode, specs_of
+from powertrip.services.aggregator.collector import RoundCollector, RoundGate
+from powertrip.services.common.errors import Duplicate, StaleRound
+from powertrip.services.common.tensor_receiver import TensorStreamReceiver
+from powertrip.services.common.tensor_stream import encode, specs_of
 
 TEMPLATE = {"w": np.zeros((4, 3), np.float32), "b": np.zeros(3, np.float32)}
 SELECTED = [5, 2, 9]

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from powertrip.fold_in_place import FoldCancelled
+from powertrip.services.aggregator.collector import RoundCollector
+from powertrip.services.common.errors import StaleRound
+from powertrip.services.common.tensor_receiver import TensorStreamReceiver
+from powertrip.services.common.tensor_stream import StreamError, encode, specs_of
 from powertrip.v1 import common_pb2
-from services.aggregator.collector import RoundCollector
-from services.common.errors import StaleRound
-from services.common.tensor_receiver import TensorStreamReceiver
-from services.common.tensor_stream import StreamError, encode, specs_of
 
 TEMPLATE = {
     "w": np.zeros((40, 9), np.float32),

@@ -12,8 +12,8 @@ from pydantic import ValidationError
 
 from powertrip.curtailment.config import build_curtail_config
 from powertrip.experiment import build_config
-from services.cli.common import check_sweep, output_problem
-from services.common.config import CurtailSettings
+from powertrip.services.cli.common import check_sweep, output_problem
+from powertrip.services.common.config import CurtailSettings
 
 
 def invalid_fields(**overrides: object) -> set[str]:

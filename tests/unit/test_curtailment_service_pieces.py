@@ -6,19 +6,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from powertrip.services.aggregator.config import AggregatorConfig
+from powertrip.services.aggregator.curtail_run import CurtailmentRun
+from powertrip.services.aggregator.delta_inbox import DeltaInbox
+from powertrip.services.common.config import ConfigError, load_config
+from powertrip.services.common.errors import Duplicate, StaleRound
+from powertrip.services.common.grpc_server import build_server
+from powertrip.services.common.tensor_receiver import TensorStreamReceiver
+from powertrip.services.common.tensor_stream import encode
+from powertrip.services.profiler.catalogue import SiteCatalogue
+from powertrip.services.profiler.config import ProfilerConfig
+from powertrip.services.profiler.feed import CarbonFeed
+from powertrip.services.profiler.servicer import LinkProber, ProfilerServicer
 from powertrip.v1 import profiler_pb2_grpc
-from services.aggregator.config import AggregatorConfig
-from services.aggregator.curtail_run import CurtailmentRun
-from services.aggregator.delta_inbox import DeltaInbox
-from services.common.config import ConfigError, load_config
-from services.common.errors import Duplicate, StaleRound
-from services.common.grpc_server import build_server
-from services.common.tensor_receiver import TensorStreamReceiver
-from services.common.tensor_stream import encode
-from services.profiler.catalogue import SiteCatalogue
-from services.profiler.config import ProfilerConfig
-from services.profiler.feed import CarbonFeed
-from services.profiler.servicer import LinkProber, ProfilerServicer
 
 BASE = {
     "POWERTRIP_PROFILER_ADDR": "x:1",

@@ -1,7 +1,7 @@
 """The application-level delay relay (the latency path where the kernel has no netem).
 
 An echo server sits behind a relay started exactly as a harness would start it:
-`python -m services.netem.delay_relay --listen 127.0.0.1:0 --target ... --delay-ms D`.
+`python -m powertrip.services.netem.delay_relay --listen 127.0.0.1:0 --target ... --delay-ms D`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from services.netem import delay_relay
+from powertrip.services.netem import delay_relay
 
 REPO = Path(__file__).resolve().parents[2]
 DELAY_MS = 50.0
@@ -65,7 +65,7 @@ def start_relay() -> Iterator[Callable[[int, float], Relay]]:
             [
                 sys.executable,
                 "-m",
-                "services.netem.delay_relay",
+                "powertrip.services.netem.delay_relay",
                 "--listen",
                 "127.0.0.1:0",
                 "--target",

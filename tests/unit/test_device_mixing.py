@@ -41,9 +41,9 @@ from powertrip.experiment import build_config
 from powertrip.learning import device as boundary
 from powertrip.learning.federation import StreamSetup, build_federation, load_workload
 from powertrip.selection.base import StaticTopK
+from powertrip.services.worker.sites_host import SitesHost
 from powertrip.sites import ModelledLinks, StaticPower, generate_sites
 from powertrip.timing import RoundTimeModel
-from services.worker.sites_host import SitesHost
 
 META = torch.device("meta")
 

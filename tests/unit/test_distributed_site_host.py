@@ -12,14 +12,14 @@ from powertrip.experiment import build_config
 from powertrip.learning.local_optim import LocalOptimizer
 from powertrip.learning.shards import shard_rows
 from powertrip.learning.site_engine.config import SiteEngineConfig
+from powertrip.services.common.config import load_config
+from powertrip.services.worker.config import WorkerConfig
+from powertrip.services.worker.distributed_host import DistributedSitesHost
+from powertrip.services.worker.run_mode import UnsupportedMode, host_for_reply
+from powertrip.services.worker.site_host import RoundJob
+from powertrip.services.worker.sites_host import SitesHost
+from powertrip.services.worker.state_dir import SiteStateStore
 from powertrip.v1 import common_pb2
-from services.common.config import load_config
-from services.worker.config import WorkerConfig
-from services.worker.distributed_host import DistributedSitesHost
-from services.worker.run_mode import UnsupportedMode, host_for_reply
-from services.worker.site_host import RoundJob
-from services.worker.sites_host import SitesHost
-from services.worker.state_dir import SiteStateStore
 
 CFG = build_config(
     "quick",

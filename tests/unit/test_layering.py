@@ -1,5 +1,7 @@
 """The architecture as a test: ``powertrip`` is a library that never loads gRPC or the services,
 and the three services are applications that never import each other (they talk over gRPC).
+The services live in ``services/`` and import as ``powertrip.services`` (one import root: the
+symlink ``powertrip/services``), never as a top-level ``services``.
 
 Each import check runs in a fresh interpreter, so what another test imported cannot hide a leak.
 """
@@ -25,6 +27,7 @@ SERVICES = ("aggregator", "profiler", "worker")
 #: dependencies may use gRPC themselves (Flower does), so they are exempt from the no-gRPC rule,
 #: but never from the no-services rule (``test_integrations_never_import_the_services``).
 INTEGRATIONS = "powertrip.integrations."
+SERVICES_PKG = "powertrip.services"
 
 
 def _library_modules() -> list[str]:
@@ -32,16 +35,18 @@ def _library_modules() -> list[str]:
     the services import, and the optional integrations (``INTEGRATIONS``)."""
     names = ["powertrip"]
     for info in pkgutil.walk_packages(powertrip.__path__, "powertrip."):
-        if not info.name.startswith(("powertrip.v1", INTEGRATIONS)):
+        if not info.name.startswith(("powertrip.v1", INTEGRATIONS, SERVICES_PKG)):
             names.append(info.name)
     return names
 
 
 def _loaded_after_import(*modules: str) -> list[str]:
-    """Top-level packages loaded by a fresh interpreter after importing ``modules``."""
+    """Top-level packages loaded by a fresh interpreter after importing ``modules``, and
+    ``powertrip.services`` if any of the services' modules was."""
     code = (
         f"import json, sys; import {', '.join(modules)}; "
-        "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))"
+        "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} | "
+        f"{{'{SERVICES_PKG}' for m in sys.modules if m.startswith('{SERVICES_PKG}')}})))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
@@ -60,7 +65,8 @@ def test_importing_the_whole_library_loads_neither_grpc_nor_the_services():
     load grpc either."""
     loaded = _loaded_after_import(*_library_modules())
     assert "grpc" not in loaded, "some powertrip module pulls in grpc"
-    assert "services" not in loaded, "some powertrip module pulls in the services package"
+    assert SERVICES_PKG not in loaded, "some powertrip module pulls in the services package"
+    assert "services" not in loaded
 
 
 def test_the_public_api_is_importable_without_grpc():
@@ -89,7 +95,7 @@ def test_a_service_never_imports_another_service(service):
     bad = []
     for path in sorted((REPO / "services" / service).rglob("*.py")):
         for line, name in _imports(path):
-            parts = name.split(".")
+            parts = name.removeprefix("powertrip.").split(".")
             if parts[0] == "services" and len(parts) > 1 and parts[1] in others:
                 bad.append(f"{path.relative_to(REPO)}:{line} imports {name}")
     assert not bad, "\n".join(bad)
@@ -99,7 +105,7 @@ def test_the_shared_service_code_belongs_to_no_service():
     bad = []
     for path in sorted((REPO / "services" / "common").rglob("*.py")):
         for line, name in _imports(path):
-            parts = name.split(".")
+            parts = name.removeprefix("powertrip.").split(".")
             if parts[0] == "services" and len(parts) > 1 and parts[1] in SERVICES:
                 bad.append(f"{path.relative_to(REPO)}:{line} imports {name}")
     assert not bad, "\n".join(bad)
@@ -115,7 +121,8 @@ def test_the_library_source_never_mentions_grpc_or_the_services():
         # the integrations may reach gRPC through their frameworks, never the services
         banned = {"services"} if parts[0] == "integrations" else {"grpc", "services"}
         for line, name in _imports(path):
-            if name.split(".")[0] in banned or name.startswith("powertrip.v1"):
+            top = name.removeprefix("powertrip.").split(".")[0]
+            if top in banned or name.startswith("powertrip.v1"):
                 bad.append(f"{path.relative_to(REPO)}:{line} imports {name}")
     assert not bad, "\n".join(bad)
 
@@ -133,7 +140,8 @@ def test_integrations_never_import_the_services():
     code = (
         f"import json, sys; import {', '.join(modules)}; "
         "print(json.dumps(sorted(m for m in sys.modules "
-        "if m == 'services' or m.startswith(('services.', 'powertrip.v1')))))"
+        "if m == 'services' or m.startswith(('services.', 'powertrip.v1', "
+        f"'{SERVICES_PKG}')))))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
@@ -151,3 +159,20 @@ def test_no_hand_written_module_exceeds_300_lines():
             if n > 300:
                 too_long.append(f"{path.relative_to(REPO)}: {n} lines")
     assert not too_long, "\n".join(too_long)
+
+
+def test_nothing_imports_the_services_as_a_top_level_package():
+    """One import root: a top-level ``services`` import works in a checkout only, and an
+    installed powertrip would be shadowed by (or shadow) any other ``services`` package."""
+    bad = []
+    for root in ("services", "tests", "benchmarks", "examples", "powertrip"):
+        for path in sorted((REPO / root).rglob("*.py")):
+            for line, name in _imports(path):
+                if name == "services" or name.startswith("services."):
+                    bad.append(f"{path.relative_to(REPO)}:{line} imports {name}")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_services_package_is_the_top_level_folder_through_one_symlink():
+    link = REPO / "powertrip" / "services"
+    assert link.is_symlink() and link.resolve() == (REPO / "services").resolve()

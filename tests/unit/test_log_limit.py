@@ -7,9 +7,9 @@ import logging
 import grpc
 import pytest
 
-from services.common import errors
-from services.common.errors import BadRequest, translate_errors
-from services.common.log_limit import OVERFLOW_KEY, LogLimiter, one_line
+from powertrip.services.common import errors
+from powertrip.services.common.errors import BadRequest, translate_errors
+from powertrip.services.common.log_limit import OVERFLOW_KEY, LogLimiter, one_line
 
 
 class Clock:
@@ -103,7 +103,7 @@ def fresh_limiter(monkeypatch):
 
 
 def test_a_client_error_is_one_line_with_method_peer_code_and_reason(fresh_limiter, caplog):
-    with caplog.at_level(logging.INFO, logger="services.common.errors"):
+    with caplog.at_level(logging.INFO, logger="powertrip.services.common.errors"):
         for _ in range(5):
             ctx = FakeContext()
             with pytest.raises(Aborted):
@@ -121,7 +121,7 @@ def test_a_client_error_is_one_line_with_method_peer_code_and_reason(fresh_limit
 
 
 def test_a_server_bug_keeps_its_traceback_within_the_limit(fresh_limiter, caplog):
-    with caplog.at_level(logging.INFO, logger="services.common.errors"):
+    with caplog.at_level(logging.INFO, logger="powertrip.services.common.errors"):
         for _ in range(4):
             ctx = FakeContext()
             with pytest.raises(Aborted):

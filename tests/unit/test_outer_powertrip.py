@@ -16,10 +16,10 @@ from powertrip.learning.federation import build_federation, load_workload
 from powertrip.outcome import round_outcome
 from powertrip.outer_step import NesterovOuter
 from powertrip.selection.base import SelectAll, StaticTopK
+from powertrip.services.aggregator.config import AggregatorConfig
+from powertrip.services.common.config import ConfigError, load_config
 from powertrip.sites import ModelledLinks, StaticPower, generate_sites
 from powertrip.timing import RoundTimeModel
-from services.aggregator.config import AggregatorConfig
-from services.common.config import ConfigError, load_config
 
 TINY = {"num_sites": 6, "num_samples": 600, "static_sweep": (3, 6), "ideal_compute_s": 10.0}
 MODEL = {"w": np.array([1.0, -2.0, 3.0], np.float32), "b": np.array([0.5], np.float32)}

@@ -15,15 +15,15 @@ from powertrip.experiment import build_config
 from powertrip.learning.federation import build_federation, load_workload
 from powertrip.rounds import RoundRecord
 from powertrip.selection.registry import build_policy
+from powertrip.services.aggregator.config import AggregatorConfig
+from powertrip.services.aggregator.lifecycle import Registration, RunLifecycle
+from powertrip.services.aggregator.pacing import Pacer
+from powertrip.services.aggregator.run_status import RunState, StatusRound
+from powertrip.services.cli.up import up
+from powertrip.services.common.command_line import env_help
+from powertrip.services.common.config import ConfigError, load_config
 from powertrip.sites import ModelledLinks, StaticPower, generate_sites
 from powertrip.timing import RoundTimeModel
-from services.aggregator.config import AggregatorConfig
-from services.aggregator.lifecycle import Registration, RunLifecycle
-from services.aggregator.pacing import Pacer
-from services.aggregator.run_status import RunState, StatusRound
-from services.cli.up import up
-from services.common.command_line import env_help
-from services.common.config import ConfigError, load_config
 
 AGG = {"POWERTRIP_PROFILER_ADDR": "profiler:50052", "POWERTRIP_INSECURE": "1"}
 

@@ -15,11 +15,11 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
+from powertrip.services.profiler import metrics
+from powertrip.services.profiler.config import ProfilerConfig
+from powertrip.services.profiler.links import MIN_TRANSFER_SHARE, bandwidth_bytes_per_s
+from powertrip.services.profiler.servicer import LinkProber
 from powertrip.v1 import worker_pb2
-from services.profiler import metrics
-from services.profiler.config import ProfilerConfig
-from services.profiler.links import MIN_TRANSFER_SHARE, bandwidth_bytes_per_s
-from services.profiler.servicer import LinkProber
 
 pytestmark = pytest.mark.reliability("R4")
 MiB = 1 << 20

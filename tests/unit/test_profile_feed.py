@@ -17,10 +17,10 @@ import pytest
 from prometheus_client import REGISTRY
 
 from powertrip.rounds import TimeModel
+from powertrip.services.aggregator.config import AggregatorConfig
+from powertrip.services.aggregator.profile_feed import ProfileFeed, ProfilerWaitStopped
+from powertrip.services.common.config import load_config
 from powertrip.v1 import common_pb2, profiler_pb2, profiler_pb2_grpc
-from services.aggregator.config import AggregatorConfig
-from services.aggregator.profile_feed import ProfileFeed, ProfilerWaitStopped
-from services.common.config import load_config
 
 TM = TimeModel(1.0, 1000.0)
 TIMEOUT_S = 0.3  # POWERTRIP_RPC_TIMEOUT_S here

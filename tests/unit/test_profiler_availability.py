@@ -10,14 +10,14 @@ import pytest
 from powertrip.curtailment.availability import AvailabilityRule, availability_from_trace
 from powertrip.curtailment.config import build_curtail_config
 from powertrip.curtailment.sites import build_sites, load_carbon
+from powertrip.services.common.config import ConfigError, load_config
+from powertrip.services.common.grpc_server import build_server
+from powertrip.services.common.wire import from_availability_reply
+from powertrip.services.profiler.catalogue import SiteCatalogue
+from powertrip.services.profiler.config import ProfilerConfig
+from powertrip.services.profiler.feed import CarbonFeed
+from powertrip.services.profiler.servicer import LinkProber, ProfilerServicer
 from powertrip.v1 import profiler_pb2, profiler_pb2_grpc
-from services.common.config import ConfigError, load_config
-from services.common.grpc_server import build_server
-from services.common.wire import from_availability_reply
-from services.profiler.catalogue import SiteCatalogue
-from services.profiler.config import ProfilerConfig
-from services.profiler.feed import CarbonFeed
-from services.profiler.servicer import LinkProber, ProfilerServicer
 
 
 @pytest.fixture

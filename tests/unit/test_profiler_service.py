@@ -14,20 +14,24 @@ import numpy as np
 import pytest
 
 from powertrip.experiment import build_config
+from powertrip.services.common.config import ConfigError, load_config
+from powertrip.services.common.grpc_server import build_server
+from powertrip.services.netem.latency import latency_path_message
+from powertrip.services.profiler import metrics
+from powertrip.services.profiler.catalogue import SiteCatalogue
+from powertrip.services.profiler.config import ProfilerConfig
+from powertrip.services.profiler.links import LinkEstimate
+from powertrip.services.profiler.probe_budget import (
+    ProbeBudget,
+    probe_share,
+    probe_share_from_metrics,
+)
+from powertrip.services.profiler.probes import probe_worker
+from powertrip.services.profiler.servicer import LinkProber, ProfilerServicer
+from powertrip.services.worker.servicer import WorkerServicer
 from powertrip.sites import ModelledLinks, profile_at, site_id
 from powertrip.study.powertrip import study_sites
 from powertrip.v1 import profiler_pb2, profiler_pb2_grpc, worker_pb2_grpc
-from services.common.config import ConfigError, load_config
-from services.common.grpc_server import build_server
-from services.netem.latency import latency_path_message
-from services.profiler import metrics
-from services.profiler.catalogue import SiteCatalogue
-from services.profiler.config import ProfilerConfig
-from services.profiler.links import LinkEstimate
-from services.profiler.probe_budget import ProbeBudget, probe_share, probe_share_from_metrics
-from services.profiler.probes import probe_worker
-from services.profiler.servicer import LinkProber, ProfilerServicer
-from services.worker.servicer import WorkerServicer
 
 PLAIN = {"POWERTRIP_INSECURE": "1"}  # these tests are about other settings
 TIMES_S = (0.0, 299.0, 300.0, 3_600.0, 43_200.0, 86_400.0 * 7.5)
@@ -247,7 +251,7 @@ def test_over_budget_probes_keep_the_bandwidth_estimate_and_still_measure_rtt(
 
     prober.measure()
     first_bw = prober.link("w").bandwidth_bytes_per_s
-    with caplog.at_level(logging.WARNING, logger="services.profiler.servicer"):
+    with caplog.at_level(logging.WARNING, logger="powertrip.services.profiler.servicer"):
         prober.measure()
 
     link = prober.link("w")

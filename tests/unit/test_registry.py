@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from prometheus_client import REGISTRY
 
+from powertrip.services.aggregator.registry import LivenessLog, WorkerRegistry
+from powertrip.services.common.errors import BadRequest, Duplicate, NotFound
 from powertrip.sites import SiteProfile
-from services.aggregator.registry import LivenessLog, WorkerRegistry
-from services.common.errors import BadRequest, Duplicate, NotFound
 
 
 def test_sites_count_once_their_worker_has_loaded_them():
@@ -81,7 +81,7 @@ def test_a_worker_is_alive_for_one_lease_after_its_last_heartbeat(caplog):
     assert reg.sweep() == [] and reg.available().tolist() == [True] * 4
     before = metric("powertrip_worker_offline_total", worker="lease-a")
     clock.now += 0.01
-    with caplog.at_level(logging.INFO, logger="services.aggregator.registry"):
+    with caplog.at_level(logging.INFO, logger="powertrip.services.aggregator.registry"):
         assert reg.sweep() == ["lease-a"]
         assert reg.sweep() == []  # one transition, counted and logged once
     assert reg.available().tolist() == [False, False, True, True]
@@ -100,7 +100,7 @@ def test_an_offline_worker_is_back_with_its_next_heartbeat(caplog):
     reg.register("back-a", "h:1", [0, 1])
     clock.now += 2
     reg.sweep()
-    with caplog.at_level(logging.INFO, logger="services.aggregator.registry"):
+    with caplog.at_level(logging.INFO, logger="powertrip.services.aggregator.registry"):
         _, changed = reg.register("back-a", "h:1", [0, 1])
     assert not changed  # a heartbeat, not a new registration
     assert reg.available().tolist() == [True, True]

@@ -13,9 +13,9 @@ import pytest
 from powertrip.fedavg import StreamingFedAvg
 from powertrip.outcome import round_outcome
 from powertrip.robust import CHUNK, Aggregation, RobustAggregator, make_aggregator
-from services.aggregator.collector import RoundCollector
-from services.common.tensor_receiver import TensorStreamReceiver
-from services.common.tensor_stream import encode, specs_of
+from powertrip.services.aggregator.collector import RoundCollector
+from powertrip.services.common.tensor_receiver import TensorStreamReceiver
+from powertrip.services.common.tensor_stream import encode, specs_of
 from tests.cli import run_powertrip
 
 N, F = 7, 2  # sites, of which hostile

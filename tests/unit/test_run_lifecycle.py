@@ -12,12 +12,12 @@ import pytest
 from prometheus_client import REGISTRY
 
 from powertrip.rounds import RoundRecord
+from powertrip.services.aggregator.config import AggregatorConfig
+from powertrip.services.aggregator.lifecycle import Registration, RunLifecycle
+from powertrip.services.aggregator.run_status import RunState, StatusRound
+from powertrip.services.aggregator.servicer import AggregatorServicer
+from powertrip.services.common.config import load_config
 from powertrip.v1 import aggregator_pb2
-from services.aggregator.config import AggregatorConfig
-from services.aggregator.lifecycle import Registration, RunLifecycle
-from services.aggregator.run_status import RunState, StatusRound
-from services.aggregator.servicer import AggregatorServicer
-from services.common.config import load_config
 
 
 class StubExecutor:

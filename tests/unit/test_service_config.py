@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.aggregator.config import AggregatorConfig
-from services.common.config import ConfigError, load_config
-from services.common.grpc_options import client_options, server_options
-from services.worker.config import WorkerConfig
+from powertrip.services.aggregator.config import AggregatorConfig
+from powertrip.services.common.config import ConfigError, load_config
+from powertrip.services.common.grpc_options import client_options, server_options
+from powertrip.services.worker.config import WorkerConfig
 
 PLAIN = {"POWERTRIP_INSECURE": "1"}  # these tests are about other settings
 WORKER = {"POWERTRIP_AGGREGATOR_ADDR": "agg:50051", "POWERTRIP_SITES": "0-3,site-007", **PLAIN}

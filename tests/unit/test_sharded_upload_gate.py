@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from powertrip.learning.shards import shard_rows
-from services.aggregator.collector import RoundCollector
-from services.aggregator.delta_inbox import DeltaInbox
-from services.common.errors import Duplicate, StaleRound
-from services.common.tensor_receiver import TensorStreamReceiver
-from services.common.tensor_stream import (
+from powertrip.services.aggregator.collector import RoundCollector
+from powertrip.services.aggregator.delta_inbox import DeltaInbox
+from powertrip.services.common.errors import Duplicate, StaleRound
+from powertrip.services.common.tensor_receiver import TensorStreamReceiver
+from powertrip.services.common.tensor_stream import (
     StreamError,
     encode,
     shard_of,

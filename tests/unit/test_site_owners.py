@@ -9,12 +9,12 @@ import os
 
 import pytest
 
-from services.aggregator.config import AggregatorConfig
-from services.aggregator.registry import WorkerRegistry
-from services.aggregator.site_owners import SiteOwners, parse_owners, read_owners
-from services.cli.launcher import ClusterPlan
-from services.common.config import ConfigError, load_config
-from services.common.errors import Duplicate
+from powertrip.services.aggregator.config import AggregatorConfig
+from powertrip.services.aggregator.registry import WorkerRegistry
+from powertrip.services.aggregator.site_owners import SiteOwners, parse_owners, read_owners
+from powertrip.services.cli.launcher import ClusterPlan
+from powertrip.services.common.config import ConfigError, load_config
+from powertrip.services.common.errors import Duplicate
 
 pytestmark = pytest.mark.reliability("R28")
 BASE = {"POWERTRIP_PROFILER_ADDR": "x:1", "POWERTRIP_INSECURE": "1", "POWERTRIP_NUM_SITES": "8"}

@@ -10,13 +10,13 @@ from types import SimpleNamespace
 import pytest
 
 from powertrip.rounds import RoundRecord
+from powertrip.services.aggregator import run_status
+from powertrip.services.aggregator.config import AggregatorConfig
+from powertrip.services.aggregator.lifecycle import Registration, RunLifecycle
+from powertrip.services.aggregator.run_status import StatusRound
+from powertrip.services.aggregator.servicer import STATUS_PAGE, STATUS_PAGE_MAX, AggregatorServicer
+from powertrip.services.common.config import load_config
 from powertrip.v1 import aggregator_pb2
-from services.aggregator import run_status
-from services.aggregator.config import AggregatorConfig
-from services.aggregator.lifecycle import Registration, RunLifecycle
-from services.aggregator.run_status import StatusRound
-from services.aggregator.servicer import STATUS_PAGE, STATUS_PAGE_MAX, AggregatorServicer
-from services.common.config import load_config
 
 PLAINTEXT = SimpleNamespace(auth_context=dict)  # a call without a client certificate
 

@@ -9,10 +9,15 @@ import pytest
 import xxhash
 
 from powertrip.robust import make_aggregator
+from powertrip.services.common.tensor_receiver import TensorStreamReceiver
+from powertrip.services.common.tensor_stream import (
+    StreamError,
+    encode,
+    specs_of,
+    wrap_tensor_stream,
+)
+from powertrip.services.worker.uploader import tensor_wire, update_messages, update_wire
 from powertrip.v1 import aggregator_pb2, common_pb2
-from services.common.tensor_receiver import TensorStreamReceiver
-from services.common.tensor_stream import StreamError, encode, specs_of, wrap_tensor_stream
-from services.worker.uploader import tensor_wire, update_messages, update_wire
 
 
 def params():

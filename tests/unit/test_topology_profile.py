@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from services.netem.topology_profile import format_tsv, link_profiles, main
+from powertrip.services.netem.topology_profile import format_tsv, link_profiles, main
 
 PROFILES = Path(__file__).resolve().parents[2] / "tc-scripts" / "profiles"
 # Great-circle miles from the hub (us-central) to each site; tc-scripts/README.md has the places.

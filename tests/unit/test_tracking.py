@@ -249,7 +249,7 @@ def test_a_re_export_replaces_the_event_files(tmp_path):
 
 @needs_tensorboard
 def test_the_export_command_writes_next_to_the_results(tmp_path):
-    from services.cli.main import main
+    from powertrip.services.cli.main import main
 
     out = _experiment_dir(tmp_path)
     res = CliRunner().invoke(main, ["export-tensorboard", str(out)])
@@ -264,7 +264,7 @@ def test_the_export_command_writes_next_to_the_results(tmp_path):
 
 
 def test_the_export_command_fails_in_one_line(tmp_path):
-    from services.cli.main import main
+    from powertrip.services.cli.main import main
 
     res = CliRunner().invoke(main, ["export-tensorboard", str(tmp_path / "nowhere")])
     assert res.exit_code == 2
@@ -273,7 +273,7 @@ def test_the_export_command_fails_in_one_line(tmp_path):
 
 @pytest.mark.parametrize("command", ["experiment", "curtail"])
 def test_a_study_with_tensorboard_missing_fails_before_it_runs(tmp_path, monkeypatch, command):
-    from services.cli.main import main
+    from powertrip.services.cli.main import main
 
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
     args = [command, "--output", str(tmp_path / "o"), "--tensorboard", str(tmp_path / "t")]

@@ -11,10 +11,10 @@ from concurrent import futures
 import grpc
 import pytest
 
+from powertrip.services.aggregator.upload_flow import MIN_WINDOW, MiB, ReceiveBudget, credited
+from powertrip.services.common.chunk_wire import chunk_request, read_submit_request
+from powertrip.services.worker.upload_credit import Credit, metered, upload
 from powertrip.v1 import aggregator_pb2
-from services.aggregator.upload_flow import MIN_WINDOW, MiB, ReceiveBudget, credited
-from services.common.chunk_wire import chunk_request, read_submit_request
-from services.worker.upload_credit import Credit, metered, upload
 
 METHOD = "/test.Flow/Upload"
 CHUNK = 256 << 10

@@ -12,8 +12,8 @@ from powertrip.emulate import site_seed
 from powertrip.experiment import build_config
 from powertrip.learning.device import row_to_numpy, to_torch
 from powertrip.learning.local_optim import LocalOptimizer
-from services.worker.sites_host import SitesHost
-from services.worker.state_dir import SavedRun, SiteStateFileError, WorkerStateDir
+from powertrip.services.worker.sites_host import SitesHost
+from powertrip.services.worker.state_dir import SavedRun, SiteStateFileError, WorkerStateDir
 
 ADAMW = LocalOptimizer(name="adamw", lr=1e-3)
 
@@ -124,9 +124,9 @@ class Runner:
 def test_a_worker_saved_in_another_run_rejoins_fresh_with_one_warning(tmp_path, caplog):
     """The saved run is not the aggregator's: the sites are withdrawn, the directory cleared,
     the sites rebuilt from the aggregator's run, and the worker registers as ready again."""
+    from powertrip.services.worker.__main__ import join_run
+    from powertrip.services.worker.config import WorkerConfig
     from powertrip.v1 import aggregator_pb2
-    from services.worker.__main__ import join_run
-    from services.worker.config import WorkerConfig
 
     cfg_json = build_config("quick", num_sites=4, num_samples=1000, local_optimizer=ADAMW)
     cfg = WorkerConfig(

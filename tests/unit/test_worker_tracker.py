@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 import time
 
-from services.aggregator.worker_tracker import WorkerTracker
+from powertrip.services.aggregator.worker_tracker import WorkerTracker
 
 
 class Recorder:
