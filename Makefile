@@ -35,9 +35,9 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $@
 
-# The tests also cover the optional integrations (Flower strategy, TensorBoard export).
+# The tests also cover the optional parts (Flower strategy, TensorBoard export, speech workloads).
 $(VENV)/.installed-extras: $(VENV)/.installed
-	$(PY) -m pip install --quiet -e ".[dev,flower,tensorboard]"
+	$(PY) -m pip install --quiet -e ".[dev,flower,tensorboard,speech]"
 	touch $@
 
 experiment: $(VENV)/.installed

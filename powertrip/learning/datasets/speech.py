@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from powertrip.extras import require
 from powertrip.learning.datasets.record import Dataset, DatasetError
 from powertrip.learning.device import tensor
 
@@ -79,8 +80,7 @@ def _fit(samples: np.ndarray, rate: int, target_rate: int, length: int) -> np.nd
         # soxr's high-quality resampler, which librosa.resample calls by default; called
         # directly because librosa's wrapper JIT-compiles for tens of seconds on first use.
         # The output is trimmed or zero-padded to ceil(n * ratio) samples, as librosa's ``fix``.
-        import soxr
-
+        soxr = require("soxr", "speech", "resampling speech clips")
         want = int(np.ceil(len(samples) * target_rate / rate))
         samples = soxr.resample(samples, rate, target_rate, quality="soxr_hq")[:want]
         samples = np.pad(samples, (0, want - len(samples))).astype(np.float32, copy=False)
@@ -105,7 +105,8 @@ def log_mel(
     Centred frames (zero padded by half an FFT), a Hann window of ``win_ms`` zero padded to the
     next power of two, then ``librosa.filters.mel`` (Slaney filterbank, as librosa's own
     ``melspectrogram``; its STFT path costs seconds of imports, this numpy one does not)."""
-    from librosa.filters import mel as mel_filterbank  # ~1.5 s import: only when loading audio
+    # ~1.5 s import: only when loading audio
+    mel_filterbank = require("librosa.filters", "speech", "the speech workloads' features").mel
 
     win, hop = round(sample_rate * win_ms / 1000), round(sample_rate * hop_ms / 1000)
     n_fft = 1 << (win - 1).bit_length()  # next power of two >= the window
