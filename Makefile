@@ -28,20 +28,23 @@ OUTPUT ?= results/quick
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
+	@echo "== installing $(TORCH_SPEC) into $(VENV) (a CPU wheel is ~200 MB; a CUDA build, several GB)"
 	$(PY) -c "import torch" 2>/dev/null \
-	  || $(PY) -m pip install --quiet $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_SPEC)"
+	  || $(PY) -m pip install --progress-bar on $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_SPEC)"
 	$(if $(NVIDIA_DRIVER),$(PY) -c "import torch; assert torch.cuda.is_available()" 2>/dev/null \
 	  || echo "WARNING: this torch cannot use the GPU; see TORCH_INDEX in the Makefile" >&2)
-	$(PY) -m pip install --quiet -e ".[dev]"
+	@echo "== installing powertrip and its dependencies (editable, with the dev tools)"
+	$(PY) -m pip install --progress-bar on -e ".[dev]"
 	touch $@
 
 # The tests also cover the optional parts (Flower strategy, TensorBoard export, speech workloads).
 $(VENV)/.installed-extras: $(VENV)/.installed
-	$(PY) -m pip install --quiet -e ".[dev,flower,tensorboard,speech]"
+	@echo "== installing the optional parts the tests cover (flower, tensorboard, speech)"
+	$(PY) -m pip install --progress-bar on -e ".[dev,flower,tensorboard,speech]"
 	touch $@
 
 experiment: $(VENV)/.installed
-	$(VENV)/bin/powertrip experiment --preset quick --output $(OUTPUT)
+	$(VENV)/bin/powertrip experiment --preset quick --threads 1 --output $(OUTPUT)
 
 test: $(VENV)/.installed-extras
 	$(VENV)/bin/ruff check .
