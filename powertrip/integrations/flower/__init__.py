@@ -5,7 +5,8 @@
 - ``TimedFedAvg``: Flower's FedAvg unchanged (its own node sampling), on the same emulated clock,
   so both report time-to-accuracy in emulated datacenter time;
 - ``ReportedProperties`` / ``TracedSites``: where the per-node power and link come from (the
-  nodes' reports, or a PowerTrip ``SiteSet`` with its traces);
+  nodes' reports, or a PowerTrip ``SiteSet`` with its traces), asked with a timeout of
+  ``PROPERTY_QUERY_TIMEOUT_S`` (300 s) unless given one;
 - ``register_property_query``: the ClientApp side of the nodes' reports;
 - ``recipe_to_config`` / ``recipe_from_config``: the local optimizer recipe
   (``LocalOptimizer``) in the train ConfigRecord, sent by the strategies' ``local_optimizer``.
@@ -34,6 +35,7 @@ _EXPORTS = {
     "ReportedProperties": "profiles",
     "TracedSites": "profiles",
     "query_properties": "profiles",
+    "PROPERTY_QUERY_TIMEOUT_S": "profiles",
     "register_property_query": "client",
     "properties_reply": "client",
     "NodeIndex": "site_info",
@@ -56,6 +58,7 @@ __all__ = [
     "NodeIndex",
     "NodeProfiles",
     "POWER_FRACTION",
+    "PROPERTY_QUERY_TIMEOUT_S",
     "PowerTripStrategy",
     "RECIPE_PREFIX",
     "RTT_MS",
@@ -88,6 +91,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:
     from powertrip.integrations.flower.client import properties_reply, register_property_query
     from powertrip.integrations.flower.profiles import (
+        PROPERTY_QUERY_TIMEOUT_S,
         NodeProfiles,
         ReportedProperties,
         TracedSites,

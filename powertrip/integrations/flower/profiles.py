@@ -38,6 +38,10 @@ from powertrip.sites import (
 from powertrip.sites import profile_at as siteset_profile_at
 
 QUERY_TYPE = f"{MessageType.QUERY}.{QUERY_ACTION}"
+#: how long the server waits for the nodes' property replies, in seconds. The first query of a
+#: simulation waits for ClientApps that are still starting; the former 60 s failed 2 of 3 runs
+#: of the example on a busy two-core machine. The profile sources take another ``timeout``.
+PROPERTY_QUERY_TIMEOUT_S = 300.0
 
 
 class NodeProfiles(Protocol):
@@ -49,10 +53,13 @@ class NodeProfiles(Protocol):
 
 
 def query_properties(
-    grid: Grid, node_ids: Sequence[int], now_s: float, timeout: float | None = 60.0
+    grid: Grid,
+    node_ids: Sequence[int],
+    now_s: float,
+    timeout: float | None = PROPERTY_QUERY_TIMEOUT_S,
 ) -> dict[int, dict[str, Any]]:
     """Ask ``node_ids`` for their properties; RuntimeError naming the nodes that failed or
-    did not answer within ``timeout`` seconds."""
+    did not answer within ``timeout`` seconds (None: wait as long as it takes)."""
     messages = [
         Message(
             content=RecordDict({REQUEST_KEY: ConfigRecord({NOW_S: float(now_s)})}),
@@ -87,11 +94,15 @@ class ReportedProperties:
 
     ``refresh=False`` asks each node once, when it first shows up: static sites, and one
     query per node for a whole run. ``refresh=True`` asks every connected node every round,
-    sending the emulated time so a node can answer from its power trace.
+    sending the emulated time so a node can answer from its power trace. ``timeout``: seconds
+    to wait for the replies (``PROPERTY_QUERY_TIMEOUT_S``; None: no limit).
     """
 
     def __init__(
-        self, refresh: bool = False, timeout: float | None = 60.0, round_trip: bool = False
+        self,
+        refresh: bool = False,
+        timeout: float | None = PROPERTY_QUERY_TIMEOUT_S,
+        round_trip: bool = False,
     ) -> None:
         self.refresh = refresh
         self.timeout = timeout
@@ -113,7 +124,8 @@ class TracedSites:
 
     ``node_sites`` maps node id -> site index. Without it each node is asked once for
     ``site_key`` (default ``partition-id``, which every simulated node has in its config), so
-    node i of a simulation stands for site i whatever id Flower gave it.
+    node i of a simulation stands for site i whatever id Flower gave it. ``timeout`` as in
+    ``ReportedProperties``.
     """
 
     def __init__(
@@ -123,7 +135,7 @@ class TracedSites:
         links: LinkSource | None = None,
         node_sites: Mapping[int, int] | None = None,
         site_key: str = "partition-id",
-        timeout: float | None = 60.0,
+        timeout: float | None = PROPERTY_QUERY_TIMEOUT_S,
         round_trip: bool = False,
     ) -> None:
         self.sites = sites

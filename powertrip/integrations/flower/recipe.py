@@ -12,14 +12,14 @@ or a newer server's field fails loudly instead of training another recipe.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 from pydantic import ValidationError
 
 from powertrip.learning.local_optim import LocalOptimizer
 
-__all__ = ["RECIPE_PREFIX", "recipe_from_config", "recipe_to_config"]
+__all__ = ["RECIPE_PREFIX", "add_recipe", "recipe_from_config", "recipe_to_config"]
 
 #: every key of the recipe in a ConfigRecord starts with this
 RECIPE_PREFIX = "local-optimizer."
@@ -37,6 +37,19 @@ def recipe_to_config(recipe: LocalOptimizer) -> dict[str, Scalar]:
             value = [float(v) for v in value]
         out[RECIPE_PREFIX + field] = value
     return out
+
+
+def add_recipe(config: MutableMapping[str, Any], recipe: LocalOptimizer) -> None:
+    """Put ``recipe`` into a train ConfigRecord, refusing another recipe already there (two
+    recipes mixed key by key would train neither)."""
+    flat = recipe_to_config(recipe)
+    there = {k: v for k, v in config.items() if k.startswith(RECIPE_PREFIX)}
+    if there and there != flat:
+        raise ValueError(
+            "train_config carries its own local-optimizer.* keys and the strategy has a "
+            "local_optimizer: give the recipe once"
+        )
+    config.update(flat)
 
 
 def recipe_from_config(config: Mapping[str, Any]) -> LocalOptimizer | None:

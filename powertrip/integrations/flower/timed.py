@@ -6,6 +6,7 @@ sampling, its aggregation) and adds PowerTrip's round time model: each training 
 an emulated clock by the time of its slowest selected node (``powertrip.timing.round_time_s``
 over the nodes' profile, Eqs. 3-4), and records the clock, the nodes and the accuracy, so
 time-to-accuracy is reported in emulated time (``result``, a ``powertrip.rounds.RunResult``).
+Each trained round logs (Flower's logger, INFO) its nodes, its emulated duration and the clock.
 
 Accuracy comes from Flower's centralized evaluation (``evaluate_fn`` given to ``start``) or,
 without it, from the federated evaluation's aggregated metrics, under ``accuracy_key``.
@@ -15,9 +16,9 @@ Evaluation takes no emulated time (the paper's clock counts training rounds only
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
-from logging import WARNING
+from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
@@ -29,15 +30,14 @@ from flwr.serverapp.strategy.strategy_utils import sample_nodes
 from numpy.typing import NDArray
 
 from powertrip.clock import EmulatedClock
+from powertrip.integrations.flower.loop import EvaluateFn, run_rounds
 from powertrip.integrations.flower.profiles import NodeProfiles
-from powertrip.integrations.flower.recipe import RECIPE_PREFIX, recipe_to_config
+from powertrip.integrations.flower.recipe import add_recipe
 from powertrip.integrations.flower.site_info import NodeIndex
 from powertrip.learning.local_optim import LocalOptimizer
 from powertrip.rounds import RoundRecord, RunResult
 from powertrip.sites import SiteProfile
 from powertrip.timing import RoundTimeModel, round_time_s
-
-EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
 
 
 @dataclass
@@ -60,8 +60,8 @@ class TimedFedAvg(FedAvg):
     ``profiles`` gives each round's per-node power and link (``ReportedProperties`` or
     ``TracedSites``); ``ideal_compute_s`` is tau, one local-training pass at full power;
     ``update_bytes`` the size of an update on the wire (None: the global model's size).
-    ``stop_at_accuracy`` ends training once reached: Flower's ``start`` runs a fixed number of
-    rounds, and the rounds after the target then send no messages and cost nothing.
+    ``stop_at_accuracy`` ends the run at the round that reaches it (``start`` runs no round
+    after it; driven by hand, ``configure_train`` then returns no messages).
     ``local_optimizer``: the recipe every training message carries in its config
     (``recipe_to_config``; None: no recipe, the nodes train as they would anyway).
     Other keyword arguments go to Flower's FedAvg (``fraction_train``, ``min_train_nodes``...).
@@ -132,7 +132,8 @@ class TimedFedAvg(FedAvg):
             return []
         if self.update_bytes is None:
             self.update_bytes = float(arrays.count_bytes())
-        self._add_recipe(config)
+        if self.local_optimizer is not None:
+            add_recipe(config, self.local_optimizer)
         messages = list(self.choose_train(server_round, arrays, config, grid))
         if not messages:
             return []
@@ -149,20 +150,6 @@ class TimedFedAvg(FedAvg):
         self._pending = PendingRound(server_round, nodes, rows, self.clock.now(), duration)
         return messages
 
-    def _add_recipe(self, config: ConfigRecord) -> None:
-        """Put the local optimizer recipe into the train config, refusing another recipe
-        already there (two recipes mixed key by key would train neither)."""
-        if self.local_optimizer is None:
-            return
-        recipe = recipe_to_config(self.local_optimizer)
-        there = {k: v for k, v in config.items() if k.startswith(RECIPE_PREFIX)}
-        if there and there != recipe:
-            raise ValueError(
-                "train_config carries its own local-optimizer.* keys and the strategy has a "
-                "local_optimizer: give the recipe once"
-            )
-        config.update(recipe)
-
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
@@ -174,6 +161,13 @@ class TimedFedAvg(FedAvg):
             self.clock.advance(p.duration_s)
             p.trained = True
             p.contributions = 0 if arrays is None else sum(not r.has_error() for r in replies)
+            now = self.clock.now()
+            log(
+                INFO,
+                "%s round %d: nodes %s (%d replied); emulated round %.1f s, clock %.1f s (%.3f h)",
+                self.result.policy, server_round, list(p.nodes), p.contributions,
+                p.duration_s, now, now / 3600,
+            )  # fmt: skip
         return arrays, metrics
 
     # -- accuracy ----------------------------------------------------------------------------
@@ -210,6 +204,12 @@ class TimedFedAvg(FedAvg):
         self.on_round_scored(p, previous[0], previous[1])
         if self.stop_at_accuracy is not None and self.accuracy >= self.stop_at_accuracy:
             self.stopped = True
+            log(
+                INFO,
+                "%s round %d reached accuracy %.4f >= target %.4f at emulated %.1f s: stopping",
+                self.result.policy, server_round, self.accuracy, self.stop_at_accuracy,
+                self.clock.now(),
+            )  # fmt: skip
 
     def on_round_scored(  # noqa: B027 - optional hook
         self, pending: PendingRound, previous_accuracy: float, previous_loss: float
@@ -261,7 +261,8 @@ class TimedFedAvg(FedAvg):
         evaluate_config: ConfigRecord | None = None,
         evaluate_fn: EvaluateFn | None = None,
     ) -> Result:
-        """Flower's round loop, with the evaluation wired to the emulated-time record."""
+        """Flower's round loop (``loop.run_rounds``), with the evaluation wired to the
+        emulated-time record, ending at the round that reaches ``stop_at_accuracy``."""
         if evaluate_fn is None and self.fraction_evaluate == 0:
             raise ValueError(
                 f"{type(self).__name__} needs an accuracy every round: pass evaluate_fn "
@@ -273,15 +274,14 @@ class TimedFedAvg(FedAvg):
             fn = evaluate_fn
 
             def wrapped(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
-                if self.stopped and server_round > 0:
-                    return None
                 metrics = fn(server_round, arrays)
                 self._score(server_round, metrics)
                 return metrics
 
-        out = super().start(
-            grid, initial_arrays, num_rounds, timeout, train_config, evaluate_config, wrapped
-        )
+        out = run_rounds(
+            self, grid, initial_arrays, num_rounds, timeout, train_config, evaluate_config,
+            wrapped, should_stop=lambda: self.stopped,
+        )  # fmt: skip
         self._close_unscored_round()
         return out
 

@@ -1,15 +1,19 @@
-"""The learning task both Flower apps share: MNIST-1D, its split over the nodes, the model.
+"""The learning task the ServerApp and the ClientApp share: MNIST-1D, its split over the nodes,
+the model.
 
 Everything comes from powertrip's own code (the offline MNIST-1D generator, the Dirichlet/IID
 partitioner, the small 1-D CNN and the site trainer), so the Flower run trains exactly what the
 PowerTrip emulator trains. Each process (the ServerApp's, each Ray actor of the ClientApps)
-builds the task once and keeps it: Flower calls a ClientApp once per message.
+builds the task once and keeps it: Flower calls a ClientApp once per message. Both build the
+same ``TaskConfig`` from the run config (``task_config``), so they agree on data and sites.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
+from typing import Any
 
 import numpy as np
 import torch
@@ -25,7 +29,7 @@ from powertrip.sites import SiteSet, generate_sites
 
 @dataclass(frozen=True)
 class TaskConfig:
-    """One run's definition; both apps get the same copy, so they agree on data and sites."""
+    """One run's task; the ServerApp and every ClientApp build it from the same run config."""
 
     nodes: int = 20
     seed: int = 0
@@ -40,6 +44,19 @@ class TaskConfig:
         return asdict(self)
 
 
+def task_config(run_config: Mapping[str, Any], nodes: int) -> TaskConfig:
+    """The task of a run config (pyproject.toml's ``[tool.flwr.app.config]`` with the
+    ``--run-config`` overrides) over ``nodes`` nodes."""
+    return TaskConfig(
+        nodes=int(nodes),
+        seed=int(run_config["seed"]),
+        num_samples=int(run_config["num-samples"]),
+        partition=str(run_config["partition"]),
+        local_epochs=int(run_config["local-epochs"]),
+    )
+
+
+@functools.cache
 def sites(cfg: TaskConfig) -> SiteSet:
     """The emulated datacenters, one per node: the paper's distances, links and U(0.1, 1) power,
     drawn from the run seed (the server and every node draw the same ones)."""

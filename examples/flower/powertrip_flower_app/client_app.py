@@ -7,6 +7,7 @@ optimizer state stays in its ``context.state`` between rounds) and PowerTrip's p
 site's power fraction, RTT and bandwidth: ``register_property_query``). A real deployment
 would read those three from the SuperNode's ``--node-config``; here node ``partition-id`` i
 reports site i of the seeded ``generate_sites`` draw, the same sites the server's report uses.
+The task comes from the run config and the node's ``num-partitions`` (the federation's size).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
-from task import TaskConfig, sites, train_node
 
 from powertrip.integrations.flower import (
     recipe_from_config,
@@ -23,6 +23,7 @@ from powertrip.integrations.flower import (
     site_properties,
 )
 from powertrip.learning.site_optim import SiteState
+from powertrip_flower_app.task import TaskConfig, sites, task_config, train_node
 
 STEPS, MOMENTS = "optimizer-steps", "optimizer-moments"  # the node's state between rounds
 
@@ -47,33 +48,45 @@ def save_state(context: Context, state: SiteState) -> None:
     context.state[MOMENTS] = ArrayRecord(flat)
 
 
-def make_client_app(cfg: TaskConfig) -> ClientApp:
-    """A ClientApp for the run ``cfg`` (the config travels with the app to the Ray actors)."""
-    app = ClientApp()
-    site_set = sites(cfg)
-
-    @app.train()
-    def train(msg: Message, context: Context) -> Message:
-        node = int(context.node_config["partition-id"])
-        params = msg.content["arrays"].to_torch_state_dict()
-        config = msg.content["config"]
-        recipe = recipe_from_config(config)  # None: plain SGD at the task's lr
-        state = load_state(context) if recipe is not None else None
-        server_round = int(config["server-round"])
-        new, samples, loss, state = train_node(cfg, node, server_round, params, recipe, state)
-        if state is not None:
-            save_state(context, state)
-        content = RecordDict(
-            {
-                "arrays": ArrayRecord(new),
-                "metrics": MetricRecord({"num-examples": samples, "train-loss": loss}),
-            }
+def node_task(context: Context) -> tuple[TaskConfig, int]:
+    """The run's task and this node's partition (= site) index."""
+    nodes = int(context.node_config["num-partitions"])
+    wanted = int(context.run_config["num-nodes"])
+    if nodes != wanted:
+        raise ValueError(
+            f"the federation has {nodes} nodes and the run config's num-nodes is {wanted}: "
+            f'run with --federation-config "num-supernodes={wanted}" (or set num-nodes={nodes})'
         )
-        return Message(content=content, reply_to=msg)
+    return task_config(context.run_config, nodes), int(context.node_config["partition-id"])
 
-    def properties(context: Context, now_s: float) -> dict[str, Any]:
-        node = int(context.node_config["partition-id"])
-        return {"partition-id": node, **site_properties(site_set, node, now_s)}
 
-    register_property_query(app, properties)
-    return app
+app = ClientApp()
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    cfg, node = node_task(context)
+    params = msg.content["arrays"].to_torch_state_dict()
+    config = msg.content["config"]
+    recipe = recipe_from_config(config)  # None: plain SGD at the task's lr
+    state = load_state(context) if recipe is not None else None
+    server_round = int(config["server-round"])
+    new, samples, loss, state = train_node(cfg, node, server_round, params, recipe, state)
+    if state is not None:
+        save_state(context, state)
+    content = RecordDict(
+        {
+            "arrays": ArrayRecord(new),
+            "metrics": MetricRecord({"num-examples": samples, "train-loss": loss}),
+        }
+    )
+    return Message(content=content, reply_to=msg)
+
+
+def properties(context: Context, now_s: float) -> dict[str, Any]:
+    """This node's site at the server's emulated time (PowerTrip's property query)."""
+    cfg, node = node_task(context)
+    return {"partition-id": node, **site_properties(sites(cfg), node, now_s)}
+
+
+register_property_query(app, properties)
