@@ -11,8 +11,8 @@
 #   TORCH_INDEX_URL      where torch comes from (default: the PyTorch index of TORCH_INDEX); empty
 #                        takes torch from PIP_INDEX_URL like every other package.
 #   DEBIAN_MIRROR        replaces http://deb.debian.org in the base image's apt sources.
-# Build arguments are not part of the image's environment, but `docker history` shows them: keep
-# credentials out of index URLs given here.
+# Build arguments are not part of the image's environment, but the image's history records the
+# ones its RUN steps saw (`podman history --no-trunc`): keep credentials out of these URLs.
 ARG BASE_IMAGE=python:3.11-slim-bookworm
 
 FROM ${BASE_IMAGE} AS wheel
