@@ -5,7 +5,7 @@
 set -euo pipefail
 
 VARIANTS_ALL=(cpu cu126 cu130)
-# Build arguments taken from the environment when set there (TORCH_INDEX_URL even when empty).
+# Build arguments taken from the environment when not empty there (TORCH_INDEX_URL also empty).
 PASSED_ARGS=(BASE_IMAGE PIP_INDEX_URL PIP_EXTRA_INDEX_URL PIP_TRUSTED_HOST DEBIAN_MIRROR
              TORCH_INDEX_URL)
 
@@ -26,7 +26,7 @@ Options:
   --dry-run        print the commands, run nothing
   -h, --help       this text
 
-Environment, passed as --build-arg when set (docs/images.md):
+Environment, passed as --build-arg when not empty (docs/images.md):
   BASE_IMAGE, PIP_INDEX_URL, PIP_EXTRA_INDEX_URL, PIP_TRUSTED_HOST, DEBIAN_MIRROR,
   TORCH_INDEX_URL (set but empty: torch from PIP_INDEX_URL; a literal {variant} in it is
   replaced by the variant, e.g. https://mirror.example/pytorch/whl/{variant}).
@@ -101,7 +101,8 @@ for variant in "${variants[@]}"; do
            --label "org.opencontainers.image.version=$version"
            --label "org.opencontainers.image.revision=$revision")
     for name in "${PASSED_ARGS[@]}"; do
-        if [[ -n ${!name+set} ]]; then
+        # Empty is passed on only for TORCH_INDEX_URL, where it means "from PIP_INDEX_URL".
+        if [[ -n ${!name:-} || ($name == TORCH_INDEX_URL && -n ${!name+set}) ]]; then
             build+=(--build-arg "$name=${!name//\{variant\}/$variant}")
         fi
     done
