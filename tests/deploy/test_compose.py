@@ -21,6 +21,7 @@ from tests.deploy.support import (
     REPO,
     SHARED_ENV,
     WORKLOAD_KINDS,
+    compose_interpolate,
     compose_service_env,
     find,
     kubectl_kustomize,
@@ -96,8 +97,9 @@ def test_compose_service_has_a_healthcheck_and_restarts_on_failure(compose, name
 @pytest.mark.parametrize("name", APP_SERVICES)
 def test_compose_app_service_runs_the_image_with_the_shared_env_file(compose, name):
     service = svc(compose, name)
-    # The image built from this repo's Dockerfile: the CPU build, or the CUDA one by build arg.
-    image, build = service["image"], service["build"]
+    # The image built from this repo's Dockerfile: the CPU build, or the CUDA one by build arg
+    # (by default: the shell's POWERTRIP_IMAGE may name a published one, see below).
+    image, build = compose_interpolate(service["image"]), service["build"]
     if image == f"{IMAGE}:dev":
         assert build == "."
     else:
@@ -111,6 +113,21 @@ def test_compose_app_service_runs_the_image_with_the_shared_env_file(compose, na
     assert all((REPO / f).is_file() for f in env_files)
     # Mirrors readOnlyRootFilesystem in k8s: a write outside /tmp and volumes fails locally too.
     assert service["read_only"] is True and "/tmp" in service["tmpfs"]
+
+
+def test_compose_takes_the_cpu_image_from_powertrip_image(compose):
+    # `POWERTRIP_IMAGE=ghcr.io/ORG/powertrip:VERSION-cpu docker compose up` runs a published
+    # image (docs/images.md); unset, the local build powertrip:dev. The CUDA workers of
+    # compose.gpu.yaml keep their own image, and Prometheus and Grafana theirs.
+    published = "registry.example/powertrip:0.1.0-cpu"
+    for name, service in compose["services"].items():
+        default = compose_interpolate(service["image"])
+        chosen = compose_interpolate(service["image"], {"POWERTRIP_IMAGE": published})
+        if default == f"{IMAGE}:dev":
+            assert service["image"] == "${POWERTRIP_IMAGE:-powertrip:dev}", name
+            assert chosen == published, name
+        else:
+            assert chosen == default, name
 
 
 def test_compose_app_services_share_one_healthcheck(compose):
@@ -215,4 +232,4 @@ def test_compose_and_k8s_run_the_same_images(variant):
     }
     for name, service in load_compose(*COMPOSE_VARIANTS[variant])["services"].items():
         k8s_name = "worker" if name.startswith("worker-") else name
-        assert service["image"] == k8s_images[k8s_name], name
+        assert compose_interpolate(service["image"]) == k8s_images[k8s_name], name

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 
 import pytest
 
@@ -38,10 +39,16 @@ def arg_default(name: str) -> str:
     return value
 
 
-def test_image_is_python_slim():
-    bases = [rest.split()[0] for op, rest in instructions() if op == "FROM"]
-    assert bases and all(re.fullmatch(r"python:\$\{PYTHON_VERSION\}-slim(-\w+)?", b) for b in bases)
-    assert arg_default("PYTHON_VERSION") in {"3.11", "3.12"}
+def test_image_is_python_slim_from_a_base_image_build_arg():
+    # Every stage starts from ${BASE_IMAGE}, a global ARG (declared before the first FROM), so
+    # `--build-arg BASE_IMAGE=mirror.example/library/python:3.11-slim-bookworm` moves them all.
+    ops = instructions()
+    first_from = min(i for i, (op, _) in enumerate(ops) if op == "FROM")
+    global_args = [rest.split("=")[0] for op, rest in ops[:first_from] if op == "ARG"]
+    assert "BASE_IMAGE" in global_args
+    bases = [rest.split()[0] for op, rest in ops if op == "FROM"]
+    assert len(bases) >= 2 and all(b == "${BASE_IMAGE}" for b in bases), bases
+    assert re.fullmatch(r"python:3\.1[12]-slim(-\w+)?", arg_default("BASE_IMAGE"))
 
 
 def final_stage() -> list[tuple[str, str]]:
@@ -52,19 +59,53 @@ def final_stage() -> list[tuple[str, str]]:
 
 def test_image_installs_the_pinned_torch_of_the_variant_its_build_arg_names():
     version = arg_default("TORCH_VERSION")
-    # CPU stays the default; `--build-arg TORCH_INDEX=cu126` (or another cuXYZ) builds for CUDA.
+    # CPU stays the default; `--build-arg TORCH_INDEX=cu126` (or another cuXYZ) builds for CUDA,
+    # from the PyTorch index of that variant unless TORCH_INDEX_URL names another (a mirror), or
+    # is empty (torch from PIP_INDEX_URL like every other package).
     assert arg_default("TORCH_INDEX") == "cpu"
+    assert arg_default("TORCH_INDEX_URL") == f"{TORCH_INDEXES}${{TORCH_INDEX}}"
     args = [rest.split("=")[0] for op, rest in final_stage() if op == "ARG"]
-    assert {"TORCH_VERSION", "TORCH_INDEX"} <= set(args), "declared in the stage that uses them"
+    assert {"TORCH_VERSION", "TORCH_INDEX", "TORCH_INDEX_URL"} <= set(args), "in the stage"
+    assert args.index("TORCH_INDEX") < args.index("TORCH_INDEX_URL"), "its default reads it"
     installs = [rest for op, rest in final_stage() if op == "RUN" and "torch==" in rest]
     assert len(installs) == 1
-    assert f'--index-url "{TORCH_INDEXES}${{TORCH_INDEX}}"' in installs[0]
+    assert '${TORCH_INDEX_URL:+--index-url "${TORCH_INDEX_URL}"}' in installs[0]
     assert '"torch==${TORCH_VERSION}"' in installs[0]
-    # ... and the build fails unless torch is the variant asked for (a CUDA build or not).
-    assert "torch.version.cuda is None" in installs[0] and "'TORCH_INDEX'" in installs[0]
+    # ... and the build fails unless torch is the variant asked for: CPU, or the CUDA version
+    # cuXYZ names, wherever the wheel came from.
+    assert "torch.version.cuda" in installs[0] and "'TORCH_INDEX'" in installs[0]
     # Same pin as the Makefile, so tests and image train with the same torch.
     makefile_pin = re.search(r"^TORCH_VERSION \?= ([\d.]+)$", (REPO / "Makefile").read_text(), re.M)
     assert makefile_pin and makefile_pin.group(1) == version
+
+
+def variant_check() -> str:
+    """The python -c program of the torch install's RUN."""
+    (install,) = [rest for op, rest in final_stage() if op == "RUN" and "torch==" in rest]
+    return re.search(r'python -c "(.*)"$', install).group(1)
+
+
+@pytest.mark.parametrize(
+    ("cuda", "variant", "ok"),
+    [(None, "cpu", True), ("12.6", "cu126", True), ("13.0", "cu130", True),
+     (None, "cu126", False), ("12.6", "cpu", False), ("12.8", "cu126", False)],
+)  # fmt: skip
+def test_image_variant_check_accepts_only_the_torch_asked_for(tmp_path, cuda, variant, ok):
+    # The check itself, run against a stand-in torch module of each kind.
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text(
+        f"import types\n__version__ = '2.13.0'\nversion = types.SimpleNamespace(cuda={cuda!r})\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", variant_check()],
+        env={"PYTHONPATH": str(tmp_path), "TORCH_INDEX": variant},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert (out.returncode == 0) == ok, out.stderr
+    if not ok:
+        assert f"not {variant}" in out.stderr
 
 
 def test_image_leaves_gpu_visibility_to_the_runtime():
