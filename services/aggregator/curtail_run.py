@@ -176,7 +176,7 @@ class CurtailmentRun(RunLifecycle):
             rep = account([log], trace, threshold)
             kwh, grams = rep.energy_kwh, rep.emissions_kg * 1000.0
             old_kwh, old_g = self._reported.get(log.site, (0.0, 0.0))
-            metrics.ENERGY.labels(log.site).inc(max(kwh - old_kwh, 0.0))
+            metrics.ENERGY.labels(log.site).inc(max(kwh - old_kwh, 0.0) * metrics.JOULES_PER_KWH)
             metrics.EMISSIONS.labels(log.site).inc(max(grams - old_g, 0.0))
             self._reported[log.site] = (max(kwh, old_kwh), max(grams, old_g))
         return account(logs, trace, threshold)

@@ -50,7 +50,11 @@ CHECKPOINT_REJECTED = Counter(
 )
 
 # Curtailment mode: priced by powertrip.curtailment.emissions, as `powertrip curtail` does.
-ENERGY = Counter("powertrip_energy_kwh_total", "Energy drawn by each site (kWh).", ["site"])
+ENERGY = Counter(
+    "powertrip_energy_joules_total", "Energy drawn by each site (J; 3.6e6 J = 1 kWh).", ["site"]
+)
+#: joules per kWh: ENERGY counts in Prometheus' base unit, the study reports kWh
+JOULES_PER_KWH = 3.6e6
 EMISSIONS = Counter(
     "powertrip_emissions_grams_total", "Operational emissions of each site (gCO2).", ["site"]
 )

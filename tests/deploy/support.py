@@ -47,6 +47,10 @@ COMPOSE_DATASET = REPO / "compose.dataset.yaml"
 # worker, so one key per pod) for clusters without cert-manager.
 INSECURE_VARIANT = REPO / "deploy" / "variants" / "insecure"
 STATIC_TLS_VARIANT = REPO / "deploy" / "variants" / "static-tls"
+# The cluster's own Prometheus Operator and Grafana instead of the bundled ones: a ServiceMonitor,
+# the dashboards for the Grafana sidecar, and no bundled Prometheus or Grafana.
+PROMETHEUS_OPERATOR_COMPONENT = K8S / "components" / "prometheus-operator"
+PROMETHEUS_OPERATOR_VARIANT = REPO / "deploy" / "variants" / "prometheus-operator"
 COMPOSE_INSECURE = REPO / "compose.insecure.yaml"
 #: Every way to deploy: kustomization root, and compose files in ``-f`` order.
 K8S_VARIANTS = {
@@ -56,6 +60,7 @@ K8S_VARIANTS = {
     "dataset": DATASET_VARIANT,
     "insecure": INSECURE_VARIANT,
     "static-tls": STATIC_TLS_VARIANT,
+    "prometheus-operator": PROMETHEUS_OPERATOR_VARIANT,
 }
 COMPOSE_VARIANTS = {
     "default": (COMPOSE,),
@@ -206,7 +211,7 @@ def render_kustomize_in_python(
             data[Path(name).name] = (root / name).read_text()
         behavior = gen.get("behavior", "create")
         if behavior == "create":
-            meta = {"name": gen["name"]}
+            meta = {"name": gen["name"], "labels": dict(gen.get("options", {}).get("labels", {}))}
             docs.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data})
         else:
             existing = find(docs, "ConfigMap", gen["name"])
@@ -496,6 +501,18 @@ def parse_site_owners(value: str) -> dict[str, set[int]]:
         assert sep and worker.strip() not in owners, f"bad POWERTRIP_SITE_OWNERS entry {entry!r}"
         owners[worker.strip()] = parse_sites(sites.strip())
     return owners
+
+
+#: The Prometheus and Grafana of components/monitoring; the prometheus-operator variant has none.
+BUNDLED_MONITORING = ("powertrip-prometheus", "powertrip-grafana")
+
+
+def bundled_monitoring(docs: list[dict[str, Any]]) -> bool:
+    """Does the variant run the bundled Prometheus and Grafana?"""
+    names = {
+        pod_labels(d).get("app.kubernetes.io/name") for d in docs if d["kind"] in WORKLOAD_KINDS
+    }
+    return set(BUNDLED_MONITORING) <= names
 
 
 def find(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:

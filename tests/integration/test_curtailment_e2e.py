@@ -83,7 +83,7 @@ def test_learning_follows_the_emulator(finished_run, emulated):
 def test_metrics_expose_energy_emissions_mode_and_active_sites(finished_run, emulated):
     status, metrics = finished_run
     agg = metrics["aggregator"]
-    energy = {lab["site"]: v for lab, v in agg["powertrip_energy_kwh_total"]}
+    energy = {lab["site"]: v / 3.6e6 for lab, v in agg["powertrip_energy_joules_total"]}  # kWh
     grams = {lab["site"]: v for lab, v in agg["powertrip_emissions_grams_total"]}
     assert set(energy) == set(grams) == {site_id(i) for i in range(SITES)}
     assert sum(energy.values()) == pytest.approx(status.energy_kwh, rel=1e-6)
