@@ -292,7 +292,9 @@ def test_compose_gpu_workers_reserve_an_nvidia_gpu_and_train_on_it(name):
     (device,) = service["deploy"]["resources"]["reservations"]["devices"]
     assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
     assert reserved_gpus(service, {}) == 1  # by default
-    assert service["image"] == f"{CUDA_IMAGE}:dev"
+    assert compose_interpolate(service["image"]) == f"{CUDA_IMAGE}:dev"
+    published = compose_interpolate(service["image"], {"POWERTRIP_CUDA_IMAGE": "reg/p:0.1-cu126"})
+    assert published == "reg/p:0.1-cu126"
     assert service["build"]["args"]["TORCH_INDEX"].startswith("cu")
     assert service["environment"]["POWERTRIP_DEVICE"] == "cuda"
     assert "POWERTRIP_SITES" in service["environment"]  # merged with compose.yaml's, not replaced
