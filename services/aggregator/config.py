@@ -61,7 +61,7 @@ class AggregatorConfig(ServiceConfig, RunSettings, CurtailSettings, DeviceSettin
         120.0, gt=0, description="wall seconds a round waits for updates"
     )
     registration_timeout_s: float = Field(
-        300.0, gt=0, description="wall seconds to wait for the sites before the first round"
+        300.0, gt=0, description="wall seconds the sites have to register before the run fails"
     )
     min_sites: int | None = Field(None, ge=1, description="sites to wait for; default: every site")
     max_failed_rounds: int = Field(3, ge=1, description="this many failed rounds in a row: FAILED")
@@ -94,7 +94,9 @@ class AggregatorConfig(ServiceConfig, RunSettings, CurtailSettings, DeviceSettin
         "from round 0 (the bad ones are renamed *.rejected) instead of refusing to start (exit "
         "code 3). No effect when one verifies or there are none.",
     )
-    exit_when_done: bool = Field(False, description="exit 0 once the run has finished")
+    exit_when_done: bool = Field(
+        False, description="end the process once the run ends (default: keep serving its status)"
+    )
     shutdown_grace_s: float = Field(
         10.0,
         gt=0,
