@@ -212,8 +212,8 @@ class ExperimentConfig(LocalOptimizerSettings, OuterSettings, TokenizerSettings,
     site_seed: int = Field(0, description="Seed of the site profiles (fixed across repeats).")
     target_accuracy: TargetAccuracy = Field(
         None,
-        description="Target accuracy in (0, 1]; unset: the paper's rule, the lowest best "
-        "accuracy any static-k run reaches within the round budget (docs/reproduction.md).",
+        description="Target accuracy in (0, 1]; None (CLI: auto): the paper's rule, the lowest "
+        "best accuracy any static-k run reaches within the round budget (docs/reproduction.md).",
     )
     max_rounds: int = Field(120, ge=1, description="Round budget per run.")
     greedy: GreedyParams = Field(GreedyParams(), description="Algorithm 1's free parameters.")
