@@ -11,7 +11,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 from powertrip.learning.local_optim import LocalOptimizer, LocalOptimizerSettings
 from powertrip.learning.tokenizer_settings import TokenizerSettings
 from powertrip.outer_step import OuterSettings
-from powertrip.presets import preset_values
+from powertrip.presets import ALL_POLICIES as ALL_POLICIES
+from powertrip.presets import PRESETS, preset_values
 from powertrip.robust import check_settings, check_trim_beta
 from powertrip.selection.registry import validate_policy_name
 from powertrip.sites import DistanceMode
@@ -102,12 +103,14 @@ class GreedyParams(BaseModel):
     variant's default."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-    k0: int | None = Field(None, ge=1)
-    window: int | None = Field(None, ge=0)
-    patience: int | None = Field(None, ge=1)
-    trend_rounds: int | None = Field(None, ge=1)
-    gain_floor: float | None = Field(None, gt=0)
-    kappa: float | None = Field(None, ge=0)
+    k0: int | None = Field(None, ge=1, description="Algorithm 1: initial site count.")
+    window: int | None = Field(None, ge=0, description="Algorithm 1: candidate window (0 = all).")
+    patience: int | None = Field(None, ge=1, description="Algorithm 1: rounds before shrinking.")
+    trend_rounds: int | None = Field(
+        None, ge=1, description="Algorithm 1: rounds in the trend (m)."
+    )
+    gain_floor: float | None = Field(None, gt=0, description="Algorithm 1: projected gain floor.")
+    kappa: float | None = Field(None, ge=0, description="kappa-headroom gain: headroom strength.")
 
     def overrides(self) -> dict[str, object]:
         return {k: v for k, v in self.model_dump().items() if v is not None}
@@ -120,17 +123,33 @@ class RunConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    name: str = "custom"
-    description: str = ""
-    workload: Annotated[str, AfterValidator(validate_workload)] = "mnist1d"
-    dataset_path: Path | None = None
+    name: str = Field("custom", description="The study's name (its preset's, if any).")
+    description: str = Field("", description="What the study is, in a sentence.")
+    workload: Annotated[str, AfterValidator(validate_workload)] = Field(
+        "mnist1d",
+        description="A built-in workload, or MODULE:ATTR naming your powertrip.CustomWorkload.",
+    )
+    dataset_path: Path | None = Field(
+        None,
+        description="IDX folder (mnist/emnist), Shakespeare text(s), a Speech Commands or FSDD "
+        "folder, or for lm a text file or a .npy of token ids (lm without it: an embedded "
+        "synthetic corpus).",
+    )
     # the LM's size (learning/gpt.py: GPT_SIZES, default tiny) and overrides of its fields;
     # left out of dumps while unset, so other workloads' summaries do not change
-    model_size: ModelSize | None = Field(None, exclude_if=_unset)
-    n_layer: int | None = Field(None, ge=1, exclude_if=_unset)
-    n_head: int | None = Field(None, ge=1, exclude_if=_unset)
-    d_model: int | None = Field(None, ge=1, exclude_if=_unset)
-    context_length: int | None = Field(None, ge=1, exclude_if=_unset)
+    model_size: ModelSize | None = Field(
+        None,
+        exclude_if=_unset,
+        description="LM size (default tiny, ~1 M parameters; xl ~570 M needs a GPU).",
+    )
+    n_layer: int | None = Field(
+        None, ge=1, exclude_if=_unset, description="LM: transformer blocks."
+    )
+    n_head: int | None = Field(None, ge=1, exclude_if=_unset, description="LM: attention heads.")
+    d_model: int | None = Field(None, ge=1, exclude_if=_unset, description="LM: embedding width.")
+    context_length: int | None = Field(
+        None, ge=1, exclude_if=_unset, description="LM: tokens per window."
+    )
 
     @model_validator(mode="after")
     def _dataset_given(self) -> Self:
@@ -146,40 +165,79 @@ class ExperimentConfig(LocalOptimizerSettings, OuterSettings, TokenizerSettings,
     the outer step, the sites' local optimizer and the LM's tokenizer come from the mixins."""
 
     num_samples: int = Field(
-        20_000, ge=100, description="samples to generate (mnist1d) or keep (shakespeare)"
+        20_000, ge=100, description="Samples to generate (mnist1d) or keep (shakespeare)."
     )
-    partition: Partition = "iid"
-    dirichlet_alpha: float = Field(0.3, gt=0)
-    lr: float | None = Field(None, gt=0)
-    batch_size: int | None = Field(None, ge=1)
-    local_epochs: int = Field(1, ge=1)
-    max_local_steps: int | None = Field(None, ge=1)
-    # sites, power and network
-    num_sites: int = Field(100, ge=1)
-    distance_mode: DistanceMode = DistanceMode.STRATIFIED
-    update_gb: float = Field(1.5, ge=0, description="model update size in decimal GB")
-    power_model: PowerModel = "uniform"
-    power_trace_path: Path | None = None
-    ideal_compute_s: float = Field(50.0, gt=0, description="tau: local training at 100% power")
-    ground_truth: RoundTimeModel = RoundTimeModel.PER_SITE_MAX
-    round_trip: bool = False
-    # protocol
-    policies: tuple[str, ...] = ("powertrip", "static-optimal", "centralized-25")
-    static_sweep: tuple[int, ...] = (10, 20, 30, 40, 50, 60, 70, 80, 90, 100)
-    repeats: int = Field(1, ge=1)
-    seed: int = 0
-    site_seed: int = 0
+    partition: Partition = Field("iid", description="How the samples are split among the sites.")
+    dirichlet_alpha: float = Field(0.3, gt=0, description="dirichlet: label-skew concentration.")
+    lr: float | None = Field(
+        None, gt=0, description="Local learning rate (default: the workload's SGD lr)."
+    )
+    batch_size: int | None = Field(None, ge=1, description="Local batch (default: the workload's).")
+    local_epochs: int = Field(1, ge=1, description="Local epochs per round.")
+    max_local_steps: int | None = Field(
+        None, ge=1, description="Cap on local SGD steps per round (default: one local epoch)."
+    )
+    num_sites: int = Field(100, ge=1, description="Number of emulated sites.")
+    distance_mode: DistanceMode = Field(
+        DistanceMode.STRATIFIED, description="How the sites' distances are drawn."
+    )
+    update_gb: float = Field(1.5, ge=0, description="Model update size in decimal GB.")
+    power_model: PowerModel = Field(
+        "uniform",
+        description="Site power: static U(0.1, 1), the embedded synthetic trace, or Google "
+        "powerdata_2019 files (google-trace, with the power trace path).",
+    )
+    power_trace_path: Path | None = Field(
+        None, description="Google powerdata_2019 file or folder (power model google-trace)."
+    )
+    ideal_compute_s: float = Field(
+        50.0, gt=0, description="Emulated local-training time per round at 100% power (s)."
+    )
+    ground_truth: RoundTimeModel = Field(
+        RoundTimeModel.PER_SITE_MAX,
+        description="Round-time model: per-site max (the paper's §5.1 emulation) or Eq. 7 "
+        "aggregate.",
+    )
+    round_trip: bool = Field(
+        False, description="Also count the broadcast leg (Eq. 3 itself is one way)."
+    )
+    policies: tuple[str, ...] = Field(
+        ("powertrip", "static-optimal", "centralized-25"), description="Policy names."
+    )
+    static_sweep: tuple[int, ...] = Field(
+        (10, 20, 30, 40, 50, 60, 70, 80, 90, 100), description="Static-k sweep, e.g. 10,20,50."
+    )
+    repeats: int = Field(1, ge=1, description="Training seeds per policy.")
+    seed: int = Field(0, description="First training seed.")
+    site_seed: int = Field(0, description="Seed of the site profiles (fixed across repeats).")
     target_accuracy: TargetAccuracy = Field(
         None,
-        description="None: the lowest best accuracy of the static sweep (docs/reproduction.md)",
+        description="Target accuracy in (0, 1]; None (CLI: auto): the paper's rule, the lowest "
+        "best accuracy any static-k run reaches within the round budget (docs/reproduction.md).",
     )
-    max_rounds: int = Field(120, ge=1)
-    greedy: GreedyParams = GreedyParams()
+    max_rounds: int = Field(120, ge=1, description="Round budget per run.")
+    greedy: GreedyParams = Field(GreedyParams(), description="Algorithm 1's free parameters.")
     # aggregation (powertrip/robust.py, docs/robust-aggregation.md); left out of dumps while
     # FedAvg / unset, so existing summaries do not change
-    aggregation: AggregationRule = Field("fedavg", exclude_if=lambda v: v == "fedavg")
-    clip_norm: float | None = Field(None, gt=0, allow_inf_nan=False, exclude_if=_unset)
-    trim_beta: TrimBeta = Field(None, allow_inf_nan=False, exclude_if=_unset)
+    aggregation: AggregationRule = Field(
+        "fedavg",
+        exclude_if=lambda v: v == "fedavg",
+        description="Aggregation rule; trimmed-mean and median resist hostile sites at the cost "
+        "of holding every update (docs/robust-aggregation.md).",
+    )
+    clip_norm: float | None = Field(
+        None,
+        gt=0,
+        allow_inf_nan=False,
+        exclude_if=_unset,
+        description="Robust rules: clip each update's L2 norm.",
+    )
+    trim_beta: TrimBeta = Field(
+        None,
+        allow_inf_nan=False,
+        exclude_if=_unset,
+        description="trimmed-mean: fraction cut at each end per coordinate, in [0, 0.5); 0.2.",
+    )
 
     @field_validator("policies")
     @classmethod
@@ -228,63 +286,6 @@ class ExperimentConfig(LocalOptimizerSettings, OuterSettings, TokenizerSettings,
     @property
     def update_bytes(self) -> float:
         return self.update_gb * 1e9
-
-
-ALL_POLICIES = (
-    "powertrip",
-    "powertrip-paper",
-    "static-optimal",
-    "select-all",
-    "fixed-radius",
-    "highest-power",
-    "lowest-latency",
-    "random",
-    "centralized-25",
-    "centralized-50",
-)
-
-# Both presets use label-skewed sites (Dirichlet 0.3): the paper's EMNIST is partitioned by
-# writer, i.e. non-IID; `--partition iid` gives IID sites instead (docs/reproduction.md).
-PRESETS: dict[str, dict[str, object]] = {
-    "quick": {
-        "description": "a one-minute study: 50 sites, 1 repeat, coarse sweep",
-        "num_sites": 50,
-        "num_samples": 10_000,
-        "partition": "dirichlet",
-        "static_sweep": (5, 10, 20, 30, 40, 50),
-        "policies": (
-            "powertrip",
-            "powertrip-paper",
-            "static-optimal",
-            "select-all",
-            "centralized-25",
-            "centralized-50",
-        ),
-        "repeats": 1,
-        "max_rounds": 80,
-        "target_accuracy": 0.45,
-    },
-    "paper-uniform": {
-        "description": "the paper's protocol (Figs. 8-10): 100 sites, uniform power, 1.5 GB, "
-        "all policies, 10 repeats",
-        "partition": "dirichlet",
-        "policies": ALL_POLICIES,
-        "repeats": 10,
-        "max_rounds": 100,
-        "target_accuracy": 0.45,
-    },
-    "paper-traces": {
-        "description": "the paper's Fig. 12: paper-uniform with trace-driven power (the "
-        "embedded synthetic-trace; --power-model google-trace --power-trace DIR for real files); "
-        "--update-gb 1/1.5/2 gives Fig. 13",
-        "partition": "dirichlet",
-        "policies": ALL_POLICIES,
-        "repeats": 10,
-        "max_rounds": 100,
-        "target_accuracy": 0.45,
-        "power_model": "synthetic-trace",
-    },
-}
 
 
 def build_config(preset: str | None = None, **overrides: object) -> ExperimentConfig:

@@ -98,9 +98,22 @@ class OuterSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    outer: OuterRule = Field("fedavg", exclude_if=lambda v: v == "fedavg")
-    outer_lr: float = Field(0.7, gt=0, allow_inf_nan=False, exclude_if=lambda v: v == 0.7)
-    outer_momentum: float = Field(0.9, ge=0, lt=1, exclude_if=lambda v: v == 0.9)
+    outer: OuterRule = Field(
+        "fedavg",
+        exclude_if=lambda v: v == "fedavg",
+        description="After FedAvg: nothing, or the DiLoCo outer step (Nesterov SGD on the "
+        "average).",
+    )
+    outer_lr: float = Field(
+        0.7,
+        gt=0,
+        allow_inf_nan=False,
+        exclude_if=lambda v: v == 0.7,
+        description="Outer step's learning rate (0.7).",
+    )
+    outer_momentum: float = Field(
+        0.9, ge=0, lt=1, exclude_if=lambda v: v == 0.9, description="Outer step's momentum (0.9)."
+    )
 
     def make_outer(self) -> NesterovOuter | None:
         """A fresh outer optimizer for one run (no momentum yet); None for plain FedAvg."""

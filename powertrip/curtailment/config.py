@@ -32,9 +32,17 @@ class CurtailmentConfig(LocalOptimizerSettings, TokenizerSettings, RunConfig):
     batch_size: int = Field(32, ge=1)
     num_shards: int = Field(240, ge=1, description="data shards of the global cursor (paper: 240)")
     # sites and their grids
-    carbon_trace_path: Path | None = None  # None: the embedded synthetic trace
-    regions: tuple[str, ...] | None = None  # None: every region of the trace
-    sites_per_region: int = Field(1, ge=1)
+    carbon_trace_path: Path | None = Field(
+        None,
+        description="WattTime-style (time, one column per region) or Electricity Maps carbon "
+        "file; unset: the embedded synthetic trace.",
+    )
+    regions: tuple[str, ...] | None = Field(
+        None, description="Trace regions, comma-separated (A,B,C); unset: every region."
+    )
+    sites_per_region: int = Field(
+        1, ge=1, description="Sites per region: site i is in region i // sites_per_region."
+    )
     site_power: tuple[float, ...] | None = None  # per site, fraction of full throughput
     update_gb: float = Field(
         1.1, ge=0, allow_inf_nan=False, description="update size (561M params in bf16 ~ 1.1 GB)"
@@ -44,9 +52,18 @@ class CurtailmentConfig(LocalOptimizerSettings, TokenizerSettings, RunConfig):
     )
     # availability: a site is usable while its grid's intensity is below the threshold, after
     # a provisioning delay, and leaves after ``hold_s`` above it
-    threshold: float = Field(THRESHOLD, gt=0, allow_inf_nan=False)
-    hold_s: float = Field(HOLD_S, ge=0, allow_inf_nan=False)
-    provisioning_s: float = Field(PROVISIONING_S, ge=0, allow_inf_nan=False)
+    threshold: float = Field(
+        THRESHOLD,
+        gt=0,
+        allow_inf_nan=False,
+        description="Curtailed while intensity < this (gCO2/kWh).",
+    )
+    hold_s: float = Field(
+        HOLD_S, ge=0, allow_inf_nan=False, description="Seconds above threshold before removal."
+    )
+    provisioning_s: float = Field(
+        PROVISIONING_S, ge=0, allow_inf_nan=False, description="Provisioning delay (s)."
+    )
     # wall-clock rounds: at least round_min_s of training after overhead_s of model loading; a
     # zero minimum lets the monitor stop a round before its first step: no data is used, and an
     # always-on run (no horizon) loops forever. Infinite times likewise never end (or overflow).

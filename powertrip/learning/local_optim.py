@@ -108,4 +108,9 @@ class LocalOptimizerSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    local_optimizer: LocalOptimizer | None = Field(None, exclude_if=lambda v: v is None)
+    local_optimizer: LocalOptimizer | None = Field(
+        None,
+        exclude_if=lambda v: v is None,
+        description='Each site\'s local optimizer as a recipe, e.g. {"name": "adamw", "lr": 0.001} '
+        "(unset: the workload's plain SGD).",
+    )

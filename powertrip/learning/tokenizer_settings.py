@@ -50,7 +50,10 @@ class TokenizerSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     tokenizer: Annotated[str, AfterValidator(_valid)] = Field(
-        "bytes", exclude_if=lambda v: v == "bytes"
+        "bytes",
+        exclude_if=lambda v: v == "bytes",
+        description="LM: 'bytes' (default, vocabulary 256) or 'bpe-N', a byte-level BPE of N ids "
+        "(260..65536) trained on the training text, cached and checked by sha256.",
     )
     #: the sha256 of the BPE's saved JSON that every process must rebuild; the aggregator fills
     #: it in from its own before handing the config to the workers (None: not checked)

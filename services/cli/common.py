@@ -9,14 +9,14 @@ import sys
 import tempfile
 from collections.abc import Collection, Mapping
 from pathlib import Path
-from typing import NoReturn, get_args
+from typing import NoReturn
 
 import click
 from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 
-from powertrip.experiment import ExperimentConfig, ModelSize
+from powertrip.experiment import ExperimentConfig
 from powertrip.workloads import BUILTIN_WORKLOADS, validate_workload
 
 err = Console(stderr=True, soft_wrap=True)
@@ -178,51 +178,6 @@ def preset_option(presets: Mapping[str, Mapping[str, object]], default: str):  #
         show_default=True,
         help=f"Starting configuration. {described}.",
     )
-
-
-def lm_options(command):  # noqa: ANN001, ANN201 - a click decorator
-    """The language model's size flags, shared by the study commands (``--workload lm``)."""
-    sizes = get_args(ModelSize)
-    options = [
-        click.option(
-            "--model-size",
-            type=click.Choice(sizes),
-            help="LM size (default tiny, ~1 M parameters; xl ~570 M needs a GPU).",
-        ),
-        click.option("--n-layer", type=click.IntRange(min=1), help="LM: transformer blocks."),
-        click.option("--n-head", type=click.IntRange(min=1), help="LM: attention heads."),
-        click.option("--d-model", type=click.IntRange(min=1), help="LM: embedding width."),
-        click.option("--context-length", type=click.IntRange(min=1), help="LM: tokens per window."),
-        click.option(
-            "--tokenizer",
-            help="LM: 'bytes' (default, vocabulary 256) or 'bpe-N', a byte-level BPE of N ids "
-            "(260..65536) trained on the training text, cached and checked by sha256.",
-        ),
-    ]
-    for option in reversed(options):
-        command = option(command)
-    return command
-
-
-def aggregation_options(command):  # noqa: ANN001, ANN201 - a click decorator
-    """The aggregation rule and its settings (powertrip/robust.py, docs/robust-aggregation.md)."""
-    options = [
-        click.option(
-            "--aggregation",
-            type=click.Choice(["fedavg", "trimmed-mean", "median"]),
-            help="Aggregation rule (default fedavg); trimmed-mean and median resist hostile "
-            "sites at the cost of holding every update (docs/robust-aggregation.md).",
-        ),
-        click.option("--clip-norm", type=float, help="Robust rules: clip each update's L2 norm."),
-        click.option(
-            "--trim-beta",
-            type=float,
-            help="trimmed-mean: fraction cut at each end per coordinate, in [0, 0.5); 0.2.",
-        ),
-    ]
-    for option in reversed(options):
-        command = option(command)
-    return command
 
 
 def _check_device(ctx: click.Context, param: click.Parameter, value: str) -> str:

@@ -25,12 +25,12 @@ from powertrip.services.cli.common import (
     device_option,
     err,
     fail,
-    lm_options,
     out,
     preset_option,
     require_output,
 )
 from powertrip.services.cli.export import require_tensorboard, tensorboard_option, write_tensorboard
+from powertrip.services.cli.model_options import lm_options
 from powertrip.services.cli.optimizer_options import optimizer_options
 
 FLAG_FOR_FIELD = {

@@ -10,54 +10,26 @@ from pydantic import ValidationError
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from powertrip.experiment import PRESETS, ExperimentConfig, build_config
+from powertrip.experiment import PRESETS, ExperimentConfig, GreedyParams, build_config
 from powertrip.services.cli import export
 from powertrip.services.cli.certs import certs
 from powertrip.services.cli.common import (
-    CommaList,
     OneLineErrors,
     OutputDir,
-    WorkloadName,
     check_sweep,
     describe_validation,
     device_option,
     err,
     fail,
-    lm_options,
     out,
     preset_option,
     require_output,
 )
 from powertrip.services.cli.curtail import curtail
-from powertrip.services.cli.optimizer_options import training_options
+from powertrip.services.cli.model_options import EXPERIMENT_FLAGS, experiment_options
+from powertrip.services.cli.optimizer_options import optimizer_options
 from powertrip.services.cli.traces import traces
 from powertrip.services.cli.up import up
-
-# CLI flag for each config field, so validation errors name what the user typed.
-FLAG_FOR_FIELD = {
-    "num_sites": "--sites",
-    "update_gb": "--update-gb",
-    "target_accuracy": "--target",
-    "ideal_compute_s": "--tau",
-    "dataset_path": "--dataset-path",
-    "static_sweep": "--sweep",
-    "dirichlet_alpha": "--dirichlet-alpha",
-    "power_trace_path": "--power-trace",
-}
-
-
-class TargetAccuracy(click.ParamType):
-    """A number, or ``auto`` for the paper's rule: the lowest best accuracy of the static sweep."""
-
-    name = "FLOAT|auto"
-
-    def convert(self, value, param, ctx):  # noqa: ANN001 - click's signature
-        if isinstance(value, float) or value == "auto":
-            return value
-        try:
-            return float(value)
-        except ValueError:
-            self.fail(f"{value!r} is neither a number nor 'auto'", param, ctx)
 
 
 @click.group(cls=OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
@@ -75,7 +47,6 @@ main.add_command(export.export_tensorboard_command)
 
 @main.command()
 @preset_option(PRESETS, "quick")
-@lm_options
 @click.option(
     "--output",
     "-o",
@@ -83,73 +54,8 @@ main.add_command(export.export_tensorboard_command)
     default=None,
     help="Output folder (default: results/<preset>).",
 )
-@click.option("--policies", type=CommaList(str), help="Comma-separated policy names.")
-@click.option("--sites", "num_sites", type=int, help="Number of emulated sites.")
-@click.option("--update-gb", type=float, help="Model update size in decimal GB.")
-@click.option(
-    "--power-model",
-    type=click.Choice(["uniform", "synthetic-trace", "google-trace"]),
-    help="Site power: static U(0.1, 1), the embedded synthetic trace, or --power-trace files.",
-)
-@click.option(
-    "--power-trace",
-    "power_trace_path",
-    type=click.Path(path_type=Path),
-    help="Google powerdata_2019 file or folder (with --power-model google-trace).",
-)
-@click.option("--repeats", type=int, help="Training seeds per policy.")
-@click.option("--seed", type=int, help="First training seed.")
-@click.option("--site-seed", type=int, help="Seed of the site profiles (fixed across repeats).")
-@click.option(
-    "--workload",
-    type=WorkloadName(),
-    help="A built-in workload, or MODULE:ATTR naming your powertrip.CustomWorkload.",
-)
-@click.option(
-    "--dataset-path",
-    type=click.Path(path_type=Path),
-    help="IDX folder (mnist/emnist), Shakespeare text(s), a Speech Commands or FSDD folder, or "
-    "for lm a text file or a .npy of token ids (lm without it: an embedded synthetic corpus).",
-)
-@click.option(
-    "--target",
-    "target_accuracy",
-    type=TargetAccuracy(),
-    help="Target accuracy in (0, 1], or 'auto' for the paper's rule: the lowest best accuracy "
-    "any static-k run reaches within the round budget.",
-)
-@click.option(
-    "--num-samples", type=int, help="Samples to generate (mnist1d) or keep (shakespeare)."
-)
-@click.option(
-    "--local-steps",
-    "max_local_steps",
-    type=int,
-    help="Cap on local SGD steps per round (default: one full local epoch).",
-)
-@click.option("--partition", type=click.Choice(["iid", "dirichlet", "natural"]))
-@click.option("--dirichlet-alpha", type=float)
-@click.option(
-    "--tau",
-    "ideal_compute_s",
-    type=float,
-    help="Emulated local-training time per round at 100% power (s).",
-)
-@click.option(
-    "--ground-truth",
-    type=click.Choice(["per-site-max", "aggregate"]),
-    help="Round-time model: per-site max (the paper's §5.1 emulation) or Eq. 7 aggregate.",
-)
-@click.option("--distance-mode", type=click.Choice(["stratified", "uniform"]))
-@click.option("--sweep", "static_sweep", type=CommaList(int), help="Static-k sweep, e.g. 10,20,50.")
-@click.option("--max-rounds", type=int, help="Round budget per run.")
-@click.option("--k0", type=int, help="Algorithm 1: initial site count.")
-@click.option("--window", type=int, help="Algorithm 1: candidate window (0 = all counts).")
-@click.option("--patience", type=int, help="Algorithm 1: rounds before shrinking.")
-@click.option("--trend-rounds", type=int, help="Algorithm 1: rounds in the accuracy trend (m).")
-@click.option("--gain-floor", type=float, help="Algorithm 1: floor of the projected gain (eps).")
-@click.option("--kappa", type=float, help="kappa-headroom gain: strength of the headroom term.")
-@training_options
+@experiment_options
+@optimizer_options
 @click.option("--plots/--no-plots", default=True, show_default=True, help="Write PNG figures.")
 @export.tensorboard_option
 @click.option(
@@ -172,13 +78,12 @@ def experiment(
     Runs every policy x repeat over emulated sites, prints a time-to-accuracy table and writes
     results.csv, rounds.csv, summary.json and PNG plots to the output folder.
     """
-    names = ("k0", "window", "patience", "trend_rounds", "gain_floor", "kappa")
-    greedy = {k: options.pop(k) for k in names}
+    greedy = {k: options.pop(k) for k in GreedyParams.model_fields}
     greedy = {k: v for k, v in greedy.items() if v is not None}
     try:
         cfg = build_config(preset, **options, **({"greedy": greedy} if greedy else {}))
     except ValidationError as exc:
-        fail(describe_validation(exc, "experiment configuration", FLAG_FOR_FIELD, {"greedy"}))
+        fail(describe_validation(exc, "experiment configuration", EXPERIMENT_FLAGS, {"greedy"}))
     except ValueError as exc:
         fail(str(exc))
     check_sweep(cfg)

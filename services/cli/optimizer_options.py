@@ -3,7 +3,7 @@ curtail``): flags folded into one validated ``local_optimizer`` before the run's
 is built. No flag given: no recipe, the workload's plain SGD (results as before).
 
 ``--local-clip-norm`` clips each site's gradient; ``--clip-norm`` was already the robust
-aggregation's per-update clip (``aggregation_options``).
+aggregation's per-update clip (an ``ExperimentConfig`` field, ``model_options``).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import click
 from pydantic import ValidationError
 
 from powertrip.learning.local_optim import LocalOptimizer
-from powertrip.services.cli.common import aggregation_options, describe_validation, fail
+from powertrip.services.cli.common import describe_validation, fail
 
-__all__ = ["optimizer_options", "training_options"]
+__all__ = ["optimizer_options"]
 
 #: flag -> LocalOptimizer field
 FIELD_FOR_FLAG = {
@@ -90,38 +90,3 @@ def optimizer_options(command):  # noqa: ANN001, ANN201 - a click decorator
     for option in reversed(_OPTIONS):
         wrapped = option(wrapped)
     return wrapped
-
-
-#: ``powertrip experiment``'s own: the workload's learning rate, and the outer step after the
-#: aggregate (``powertrip curtail`` declares the same names itself)
-_EXPERIMENT_OPTIONS = [
-    click.option(
-        "--lr",
-        type=float,
-        help="Local learning rate (default: the workload's SGD lr; AdamW wants ~1e-3).",
-    ),
-    click.option(
-        "--outer",
-        type=click.Choice(["fedavg", "nesterov"]),
-        help="After FedAvg: nothing, or the DiLoCo outer step (Nesterov SGD on the average).",
-    ),
-    click.option("--outer-lr", type=float, help="Outer step's learning rate (0.7)."),
-    click.option("--outer-momentum", type=float, help="Outer step's momentum (0.9)."),
-]
-
-
-def training_options(command):  # noqa: ANN001, ANN201 - a click decorator
-    """What the sites train with and how their updates are combined: the learning rate, the
-    local optimizer's flags, the outer step and the aggregation rule's (``aggregation_options``).
-    Unset flags stay out of the configuration (the preset's values hold)."""
-
-    @functools.wraps(command)
-    def wrapped(**options: object) -> object:
-        for name in ("lr", "outer", "outer_lr", "outer_momentum"):
-            if options.get(name) is None:
-                options.pop(name, None)
-        return command(**options)
-
-    for option in reversed(_EXPERIMENT_OPTIONS):
-        wrapped = option(wrapped)
-    return aggregation_options(optimizer_options(wrapped))

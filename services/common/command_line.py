@@ -2,20 +2,16 @@
 
 Services are configured only through ``POWERTRIP_*`` variables, so ``--help`` is where a newcomer
 learns them: the list is derived from the service's pydantic config class (names, types, defaults
-and the comment beside each field), so it cannot drift from what ``load_config`` reads. Answering
+and each field's ``description``), so it cannot drift from what ``load_config`` reads. Answering
 ``--help`` or a bad argument happens before anything binds a port.
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
 import enum
-import inspect
-import io
 import sys
 import textwrap
-import tokenize
 import types
 import typing
 from collections.abc import Sequence
@@ -66,11 +62,11 @@ def env_help(config_cls: type[BaseModel]) -> str:
         own = [n for n in vars(klass).get("__annotations__", {}) if n in config_cls.model_fields]
         if not own or not issubclass(klass, BaseModel):
             continue
-        notes = field_comments(klass)
         lines = [f"{klass.__module__}.{klass.__qualname__}:"]
         for name in own:
-            lines.append(f"  {env_name(name):<38} {describe(config_cls.model_fields[name])}")
-            if note := notes.get(name):
+            field = config_cls.model_fields[name]
+            lines.append(f"  {env_name(name):<38} {describe(field)}")
+            if note := field.description:
                 lines += textwrap.wrap(
                     note, WIDTH, initial_indent=" " * 6, subsequent_indent=" " * 6
                 )
@@ -104,33 +100,3 @@ def type_name(annotation: object) -> str:
     if isinstance(annotation, type) and issubclass(annotation, Path):
         return "path"
     return getattr(annotation, "__name__", str(annotation))
-
-
-def field_comments(klass: type) -> dict[str, str]:
-    """The comment beside each field (or the block right above it) in ``klass``'s source; empty
-    where the source cannot be read (the help then lists names, types and defaults only)."""
-    try:
-        source = textwrap.dedent(inspect.getsource(klass))
-        tokens = tokenize.generate_tokens(io.StringIO(source).readline)
-        comments = {  # line -> (comment, whether it has the line to itself)
-            t.start[0]: (t.string.lstrip("#").strip(), t.line.lstrip().startswith("#"))
-            for t in tokens
-            if t.type == tokenize.COMMENT
-        }
-        (cls_node,) = ast.parse(source).body
-    except (OSError, TypeError, ValueError, SyntaxError, tokenize.TokenError):
-        return {}
-    notes: dict[str, str] = {}
-    for node in cls_node.body:  # type: ignore[attr-defined]
-        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
-            continue
-        if node.end_lineno in comments:
-            notes[node.target.id] = comments[node.end_lineno][0]
-            continue
-        above, line = [], node.lineno - 1
-        while line in comments and comments[line][1]:
-            above.insert(0, comments[line][0])
-            line -= 1
-        if above:
-            notes[node.target.id] = " ".join(above)
-    return notes

@@ -21,9 +21,9 @@ from pydantic import (
     model_validator,
 )
 
-from powertrip.curtailment.config import CurtailmentConfig, build_curtail_config
+from powertrip.services.common.settings import PREFIX, CurtailSettings, env_name
 
-PREFIX = "POWERTRIP_"
+__all__ = ["PREFIX", "ConfigError", "CurtailSettings", "ServiceConfig", "env_name", "load_config"]
 
 
 class ConfigError(ValueError):
@@ -41,35 +41,57 @@ class ServiceConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    bind_host: str = "0.0.0.0"
-    grpc_port: int = 50051
-    metrics_port: int = 8000
-    log_level: str = "INFO"
-    keepalive_s: float = 10.0  # HTTP/2 ping period; a frozen peer is noticed after this ...
-    keepalive_timeout_s: float = 5.0  # ... plus this
-    rpc_timeout_s: float = 10.0  # deadline for every short call
-    max_message_mib: int = 4  # gRPC per-message limit; big tensors are chunked below it
-    # Per-stream HTTP/2 receive window. Fixed instead of BDP-probed so that many concurrent
-    # uploads cannot each buffer a growing window in memory. One stream moves at most
-    # window / RTT (4 MiB: ~490 Mbit/s at 50 ms); raise it for long links, memory permitting
-    # (docs/services.md, benchmarks/bench_stream_window.py).
-    stream_window_mib: int = Field(4, ge=1)
-    # Calls served at once; beyond it gRPC answers RESOURCE_EXHAUSTED at once (clients retry
-    # with jitter) instead of queueing without bound behind the handler threads. 0 = no limit.
-    # Keep it above the uploads a round can have in flight (one per selected site).
-    max_concurrent_rpcs: int = Field(0, ge=0)
-    # Mutual TLS: PEM files of this service's certificate, its key and the CA that signed every
-    # peer. All three or none: a partial set is an error, so a typo cannot silently downgrade a
-    # deployment to plaintext; none is an error too unless POWERTRIP_INSECURE=1.
-    tls_cert_path: str | None = None
-    tls_key_path: str | None = None
-    tls_ca_path: str | None = None
-    # Plaintext gRPC only when asked for: with no TLS paths and this unset a service refuses to
-    # start, so a forgotten setting cannot silently expose the run (docs/security.md).
-    insecure: bool = False
-    # A second, plaintext port serving only grpc.health.v1.Health, for probes that cannot
-    # present a client certificate (Kubernetes' gRPC probe, compose healthchecks); 0 = none.
-    health_port: int = Field(0, ge=0, le=65535)
+    bind_host: str = Field("0.0.0.0", description="address the gRPC and metrics ports bind")
+    grpc_port: int = Field(50051, description="the service's gRPC port")
+    metrics_port: int = Field(8000, description="Prometheus /metrics port")
+    log_level: str = Field("INFO", description="DEBUG, INFO, WARNING or ERROR")
+    keepalive_s: float = Field(
+        10.0, description="HTTP/2 ping period; a frozen peer is noticed after this ..."
+    )
+    keepalive_timeout_s: float = Field(5.0, description="... plus this")
+    rpc_timeout_s: float = Field(10.0, description="deadline for every short call")
+    max_message_mib: int = Field(
+        4, description="gRPC per-message limit; big tensors are chunked below it"
+    )
+    stream_window_mib: int = Field(
+        4,
+        ge=1,
+        description="Per-stream HTTP/2 receive window. Fixed instead of BDP-probed so that many "
+        "concurrent uploads cannot each buffer a growing window in memory. One stream moves at "
+        "most window / RTT (4 MiB: ~490 Mbit/s at 50 ms); raise it for long links, memory "
+        "permitting (docs/services.md, benchmarks/bench_stream_window.py).",
+    )
+    max_concurrent_rpcs: int = Field(
+        0,
+        ge=0,
+        description="Calls served at once; beyond it gRPC answers RESOURCE_EXHAUSTED at once "
+        "(clients retry with jitter) instead of queueing without bound behind the handler "
+        "threads. 0 = no limit. Keep it above the uploads a round can have in flight (one per "
+        "selected site).",
+    )
+    tls_cert_path: str | None = Field(
+        None,
+        description="Mutual TLS: PEM files of this service's certificate, its key and the CA "
+        "that signed every peer. All three or none: a partial set is an error, so a typo cannot "
+        "silently downgrade a deployment to plaintext; none is an error too unless "
+        "POWERTRIP_INSECURE=1.",
+    )
+    tls_key_path: str | None = Field(None, description="this service's TLS key (PEM)")
+    tls_ca_path: str | None = Field(None, description="the CA that signed every peer (PEM)")
+    insecure: bool = Field(
+        False,
+        description="Plaintext gRPC only when asked for: with no TLS paths and this unset a "
+        "service refuses to start, so a forgotten setting cannot silently expose the run "
+        "(docs/security.md).",
+    )
+    health_port: int = Field(
+        0,
+        ge=0,
+        le=65535,
+        description="A second, plaintext port serving only grpc.health.v1.Health, for probes "
+        "that cannot present a client certificate (Kubernetes' gRPC probe, compose "
+        "healthchecks); 0 = none.",
+    )
 
     @field_validator("tls_cert_path", "tls_key_path", "tls_ca_path")
     @classmethod
@@ -127,10 +149,6 @@ def _usable_certificate(cert: str | None, key: str | None, ca: str | None) -> No
 C = TypeVar("C", bound=ServiceConfig)
 
 
-def env_name(field: str) -> str:
-    return PREFIX + field.upper()
-
-
 def load_config(cls: type[C], env: Mapping[str, str] | None = None) -> C:
     """Build ``cls`` from ``POWERTRIP_*`` variables; unknown ``POWERTRIP_*`` names are ignored
     (they may belong to another service sharing the same env file)."""
@@ -158,44 +176,13 @@ def config_error(exc: ValidationError, values: Mapping[str, object]) -> ConfigEr
     return ConfigError(f"{var}={values[field]!r}: {msg}")
 
 
-class CurtailSettings(BaseModel):
-    """The curtailment run as services read it from the environment (POWERTRIP_CURTAIL_PRESET,
-    POWERTRIP_CARBON_TRACE_PATH, POWERTRIP_SITE_REGIONS="A,B,C", ...): mixed into the profiler's
-    and the aggregator's settings, so both build one ``CurtailmentConfig`` the same way."""
-
-    curtail_preset: str = "curtailment"
-    carbon_trace_path: Path | None = None  # None: the embedded synthetic trace
-    site_regions: str | None = None  # comma-separated; None: every region of the trace
-    sites_per_region: int | None = Field(None, ge=1)
-    curtail_threshold: float | None = Field(None, gt=0)
-    curtail_hold_s: float | None = Field(None, ge=0)
-    provisioning_s: float | None = Field(None, ge=0)
-    curtail_hours: float | None = Field(None, gt=0)
-
-    def curtail_config(self, **overrides: object) -> CurtailmentConfig:
-        regions = None
-        if self.site_regions:
-            regions = tuple(r.strip() for r in self.site_regions.split(",") if r.strip())
-        return build_curtail_config(
-            self.curtail_preset,
-            carbon_trace_path=self.carbon_trace_path,
-            regions=regions,
-            sites_per_region=self.sites_per_region,
-            threshold=self.curtail_threshold,
-            hold_s=self.curtail_hold_s,
-            provisioning_s=self.provisioning_s,
-            hours=self.curtail_hours,
-            **overrides,
-        )
-
-
 class DeviceSettings(BaseModel):
     """POWERTRIP_DEVICE for the services that run models (workers train, the aggregator
     evaluates): auto (CUDA when present), cpu, cuda or cuda:N. The name is checked here; that
     the machine has it, by ``usable_device`` at the service's start (so a GPU deployment's
     config still validates on a CPU-only machine, and a pod without its GPU fails at once)."""
 
-    device: str = "auto"
+    device: str = Field("auto", description="auto|cpu|cuda[:N]: where models train or evaluate")
 
     @field_validator("device")
     @classmethod

@@ -15,30 +15,57 @@ from powertrip.sites import parse_site_list
 
 
 class WorkerConfig(ServiceConfig, DeviceSettings):
-    aggregator_addr: str  # host:port of the aggregator
-    sites: str  # the sites this worker hosts: "site-000,site-001" or "0-3"
-    worker_id: str = Field(default_factory=socket.gethostname)
-    # How the aggregator and profiler reach this worker; default <advertise_host>:<bound port>.
-    advertise_host: str = Field(default_factory=socket.gethostname)
-    train_threads: int = Field(1, ge=1)
-    register_timeout_s: float = Field(120.0, gt=0)  # keep retrying registration this long
-    # Re-register this often: a heartbeat that lets a restarted aggregator find us again, and
-    # renews this worker's lease there (the aggregator reads the same POWERTRIP_HEARTBEAT_S).
-    heartbeat_s: float = Field(2.0, gt=0)
-    # Where this worker keeps what a restart needs (the run's registration, the hosted sites'
-    # local optimizer states, saved after each round); unset: in memory, a restart starts fresh.
-    worker_state_dir: Path | None = None
-    # bfloat16: updates travel in half the bytes (rounded to nearest even; the aggregator widens
-    # them back to float32 as it folds). float32: exact.
-    upload_dtype: Literal["float32", "bfloat16"] = "float32"
-    # 0: the in-process engine (all hosted sites batched on one device). N >= 1: each site
-    # trains as a torch.distributed job over N rank processes, one per GPU on CUDA (a site
-    # that is a GPU cluster); the other site_* settings shape that job (SiteEngineConfig).
-    site_ranks: int = Field(0, ge=0, le=64)
-    site_sharding: Literal["ddp", "fsdp"] = "ddp"  # fsdp: FSDP2, a model too big for one GPU
-    site_precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 on CUDA
-    site_compile: Literal["auto", "on", "off"] = "auto"  # auto: on CUDA
-    site_micro_batch: int | None = Field(None, ge=1)  # sequences per rank per forward pass
+    aggregator_addr: str = Field(description="host:port of the aggregator")
+    sites: str = Field(description='the sites this worker hosts: "site-000,site-001" or "0-3"')
+    worker_id: str = Field(
+        default_factory=socket.gethostname, description="this worker's id in the run"
+    )
+    advertise_host: str = Field(
+        default_factory=socket.gethostname,
+        description="How the aggregator and profiler reach this worker: "
+        "<advertise_host>:<bound port>.",
+    )
+    train_threads: int = Field(1, ge=1, description="CPU threads torch trains with")
+    register_timeout_s: float = Field(
+        120.0, gt=0, description="keep retrying registration this long"
+    )
+    heartbeat_s: float = Field(
+        2.0,
+        gt=0,
+        description="Re-register this often: a heartbeat that lets a restarted aggregator find "
+        "us again, and renews this worker's lease there (the aggregator reads the same "
+        "POWERTRIP_HEARTBEAT_S).",
+    )
+    worker_state_dir: Path | None = Field(
+        None,
+        description="Where this worker keeps what a restart needs (the run's registration, the "
+        "hosted sites' local optimizer states, saved after each round); unset: in memory, a "
+        "restart starts fresh.",
+    )
+    upload_dtype: Literal["float32", "bfloat16"] = Field(
+        "float32",
+        description="bfloat16: updates travel in half the bytes (rounded to nearest even; the "
+        "aggregator widens them back to float32 as it folds). float32: exact.",
+    )
+    site_ranks: int = Field(
+        0,
+        ge=0,
+        le=64,
+        description="0: the in-process engine (all hosted sites batched on one device). N >= 1: "
+        "each site trains as a torch.distributed job over N rank processes, one per GPU on CUDA "
+        "(a site that is a GPU cluster); the other site_* settings shape that job "
+        "(SiteEngineConfig).",
+    )
+    site_sharding: Literal["ddp", "fsdp"] = Field(
+        "ddp", description="fsdp: FSDP2, a model too big for one GPU"
+    )
+    site_precision: Literal["auto", "fp32", "bf16"] = Field(
+        "auto", description="auto: bf16 on CUDA"
+    )
+    site_compile: Literal["auto", "on", "off"] = Field("auto", description="auto: on CUDA")
+    site_micro_batch: int | None = Field(
+        None, ge=1, description="sequences per rank per forward pass"
+    )
 
     @field_validator("worker_state_dir", mode="before")
     @classmethod

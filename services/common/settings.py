@@ -1,0 +1,165 @@
+"""Service settings that are library fields under the same name, and the old names of the ones
+that were renamed to match.
+
+A service's ``POWERTRIP_<FIELD>`` is the library's ``<field>`` (``library_field``): the service
+declares only the name and the type it reads; the description, the constraints and the
+validators are the library model's own, so a value the library would refuse is refused when the
+service starts, with the same message. ``renamed`` keeps an older variable name working for one
+release: its value moves to the new name, with a warning.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field, PlainValidator, TypeAdapter, ValidationError, model_validator
+from pydantic.fields import FieldInfo
+
+from powertrip.curtailment.config import CurtailmentConfig, build_curtail_config
+
+logger = logging.getLogger(__name__)
+
+PREFIX = "POWERTRIP_"
+
+
+def env_name(field: str) -> str:
+    return PREFIX + field.upper()
+
+
+class LibraryValue:
+    """The validator of a setting that is ``model``'s field ``name``: None, an empty variable
+    (for a setting that defaults to unset) or a value the library field accepts; text in the
+    environment's forms (``A,B,C`` for a tuple, JSON for a model) is parsed first."""
+
+    def __init__(self, model: type[BaseModel], name: str, empty_is_unset: bool) -> None:
+        self.model, self.name, self.empty_is_unset = model, name, empty_is_unset
+        self.info: FieldInfo = model.model_fields[name]
+        self._adapter: TypeAdapter[Any] | None = None
+
+    def __call__(self, value: object) -> object:
+        if value is None:
+            return None
+        if isinstance(value, str):
+            if self.empty_is_unset and not value.strip():
+                return None
+            value = self._from_text(value)
+        if self._adapter is None:
+            self._adapter = TypeAdapter(self.info.rebuild_annotation())
+        try:
+            return self._adapter.validate_python(value)
+        except ValidationError as exc:
+            raise ValueError(str(exc.errors()[0]["msg"]).removeprefix("Value error, ")) from None
+
+    def _from_text(self, text: str) -> object:
+        kinds = _members(self.info.annotation)
+        if any(typing.get_origin(k) is tuple for k in kinds):
+            return tuple(part.strip() for part in text.split(",") if part.strip())
+        if any(isinstance(k, type) and issubclass(k, BaseModel) for k in kinds):
+            return json.loads(text)
+        return text
+
+
+def _members(annotation: object) -> tuple[object, ...]:
+    """``A | B | None`` -> (A, B); anything else -> (it,)."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return tuple(a for a in typing.get_args(annotation) if a is not type(None))
+    return (annotation,)
+
+
+def library_field(model: type[BaseModel], name: str, default: object = None) -> Any:
+    """A setting that is ``model.name``: the library's description, type checks, constraints
+    and validators; unset (None) leaves the library's or the preset's value."""
+    info = model.model_fields[name]
+    field: FieldInfo = Field(default, description=info.description)
+    field.metadata.append(PlainValidator(LibraryValue(model, name, default is None)))
+    return field
+
+
+def library_source(info: FieldInfo) -> LibraryValue | None:
+    """The library field a setting is (``library_field``), or None for the service's own."""
+    for m in info.metadata:
+        if isinstance(m, PlainValidator) and isinstance(m.func, LibraryValue):
+            return m.func
+    return None
+
+
+def library_fields(config: type[BaseModel], model: type[BaseModel]) -> list[str]:
+    """``config``'s settings that are fields of ``model``."""
+    out = []
+    for name, info in config.model_fields.items():
+        source = library_source(info)
+        if source is not None and source.model is model:
+            out.append(name)
+    return out
+
+
+def renamed(new: str) -> Any:
+    """The old name of setting ``new``, still read for one release (``move_renamed``)."""
+    return Field(
+        None,
+        description=f"deprecated: the old name of {env_name(new)}, read until the next release",
+        json_schema_extra={"renamed_to": new},
+    )
+
+
+def renamed_to(info: FieldInfo) -> str | None:
+    extra = info.json_schema_extra
+    return extra.get("renamed_to") if isinstance(extra, dict) else None  # type: ignore[return-value]
+
+
+def move_renamed(cls: type[BaseModel], data: object) -> object:
+    """Values given under an old name (``renamed``) move to the new one, with a warning; both
+    names at once is an error (which one was meant is unknowable)."""
+    if not isinstance(data, dict):
+        return data
+    data = dict(data)
+    for old, info in cls.model_fields.items():
+        new = renamed_to(info)
+        if new is None or data.get(old) is None:
+            continue
+        value = data.pop(old)
+        if data.get(new) is not None:
+            raise ValueError(f"{env_name(old)} is the old name of {env_name(new)}: set only one")
+        logger.warning(
+            "%s is deprecated: set %s instead (the old name is read until the next release)",
+            env_name(old),
+            env_name(new),
+        )
+        data[new] = value
+    return data
+
+
+class CurtailSettings(BaseModel):
+    """The curtailment run as services read it from the environment: the library's
+    ``CurtailmentConfig`` fields under their own names (POWERTRIP_REGIONS="A,B,C",
+    POWERTRIP_THRESHOLD, ...); mixed into the profiler's and the aggregator's settings, so both
+    build one ``CurtailmentConfig`` the same way."""
+
+    curtail_preset: str = Field(
+        "curtailment", description="the curtailment study's preset (CURTAIL_PRESETS)"
+    )
+    carbon_trace_path: Path | None = library_field(CurtailmentConfig, "carbon_trace_path")
+    regions: tuple[str, ...] | None = library_field(CurtailmentConfig, "regions")
+    sites_per_region: int | None = library_field(CurtailmentConfig, "sites_per_region")
+    threshold: float | None = library_field(CurtailmentConfig, "threshold")
+    hold_s: float | None = library_field(CurtailmentConfig, "hold_s")
+    provisioning_s: float | None = library_field(CurtailmentConfig, "provisioning_s")
+    hours: float | None = library_field(CurtailmentConfig, "hours")
+    site_regions: str | None = renamed("regions")
+    curtail_threshold: str | None = renamed("threshold")
+    curtail_hold_s: str | None = renamed("hold_s")
+    curtail_hours: str | None = renamed("hours")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_names(cls, data: object) -> object:
+        return move_renamed(cls, data)
+
+    def curtail_config(self, **overrides: object) -> CurtailmentConfig:
+        values = {n: getattr(self, n) for n in library_fields(type(self), CurtailmentConfig)}
+        return build_curtail_config(self.curtail_preset, **{**values, **overrides})
