@@ -119,7 +119,7 @@ class CurtailmentRun(RunLifecycle):
             len(config.regions) * config.sites_per_region if config.regions else None
         )
         if num_sites is None:
-            raise ValueError("curtailment mode needs POWERTRIP_NUM_SITES or POWERTRIP_SITE_REGIONS")
+            raise ValueError("curtailment mode needs POWERTRIP_NUM_SITES or POWERTRIP_REGIONS")
         super().__init__(cfg, num_sites, cfg.min_sites or num_sites)
         self.num_sites = num_sites
         self.run_seed = config.seed
@@ -189,7 +189,7 @@ class CurtailmentRun(RunLifecycle):
         if [s.region for s in sites] != regions:
             raise RuntimeError(
                 f"the profiler's site regions {regions} differ from this run's "
-                f"{[s.region for s in sites]}: set the same POWERTRIP_SITE_REGIONS for both"
+                f"{[s.region for s in sites]}: set the same POWERTRIP_REGIONS for both"
             )
         sites = tuple(replace(s, name=site_id(i)) for i, s in enumerate(sites))
         self._begin_training()

@@ -199,7 +199,7 @@ class ProfileFeed:
         if ids != [site_id(i) for i in range(self.num_sites)]:
             raise RuntimeError(
                 f"the profiler has {len(ids)} curtailment sites but this run has "
-                f"{self.num_sites}: set the same POWERTRIP_SITE_REGIONS and "
+                f"{self.num_sites}: set the same POWERTRIP_REGIONS and "
                 "POWERTRIP_SITES_PER_REGION for both"
             )
         return sites, rule.threshold, trace

@@ -70,7 +70,7 @@ def test_curtailment_mode_reads_its_run_from_the_environment():
     cfg = load_config(
         AggregatorConfig,
         {**BASE, "POWERTRIP_CURTAIL_PRESET": "curtailment-quick", "POWERTRIP_SEED": "4",
-         "POWERTRIP_SITE_REGIONS": "region-1, region-0", "POWERTRIP_PROVISIONING_S": "60"},
+         "POWERTRIP_REGIONS": "region-1, region-0", "POWERTRIP_PROVISIONING_S": "60"},
     )  # fmt: skip
     run = cfg.curtailment()
     assert (run.name, run.num_samples, run.seed) == ("curtailment-quick", 4_000, 4)
@@ -125,10 +125,10 @@ def test_the_run_takes_the_profilers_availability_for_its_own_sites(profiler_at)
 
 def test_a_profiler_with_other_sites_is_refused_naming_the_setting(profiler_at):
     quick = {"POWERTRIP_CURTAIL_PRESET": "curtailment-quick", "POWERTRIP_NUM_SITES": "3"}
-    addr = profiler_at({**quick, "POWERTRIP_SITE_REGIONS": "region-0,region-1"})
+    addr = profiler_at({**quick, "POWERTRIP_REGIONS": "region-0,region-1"})
     run = CurtailmentRun(
         load_config(AggregatorConfig, {**BASE, **quick, "POWERTRIP_PROFILER_ADDR": addr})
     )
-    with pytest.raises(RuntimeError, match="POWERTRIP_SITE_REGIONS"):
+    with pytest.raises(RuntimeError, match="POWERTRIP_REGIONS"):
         run.feed.availability()
     run.stop()
