@@ -5,8 +5,12 @@ trains its sites one at a time instead (and says so in its log). The data is a s
 here with numpy, 10 classes of noisy, shifted 16x16 glyphs; pass ``--npz FILE`` (arrays ``x_train``,
 ``y_train`` and optionally ``x_test``, ``y_test``) to use yours.
 
+With ``--save FILE`` it keeps PowerTrip's final global model (``keep_models``) and writes it as
+a ``state_dict``; ``--label-smoothing`` trains with the workload's own loss instead of plain
+cross-entropy (one value per sample, as ``CustomWorkload.loss`` must return).
+
     python examples/own_cnn_on_arrays.py                  # ~1 minute on two CPU cores
-    python examples/own_cnn_on_arrays.py --npz mine.npz --sites 20
+    python examples/own_cnn_on_arrays.py --npz mine.npz --sites 20 --save cnn.pt
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import logging
 from pathlib import Path
 
 import numpy as np
+import torch
 from torch import nn
 
 import powertrip as pt
@@ -64,6 +69,15 @@ def label_shards(shards_per_site: int):
     return split
 
 
+def smoothed_cross_entropy(smoothing: float):
+    """Label-smoothed cross-entropy, one value per sample (``reduction="none"``)."""
+
+    def loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(logits, y, reduction="none", label_smoothing=smoothing)
+
+    return loss
+
+
 def load_arrays(npz: Path | None) -> pt.Dataset:
     if npz is None:
         x, y = glyphs(4000)
@@ -80,6 +94,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--target", type=float, default=0.8)
     ap.add_argument("--shards", type=int, default=4, help="label shards (~classes) per site")
+    ap.add_argument("--label-smoothing", type=float, default=0.0, help="own loss when > 0")
+    ap.add_argument("--save", type=Path, help="write powertrip's final model (a state_dict) here")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
@@ -91,6 +107,7 @@ def main() -> None:
         partitioner=label_shards(args.shards),
         lr=0.1,
         batch_size=32,
+        loss=smoothed_cross_entropy(args.label_smoothing) if args.label_smoothing > 0 else None,
     )
     config = pt.build_config(
         workload=pt.register_workload(workload),
@@ -101,12 +118,17 @@ def main() -> None:
         max_rounds=args.rounds,
         update_gb=0.1,
     )
-    result = pt.run_study(config)
+    result = pt.run_study(config, keep_models={"powertrip"} if args.save else False)
     for row in pt.policy_table(result):
         tta = "not reached" if row.tta_mean_s is None else f"{row.tta_mean_s / 3600:.2f} h"
         print(f"{row.policy:12s} time to {args.target:.0%}: {tta:12s} {row.mean_sites:.1f} sites")
     for _, run in result.runs:
         print(f"{run.policy:12s} final test accuracy {run.rounds[-1].accuracy:.3f}")
+    if args.save:
+        state = result.model("powertrip")
+        SmallCNN(data.in_shape[0], data.num_classes).load_state_dict(state)  # it fits the model
+        torch.save(state, args.save)
+        print(f"saved powertrip's final model to {args.save}")
 
 
 if __name__ == "__main__":

@@ -70,10 +70,12 @@ _EXPORTS: dict[str, str] = {
     "RunResult": "powertrip.rounds",
     "TimeModel": "powertrip.rounds",
     "Emulator": "powertrip.emulate",
+    "EmulatedRun": "powertrip.emulate",
     # studies
     "run_study": "powertrip.study.powertrip",
     "policy_table": "powertrip.study.results",
     "write_outputs": "powertrip.study.results",
+    "write_plots": "powertrip.study.plots",
     "CurtailmentConfig": "powertrip.curtailment.config",
     "build_curtail_config": "powertrip.curtailment.config",
     "run_curtailment_study": "powertrip.study.curtailment",
@@ -84,6 +86,7 @@ __all__ = [
     "CustomWorkload",
     "Dataset",
     "EmulatedClock",
+    "EmulatedRun",
     "Emulator",
     "ExperimentConfig",
     "GreedyConfig",
@@ -120,6 +123,7 @@ __all__ = [
     "run_rounds",
     "run_study",
     "write_outputs",
+    "write_plots",
 ]
 assert sorted(__all__) == sorted(_EXPORTS)
 
@@ -140,7 +144,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # static analysers and IDEs see the real names
     from powertrip.clock import EmulatedClock, WallClock
     from powertrip.curtailment.config import CurtailmentConfig, build_curtail_config
-    from powertrip.emulate import Emulator
+    from powertrip.emulate import EmulatedRun, Emulator
     from powertrip.experiment import PRESETS, ExperimentConfig, build_config
     from powertrip.fedavg import StreamingFedAvg, UpdateRejected
     from powertrip.learning.custom import CustomWorkload, dataset_from_arrays, dataset_from_torch
@@ -159,6 +163,7 @@ if TYPE_CHECKING:  # static analysers and IDEs see the real names
     from powertrip.selection.scoring import power_to_cost_scores, rank_sites
     from powertrip.sites import SiteProfile, SiteSet, generate_sites, profile_at
     from powertrip.study.curtailment import run_curtailment_study
+    from powertrip.study.plots import write_plots
     from powertrip.study.powertrip import run_study
     from powertrip.study.results import policy_table, write_outputs
     from powertrip.timing import comm_time_s, round_time_s

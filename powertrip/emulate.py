@@ -35,7 +35,8 @@ from powertrip.rounds import (
 from powertrip.selection.base import SelectionPolicy
 from powertrip.sites import LinkSource, PowerSource, SiteProfile, SiteSet, profile_at
 
-__all__ = ["Emulator", "Federation", "RoundRecord", "RunResult", "TimeModel", "TrajectoryCache"]
+__all__ = ["EmulatedRun", "Emulator", "Federation", "RoundRecord", "RunResult", "TimeModel"]
+__all__ += ["TrajectoryCache"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,16 @@ class Federation:
     y_test: torch.Tensor
     partitions: list[np.ndarray]
     initial_params: TorchParams
+
+
+@dataclass
+class EmulatedRun(RunResult):
+    """A run of the emulator, with ``model``: the final global model as the workload model's
+    ``state_dict`` (CPU copies), for ``model.load_state_dict(run.model)``. Entries FedAvg does
+    not average (integer buffers: BatchNorm's ``num_batches_tracked``) keep their initial
+    values. A study keeps it only when asked (``run_study(..., keep_models=...)``)."""
+
+    model: dict[str, torch.Tensor] | None = None
 
 
 class TrajectoryCache:
@@ -142,6 +153,9 @@ class Emulator:
         # picked: its rounds depend on more than the selection history, so they are not shared
         # through the cache.
         self.keeps_site_state = recipe.carries_over
+        # what the final state_dict takes from the initial model: entries FedAvg does not average
+        own, averaged = federation.trainer.model.state_dict(), federation.initial_params
+        self._unaveraged = {n: t.to("cpu", copy=True) for n, t in own.items() if n not in averaged}
 
     def _train_round(
         self,
@@ -191,10 +205,12 @@ class Emulator:
         target_accuracy: float | None,
         max_rounds: int,
         on_round: Callable[[RoundRecord], None] | None = None,
-    ) -> RunResult:
-        """Run until the target accuracy (if any) or the round budget."""
+    ) -> EmulatedRun:
+        """Run until the target accuracy (if any) or the round budget; the result carries the
+        final global model (``EmulatedRun.model``), the same whether its rounds were trained
+        or served from the trajectory cache."""
         executor = _CachedExecutor(self)
-        return run_rounds(
+        run = run_rounds(
             policy,
             executor,
             lambda t: profile_at(
@@ -212,6 +228,19 @@ class Emulator:
             max_rounds,
             on_round=on_round,
         )
+        return EmulatedRun(**vars(run), model=self.state_dict(executor.params))
+
+    def state_dict(self, params: TorchParams) -> dict[str, torch.Tensor]:
+        """``params`` (a global model as the emulator keeps it) as the workload model's full
+        ``state_dict``: in its order, copied to the CPU, a tied tensor under each of its names."""
+        own = self.fed.trainer.model.state_dict(keep_vars=True)
+        averaged = {id(t): name for name, t in own.items() if name in params}
+        out = {}
+        for name, t in own.items():
+            source = averaged.get(id(t), name)  # a tied tensor: its twin's averaged value
+            value = params[source] if source in params else self._unaveraged[name]
+            out[name] = value.detach().to("cpu", copy=True)
+        return out
 
 
 class _CachedExecutor:

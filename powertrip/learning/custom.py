@@ -7,8 +7,9 @@ arrays or a torch ``Dataset`` with the helpers here, or a function of the run's 
 and optionally a partitioner (labels, number of sites, rng -> one index array per site; else
 the run's ``partition`` setting). A study, the emulator and the services all use it by name:
 ``powertrip.register_workload`` in-process, or a ``"package.module:attribute"`` reference that
-every service process imports (``POWERTRIP_WORKLOAD``). Classification with cross-entropy,
-one label per sample or per position of a sequence, is what the trainer optimises.
+every service process imports (``POWERTRIP_WORKLOAD``). Labels are integer class ids, one per
+sample or per position of a sequence; the trainer minimises cross-entropy unless the workload
+brings its own ``loss``, or its own local step (``train_step``). See docs/workloads.md.
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ __all__ = ["CustomWorkload", "Partitioner", "dataset_from_arrays", "dataset_from
 
 #: labels, number of sites, rng -> one index array per site (no index twice)
 Partitioner = Callable[[np.ndarray, int, np.random.Generator], Sequence[np.ndarray]]
+#: (logits [B, ...], targets [B, ...]) -> one loss per sample, shape [B]
+Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+#: (model holding the site's weights, inputs, targets, lr) -> the batch's loss; updates in place
+TrainStep = Callable[[nn.Module, torch.Tensor, torch.Tensor, float], "torch.Tensor | float"]
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,14 @@ class CustomWorkload:
     freshly initialised module: PowerTrip seeds torch before calling it, so every policy and
     every service process starts from the same weights. ``data`` is a ``Dataset`` or a function
     of the run's ``dataset_path`` (None when unset) returning one, read once per process.
+
+    ``loss(logits, targets)`` replaces cross-entropy in local training and in evaluation: it
+    must return one loss per sample, shape ``[B]`` (the trainer masks padded rows and averages
+    per site), built from torch operations that ``torch.func.vmap`` can batch (no ``.item()``,
+    no branching on values). ``train_step(model, x, y, lr)`` replaces the whole local step: it
+    gets a private copy of the model holding the site's weights (in training mode) and one
+    batch, updates the weights in place and returns the batch's loss; sites then train one at a
+    time (``site_loop``) with plain SGD's settings only (no other local optimizer).
     """
 
     name: str
@@ -47,12 +60,63 @@ class CustomWorkload:
     lr: float = 0.05
     batch_size: int = 20
     description: str = ""
+    loss: Loss | None = None
+    train_step: TrainStep | None = None
 
     def __post_init__(self) -> None:
         if not self.name or ":" in self.name:
             raise ValueError(f"a workload name must be non-empty without ':', got {self.name!r}")
         if self.lr <= 0 or self.batch_size < 1:
             raise ValueError(f"workload {self.name!r}: lr and batch_size must be positive")
+        for hook in ("loss", "train_step"):
+            if getattr(self, hook) is not None and not callable(getattr(self, hook)):
+                raise TypeError(f"workload {self.name!r}: {hook} must be callable")
+
+    def check_loss(self, model: nn.Module, data: Dataset, batched: bool, rows: int = 4) -> None:
+        """Call ``loss`` once on the initial model's logits for the first training samples (and
+        under ``vmap`` when ``batched``, as the batched trainer does): ValueError, naming the
+        workload, unless it gives ``rows`` finite per-sample values."""
+        if self.loss is None:
+            return
+        n = min(rows, len(data.y_train))
+        device = next(model.parameters(), torch.zeros(())).device
+        with torch.no_grad():
+            x, y = data.x_train[:n].to(device), data.y_train[:n].to(device)
+            out = self.loss(model.eval()(x), y)
+        where = f"workload {self.name!r}: loss(logits, targets)"
+        if not isinstance(out, torch.Tensor) or out.shape != (n,):
+            got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+            raise ValueError(f"{where} must return one value per sample, shape ({n},); got {got}")
+        if not bool(torch.isfinite(out).all()):
+            raise ValueError(f"{where} is not finite on the initial model: {out.tolist()}")
+        if batched:  # its gradient, batched over sites as the trainer takes it
+            summed = torch.func.grad(lambda logits, targets: self.loss(logits, targets).sum())
+            try:
+                with torch.no_grad():
+                    torch.func.vmap(summed)(model(x).unsqueeze(0), y.unsqueeze(0))
+            except RuntimeError as exc:
+                raise ValueError(
+                    f"{where}: torch.func.vmap cannot batch it ({str(exc).splitlines()[0]}); "
+                    "write it with vmap-friendly torch operations, or give a train_step"
+                ) from exc
+
+    def local_step(self) -> Callable[[nn.Module, torch.Tensor, torch.Tensor, float], float]:
+        """``train_step`` returning its loss as a float, checked: finite, a number."""
+        step, name = self.train_step, self.name
+        assert step is not None
+
+        def checked(model: nn.Module, x: torch.Tensor, y: torch.Tensor, lr: float) -> float:
+            out = step(model, x, y, lr)
+            if isinstance(out, torch.Tensor) and out.numel() == 1:
+                out = out.item()
+            if not isinstance(out, int | float) or not np.isfinite(out):
+                raise ValueError(
+                    f"workload {name!r}: train_step must return the batch's finite loss (a number "
+                    f"or a one-element tensor), got {out!r}"
+                )
+            return float(out)
+
+        return checked
 
     def load(self, dataset_path: Path | None = None) -> Dataset:
         """The dataset, checked: consistent lengths, integer labels in range."""

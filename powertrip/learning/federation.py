@@ -88,11 +88,36 @@ def site_model_factory(
     ``scaled_dot_product_attention`` there: nothing is vmapped, same parameters and logits."""
     if cfg.workload == "lm":
         return partial(GPT, data.num_classes, lm_shape(cfg), fused_attention=True)
+    custom = custom_workload(cfg.workload)
+    if custom is not None and (custom.loss or custom.train_step) is not None:
+        raise ValueError(
+            f"workload {cfg.workload!r}: the site engine (POWERTRIP_SITE_RANKS) trains with "
+            "cross-entropy; a workload's own loss or train_step needs a one-process worker"
+        )
     return partial(copy.deepcopy, model)  # the weights are overwritten each round
 
 
 def _shape(cfg: ExperimentConfig | CurtailmentConfig) -> GPTShape | None:
     return lm_shape(cfg) if cfg.workload == "lm" else None
+
+
+def _site_trainer(
+    workload: str, model: torch.nn.Module, local: LocalTrainingConfig, device: torch.device,
+    data: Dataset,
+) -> SiteTrainer:  # fmt: skip
+    """The trainer of ``model``, with a custom workload's own loss or local step (checked)."""
+    custom = custom_workload(workload)
+    if custom is None:
+        return SiteTrainer(model, local, device=device)
+    if custom.train_step is not None and not local.recipe.plain_sgd:
+        raise ValueError(
+            f"workload {workload!r}: its train_step makes each local step itself; the local "
+            f"optimizer must be plain SGD, got {local.recipe.name}"
+        )
+    step = None if custom.train_step is None else custom.local_step()
+    trainer = SiteTrainer(model, local, device=device, loss=custom.loss, train_step=step)
+    custom.check_loss(trainer.model, data, batched=trainer.unbatched_reason is None)
+    return trainer
 
 
 def build_federation(
@@ -125,7 +150,7 @@ def build_federation(
     )
     per_round = max(local_steps(local, len(p)) for p in parts)
     local.recipe.check_fits(per_round * cfg.max_rounds, f"{cfg.max_rounds} rounds of {per_round}")
-    trainer = SiteTrainer(model, local, device=resolve_device(device))
+    trainer = _site_trainer(cfg.workload, model, local, resolve_device(device), data)
     on = trainer.resident
     return Federation(
         trainer=trainer,
@@ -156,7 +181,7 @@ class StreamSetup:
         # one site can at most train the whole stream
         stream = local_steps(local, len(data.y_train))
         local.recipe.check_fits(stream, f"the whole stream of {len(data.y_train)} samples")
-        self.trainer = SiteTrainer(model, local, device=resolve_device(device))
+        self.trainer = _site_trainer(cfg.workload, model, local, resolve_device(device), data)
         self.params = get_params(model)
         on = self.trainer.resident  # the data moves to the trainer's device once, here
         self.data = replace(

@@ -10,14 +10,15 @@ The worker service runs the same code with one site.
 Known layer chains (``CNN1D``; ``nn.Sequential`` of ``Conv1d``/``Linear``/``ReLU``/``Tanh``/
 ``Flatten``) train stacked instead when the step is eager (``stacked.py``): one plain model of
 batched matmuls with a hand-written backward, ~2x vmap for the MNIST-1D CNN on the CPU; the
-same update within float32 rounding. Other models and the compiled step use vmap. A step
-gathers only as many batch rows as its fullest site has, so padding costs no compute.
+same update within float32 rounding. Other models, a workload's own per-sample ``loss`` and the
+compiled step use vmap. A step gathers only as many batch rows as its fullest site has, so
+padding costs no compute. A workload's own ``train_step`` trains one site at a time.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,7 +42,7 @@ from powertrip.learning.device import (
     tensor,
     to_host,
 )
-from powertrip.learning.site_loop import batched_training_blocker, train_sites_in_turn
+from powertrip.learning.site_loop import LocalStep, batched_training_blocker, train_in_turn
 from powertrip.learning.site_optim import SiteOptimizer, SiteState
 from powertrip.learning.site_params import get_params, sample_losses
 from powertrip.learning.stacked import StackedChain, stacked_chain
@@ -64,7 +65,9 @@ class SiteUpdates:
 
 class SiteTrainer:
     """Local training of many sites at once with one local optimizer recipe (``config.recipe``,
-    plain SGD by default); the model architecture is shared, the parameters are not."""
+    plain SGD by default); the model architecture is shared, the parameters are not. ``loss``:
+    (logits, targets) -> per-sample losses [B], in training and evaluation (None: cross-entropy);
+    ``train_step``: a workload's own local step, one site at a time (site_loop.py)."""
 
     def __init__(
         self,
@@ -75,21 +78,27 @@ class SiteTrainer:
         compile_step: bool | None = None,
         compile_mode: str = "default",
         stacked: bool = True,
+        loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+        train_step: LocalStep | None = None,
     ) -> None:
         self.device = resolve_device(device or "auto")
         self.model = model.to(self.device)
         self.config = config
         self.max_parallel_sites = max_parallel_sites
+        self.loss, self.train_step = loss, train_step
+        per_sample_loss = loss or sample_losses
 
         def site_loss(params: TorchParams, x: torch.Tensor, y: torch.Tensor, m: torch.Tensor):
             logits = functional_call(self.model, params, (x,))
-            per_sample = sample_losses(logits, y)
+            per_sample = per_sample_loss(logits, y)
             return (per_sample * m).sum() / m.sum().clamp_min(1.0)
 
         self._grad_and_loss = vmap(grad_and_value(site_loss))
         # A model vmap cannot batch (normalisation, dropout, recurrent layers, buffers) trains
         # one site at a time with the same schedule and step (site_loop.py); said once, here.
         self.unbatched_reason = batched_training_blocker(self.model)
+        if train_step is not None:
+            self.unbatched_reason = "the workload brings its own train_step"
         if self.unbatched_reason is not None:
             logger.info("training sites one at a time: %s", self.unbatched_reason)
             compile_step = False
@@ -105,7 +114,7 @@ class SiteTrainer:
         )
         # ``stacked=False`` keeps vmap (the reference the stacked path is tested against).
         self._stacked: StackedChain | None = None
-        if stacked and self.unbatched_reason is None:
+        if stacked and self.unbatched_reason is None and loss is None:  # its backward is CE's
             self._stacked = stacked_chain(self.model)
         if self._stacked is not None and self._compiled is None:
             logger.info("training %s sites stacked (batched matmuls, no vmap)", self._stacked.label)
@@ -235,13 +244,9 @@ class SiteTrainer:
         )
 
     def _train_in_turn(self, global_params, x, y, site_indices, seeds, states) -> SiteUpdates:
-        pairs = zip(site_indices, seeds, strict=True)
-        schedules = [self._site_schedule(len(i), s) for i, s in pairs]
-        x, y = self.resident(x), self.resident(y)
-        recipe, device = self.config.recipe, self.device
-        return train_sites_in_turn(
-            self.model, global_params, x, y, site_indices, schedules, recipe, device, states
-        )
+        schedules = [self._site_schedule(len(i), seeds[j]) for j, i in enumerate(site_indices)]
+        args = (global_params, self.resident(x), self.resident(y), site_indices, schedules)
+        return train_in_turn(self, *args, states)
 
     def _eager_steps(
         self,
@@ -280,7 +285,9 @@ class SiteTrainer:
                 xb = self.resident(x[start : start + batch_size])  # no copy when built resident
                 yb = self.resident(y[start : start + batch_size])
                 logits = functional_call(self.model, params, (xb,))
-                if yb.dim() == 1:
+                if self.loss is not None:  # the workload's own loss, per sample
+                    batch_loss = self.loss(logits, yb).sum()
+                elif yb.dim() == 1:
                     batch_loss = nn.functional.cross_entropy(logits, yb, reduction="sum")
                 else:  # a sequence model: each sample's mean over its positions
                     batch_loss = sample_losses(logits, yb).sum()
@@ -290,10 +297,4 @@ class SiteTrainer:
         return scalar(correct) / (n * targets), scalar(loss) / n
 
 
-__all__ = [
-    "LocalTrainingConfig",
-    "sample_losses",
-    "SiteTrainer",
-    "SiteUpdates",
-    "get_params",
-]
+__all__ = ["LocalTrainingConfig", "sample_losses", "SiteTrainer", "SiteUpdates", "get_params"]

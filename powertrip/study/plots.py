@@ -143,7 +143,15 @@ def _save_time_plot(fig, ax, path: Path, ylabel: str, title: str) -> Path:  # no
     return finish_figure(fig, ax, path, title, xlabel="emulated time (hours)", ylabel=ylabel)
 
 
-def write_plots(result: StudyResult, out_dir: Path) -> list[Path]:
+def write_plots(result: StudyResult, out_dir: Path | str) -> list[Path]:
+    """Draw a study's figures as PNG files in ``out_dir`` (created if missing) and return the
+    paths written, in this order: ``tta_bars.png`` (mean time to accuracy per policy, paper
+    Fig. 9), ``static_sweep.png`` (time to accuracy per swept k, Fig. 8; only when the study
+    ran a static sweep), ``sites_over_time.png`` (sites per round, Fig. 10) and
+    ``accuracy_over_time.png`` (held-out accuracy), both over emulated time for repeat 1's runs.
+    ``result``: what ``run_study`` returned. Files of those names are replaced. ``powertrip
+    experiment`` writes its figures with this function."""
+    out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     made = [
         plot_tta_bars(result, out_dir / "tta_bars.png"),

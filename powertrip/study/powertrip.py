@@ -11,13 +11,20 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from powertrip.emulate import Emulator, RoundRecord, RunResult, TimeModel, TrajectoryCache
+from powertrip.emulate import (
+    EmulatedRun,
+    Emulator,
+    RoundRecord,
+    RunResult,
+    TimeModel,
+    TrajectoryCache,
+)
 from powertrip.experiment import ExperimentConfig
 from powertrip.learning.federation import build_federation, load_workload
 from powertrip.robust import Aggregation
@@ -60,6 +67,21 @@ class StudyResult:
     cache_hits: int = 0
     cache_misses: int = 0
     power_label: str = UNIFORM_LABEL  # "synthetic-trace" must reach every output
+
+    def model(self, policy: str, repeat: int = 0) -> dict[str, torch.Tensor]:
+        """The final global model of ``policy``'s run in ``repeat`` as a ``state_dict`` (for
+        ``"static-optimal"``: static-k*'s), kept when the study ran with ``keep_models``."""
+        name = f"static-{self.k_star}" if policy == "static-optimal" else policy
+        for rep, run in self.runs:
+            if rep == repeat and run.policy == name:
+                model = getattr(run, "model", None)
+                if model is None:
+                    raise LookupError(
+                        f"the model of {policy} (repeat {repeat}) was not kept: run the study "
+                        f"with keep_models=True or keep_models={{{policy!r}}}"
+                    )
+                return model
+        raise KeyError(f"the study has no run of {policy!r} in repeat {repeat}")
 
 
 def summarise(run: RunResult, repeat: int, target: float) -> RunSummary:
@@ -106,9 +128,16 @@ def run_study(
     progress: Progress | None = None,
     on_round: Callable[[str, int, RoundRecord], None] | None = None,
     device: torch.device | str = "auto",
+    keep_models: bool | Collection[str] = False,
 ) -> StudyResult:
     """Every policy x repeat of ``cfg``; ``device`` is where the sites train (an execution
-    setting: it is not part of ``cfg``, the run's identity)."""
+    setting: it is not part of ``cfg``, the run's identity).
+
+    ``progress(done, total, label)`` is called as each run starts and ends; ``on_round(policy,
+    repeat, record)`` after each round of every run, in this process (runs are sequential).
+    ``keep_models``: which runs keep their final global model for ``StudyResult.model`` (one
+    model in memory per kept run): none by default, every run with True, or the runs of the
+    policies named (``"static-optimal"`` keeps static-k*'s)."""
     started = time.perf_counter()
     data = load_workload(cfg, seed=cfg.seed)
     sites, power, power_label = study_sites(cfg)
@@ -154,10 +183,18 @@ def run_study(
                 on_round(name, rep, rec)
 
         run = emulators[rep].run(policy, target, cfg.max_rounds, on_round=hook)
+        if not keeps(run.policy):
+            run.model = None  # a big sweep would otherwise hold one model per run
         done += 1
         tick(f"{policy.name} (repeat {rep + 1}/{cfg.repeats})")
         return run
 
+    def keeps(name: str) -> bool:  # every sweep model, until k* says which one static-optimal is
+        if isinstance(keep_models, bool):
+            return keep_models
+        return name in keep_models or (name in sweep_names and "static-optimal" in keep_models)
+
+    sweep_names = {f"static-{k}" for k in sweep}
     # Phase 1: the static sweep (to the full budget when the target comes from it).
     sweep_runs: list[tuple[int, RunResult]] = []
     for rep in range(cfg.repeats):
@@ -169,6 +206,10 @@ def run_study(
         target = min(max(r.accuracy for r in run.rounds) for _, run in sweep_runs)
     sweep_summaries = [summarise(run, rep, target) for rep, run in sweep_runs]
     k_star = choose_k_star(sweep_summaries, sweep) if sweep else None
+    sweep_names = {f"static-{k_star}"}  # the other sweep runs' models go unless named
+    for _, run in sweep_runs:
+        if isinstance(run, EmulatedRun) and not keeps(run.policy):
+            run.model = None
 
     result = StudyResult(cfg, sites, target, k_star, power_label=power_label)
     result.runs.extend(sweep_runs)

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import click
 from pydantic import ValidationError
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from powertrip.experiment import PRESETS, ExperimentConfig, GreedyParams, build_config
@@ -28,6 +26,7 @@ from powertrip.services.cli.common import (
 from powertrip.services.cli.curtail import curtail
 from powertrip.services.cli.model_options import EXPERIMENT_FLAGS, experiment_options
 from powertrip.services.cli.optimizer_options import optimizer_options
+from powertrip.services.cli.study_progress import StudyProgress
 from powertrip.services.cli.traces import traces
 from powertrip.services.cli.up import up
 
@@ -108,28 +107,9 @@ def _run_experiment(cfg: ExperimentConfig, out_dir: Path, plots: bool, device: s
         f"sites={cfg.num_sites} policies={','.join(cfg.policies)} repeats={cfg.repeats}",
         highlight=False,
     )
-    columns = (
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-    )
-    try:
-        with Progress(*columns, console=err, transient=False) as bar:
-            task = bar.add_task("loading data", total=None)
-
-            logged = [0]
-            started = time.monotonic()
-
-            def progress(done: int, total: int, label: str) -> None:
-                bar.update(task, completed=done, total=total, description=label)
-                if not err.is_terminal and done > logged[0]:  # logs and CI: one line per run
-                    logged[0] = done
-                    elapsed = time.monotonic() - started
-                    err.print(f"[{done}/{total}] {label} done ({elapsed:.0f} s)", highlight=False)
-
-            result = run_study(cfg, progress=progress, device=device)
-            bar.update(task, description="done")
+    try:  # per round with an ETA on a terminal, a line per run elsewhere (study_progress.py)
+        with StudyProgress(err, cfg.max_rounds) as shown:
+            result = run_study(cfg, progress=shown.run, on_round=shown.round, device=device)
     except DatasetError as exc:
         fail(f"dataset: {exc}")
     except ValueError as exc:  # a configuration the data cannot satisfy (e.g. natural split)

@@ -1,0 +1,91 @@
+"""``powertrip experiment``'s progress: a study's round budget advances after every round, the
+ETA is the budget left at the pace so far, a terminal gets a live bar and a log one line per
+finished run, and a round costs the study next to nothing."""
+
+from __future__ import annotations
+
+import io
+import time
+
+from rich.console import Console
+
+from powertrip.rounds import RoundRecord
+from powertrip.services.cli.study_progress import StudyProgress, format_seconds
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _record(r: int) -> RoundRecord:
+    return RoundRecord(round=r, time_s=0.0, duration_s=1.0, sites=3, accuracy=0.5, loss=1.0)
+
+
+def _console(terminal: bool) -> tuple[Console, io.StringIO]:
+    buffer = io.StringIO()
+    return Console(file=buffer, force_terminal=terminal, width=120), buffer
+
+
+def test_the_budget_advances_per_round_and_a_run_that_stops_early_counts_its_whole_budget():
+    clock = FakeClock()
+    shown = StudyProgress(_console(False)[0], max_rounds=10, clock=clock)
+    shown.run(0, 4, "static-5 (repeat 1/1)")
+    for r in (1, 2, 3):
+        clock.now += 2.0
+        shown.round("static-5", 0, _record(r))
+    assert (shown.completed, shown.total) == (3, 40)
+    assert shown.eta_s() == 6.0 / 3 * 37  # 2 s a round, 37 rounds of budget left
+
+    shown.run(1, 4, "static-5 (repeat 1/1)")  # reached its target after 3 rounds
+    assert shown.completed == 10
+
+
+def test_a_log_gets_one_line_per_finished_run_with_the_eta_and_nothing_per_round():
+    clock = FakeClock()
+    console, buffer = _console(False)
+    with StudyProgress(console, max_rounds=5, clock=clock) as shown:
+        for done, label in enumerate(("static-2 (repeat 1/1)", "powertrip (repeat 1/1)")):
+            shown.run(done, 2, label)
+            for r in range(1, 6):
+                clock.now += 1.0
+                shown.round(label, 0, _record(r))
+            shown.run(done + 1, 2, label)
+
+    assert buffer.getvalue().splitlines() == [
+        "[1/2] static-2 (repeat 1/1) done (5 s, eta 5 s)",
+        "[2/2] powertrip (repeat 1/1) done (10 s)",
+    ]
+
+
+def test_a_terminal_gets_a_live_bar_naming_the_run_its_round_and_the_eta():
+    clock = FakeClock()
+    console, buffer = _console(True)
+    with StudyProgress(console, max_rounds=8, clock=clock) as shown:
+        shown.run(0, 3, "powertrip (repeat 1/1)")
+        clock.now += 4.0
+        shown.round("powertrip", 0, _record(2))
+        task = shown.bar.tasks[0]
+        assert task.description == "[1/3] powertrip (repeat 1/1) round 2/8"
+        assert (task.completed, task.total) == (2, 24)
+        assert task.fields["eta"] == "eta 44 s"
+    assert shown.bar.tasks[0].description == "done"  # and so drawn last
+    assert "done" in buffer.getvalue() and "8%" in buffer.getvalue()
+
+
+def test_durations_read_in_the_largest_sensible_unit():
+    assert [format_seconds(s) for s in (4.4, 65, 7620)] == ["4 s", "1 min 05 s", "2 h 07 min"]
+
+
+def test_a_round_event_costs_microseconds_on_a_terminal():
+    console, _ = _console(True)
+    with StudyProgress(console, max_rounds=1000) as shown:
+        shown.run(0, 10, "powertrip (repeat 1/1)")
+        started = time.perf_counter()
+        for r in range(1, 1001):
+            shown.round("powertrip", 0, _record(r))
+        per_round = (time.perf_counter() - started) / 1000
+    assert per_round < 1e-3  # the quick preset's rounds take tens of milliseconds each
