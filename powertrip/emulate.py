@@ -193,7 +193,12 @@ class Emulator:
             agg, template, self._evaluate, selected=len(selected), half=half,
             evaluate_half=evaluate_half, outer=outer,
         )  # fmt: skip
-        return replace(outcome, params=to_torch(outcome.params))
+        return replace(
+            outcome,
+            params=to_torch(outcome.params),
+            site_loss=np.asarray(updates.loss, dtype=np.float64).copy(),
+            site_samples=weights.copy(),
+        )
 
     def _evaluate(self, params: NumpyParams) -> tuple[float, float]:
         fed = self.fed

@@ -81,6 +81,10 @@ class RoundOutcome:
     half_accuracy: float | None = None  # split-half probe: accuracy of the half average
     half_params: Any = None  # the split-half model while its evaluation is deferred (emulator)
     outer_state: Any = None  # the outer optimizer's momentum after the round (outer_step.py)
+    #: each selected site's mean training loss and sample count n_i, in selection order (the
+    #: emulator fills them; Oort's statistical utility reads them); None where not measured
+    site_loss: Any = None
+    site_samples: Any = None
 
 
 class RoundExecutor(Protocol):
@@ -116,6 +120,17 @@ class MeasuredRound(Protocol):
     half_accuracy: float | None
 
 
+@dataclass(frozen=True)
+class SiteFeedback(RoundFeedback):
+    """``RoundFeedback`` with per-site measurements, in the order of ``selected``: each site's
+    mean local training loss and its sample count n_i (None where the executor measured none).
+    Policies that never read them (every one but the utility-driven baselines) see the same
+    ``RoundFeedback`` fields as before."""
+
+    site_loss: NDArray[np.float64] | None = None
+    site_samples: NDArray[np.float64] | None = None
+
+
 def round_feedback(
     index: int,
     selected: NDArray[np.int64],
@@ -128,7 +143,7 @@ def round_feedback(
     accuracy gain and the round time of the sites it chose)."""
     mean_sq, sq_mean, k_eff = outcome.dispersion or (None, None, None)
     mean_proj, mean_sq_proj = outcome.projection or (None, None)
-    return RoundFeedback(
+    return SiteFeedback(
         index,
         selected,
         duration_s,
@@ -144,6 +159,8 @@ def round_feedback(
         half_accuracy=outcome.half_accuracy,
         mean_proj=mean_proj,
         mean_sq_proj=mean_sq_proj,
+        site_loss=getattr(outcome, "site_loss", None),
+        site_samples=getattr(outcome, "site_samples", None),
     )
 
 

@@ -50,17 +50,21 @@ VARIANTS: dict[str, GreedyConfig] = {
     "lowest-latency": replace(PAPER_GREEDY, ranking=RankingConfig(ranking=Ranking.LATENCY)),
 }
 
+#: baseline selectors from the literature (docs/selectors.md): name -> module, class
+LITERATURE = ("oort", "ecolearn", "fedzero")
 SIMPLE = ("select-all", "fixed-radius", "random", "centralized-25", "centralized-50")
 NEEDS_K_STAR = ("static-optimal", "random")
 _STATIC = re.compile(r"static-([1-9]\d*)")
 
 
 def known_policy_names() -> list[str]:
-    return [*VARIANTS, "static-optimal", "static-<k>", *SIMPLE]
+    return [*VARIANTS, "static-optimal", "static-<k>", *SIMPLE, *LITERATURE]
 
 
 def validate_policy_name(name: str) -> str:
-    if name in VARIANTS or name in SIMPLE or name == "static-optimal" or _STATIC.fullmatch(name):
+    if name in VARIANTS or name in SIMPLE or name in LITERATURE or name == "static-optimal":
+        return name
+    if _STATIC.fullmatch(name):
         return name
     raise ValueError(f"unknown policy {name!r}; known policies: {', '.join(known_policy_names())}")
 
@@ -96,8 +100,26 @@ def build_policy(
             if name == "static-optimal"
             else RandomK(k_star)
         )
+    if name in LITERATURE:
+        return literature_policy(name)
     if name == "select-all":
         return SelectAll()
     if name == "fixed-radius":
         return FixedRadius(radius_mi)
     return Centralized(int(name.rsplit("-", 1)[1]) / 100)
+
+
+def literature_policy(name: str) -> SelectionPolicy:
+    """Oort, EcoLearn or FedZero with their papers' defaults (imported lazily: FedZero's MIP
+    needs scipy, which only these baselines use)."""
+    if name == "oort":
+        from powertrip.selection.oort import Oort
+
+        return Oort()
+    if name == "ecolearn":
+        from powertrip.selection.ecolearn import EcoLearn
+
+        return EcoLearn()
+    from powertrip.selection.fedzero import FedZero
+
+    return FedZero()
