@@ -8,6 +8,7 @@ from typing import Annotated, Literal, Self
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from powertrip.forecast import ForecastModel, RoundPower
 from powertrip.learning.local_optim import LocalOptimizer, LocalOptimizerSettings
 from powertrip.learning.tokenizer_settings import TokenizerSettings
 from powertrip.outer_step import OuterSettings
@@ -190,6 +191,27 @@ class ExperimentConfig(LocalOptimizerSettings, OuterSettings, TokenizerSettings,
     power_trace_path: Path | None = Field(
         None, description="Google powerdata_2019 file or folder (power model google-trace)."
     )
+    # forecasts (powertrip/forecast.py, docs/forecasts.md); left out of dumps while unset, so
+    # existing summaries do not change
+    forecast: ForecastModel = Field(
+        "none",
+        exclude_if=lambda v: v == "none",
+        description="Spare-power forecast handed to the policies (powertrip-forecast uses it): "
+        "none, persistence, ewma (AR(1) reversion to an EW mean) or oracle (the true future).",
+    )
+    forecast_error: float = Field(
+        0.0,
+        ge=0,
+        allow_inf_nan=False,
+        exclude_if=lambda v: v == 0,
+        description="oracle forecast: std of its multiplicative Gaussian error, e.g. 0.1.",
+    )
+    round_power: RoundPower = Field(
+        "start",
+        exclude_if=lambda v: v == "start",
+        description="Power a round computes at: each site's at the round's start (the paper's) "
+        "or integrated as it changes during the round.",
+    )
     ideal_compute_s: float = Field(
         50.0, gt=0, description="Emulated local-training time per round at 100% power (s)."
     )
@@ -269,6 +291,8 @@ class ExperimentConfig(LocalOptimizerSettings, OuterSettings, TokenizerSettings,
         if needs_sweep and not self.static_sweep:
             raise ValueError(f"{sorted(needs_sweep)} need a static sweep (static_sweep is empty)")
         check_settings(self.aggregation, self.clip_norm, self.trim_beta)
+        if self.forecast_error and self.forecast != "oracle":
+            raise ValueError("--forecast-error applies to --forecast oracle only")
         return self
 
     @property
