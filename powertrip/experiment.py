@@ -1,5 +1,4 @@
-"""Experiment configuration: one validated, frozen object per study, built from a preset plus
-overrides. pydantic gives every bad value an error that names its field."""
+"""Experiment configuration: one validated, frozen object per study, from a preset + overrides."""
 
 from __future__ import annotations
 
@@ -8,7 +7,7 @@ from typing import Annotated, Literal, Self
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from powertrip.forecast import ForecastModel, RoundPower
+from powertrip.forecast import ForecastSettings
 from powertrip.learning.local_optim import LocalOptimizer, LocalOptimizerSettings
 from powertrip.learning.tokenizer_settings import TokenizerSettings
 from powertrip.outer_step import OuterSettings
@@ -161,9 +160,9 @@ class RunConfig(BaseModel):
         return self
 
 
-class ExperimentConfig(LocalOptimizerSettings, OuterSettings, TokenizerSettings, RunConfig):
-    """The PowerTrip study: sites, power, network, the policies to compare and the protocol;
-    the outer step, the sites' local optimizer and the LM's tokenizer come from the mixins."""
+class ExperimentConfig(LocalOptimizerSettings, OuterSettings, TokenizerSettings, ForecastSettings,
+                       RunConfig):  # fmt: skip
+    """The PowerTrip study: sites, power, network, policies, protocol; the rest from the mixins."""
 
     num_samples: int = Field(
         20_000, ge=100, description="Samples to generate (mnist1d) or keep (shakespeare)."
@@ -190,27 +189,6 @@ class ExperimentConfig(LocalOptimizerSettings, OuterSettings, TokenizerSettings,
     )
     power_trace_path: Path | None = Field(
         None, description="Google powerdata_2019 file or folder (power model google-trace)."
-    )
-    # forecasts (powertrip/forecast.py, docs/forecasts.md); left out of dumps while unset, so
-    # existing summaries do not change
-    forecast: ForecastModel = Field(
-        "none",
-        exclude_if=lambda v: v == "none",
-        description="Spare-power forecast handed to the policies (powertrip-forecast uses it): "
-        "none, persistence, ewma (AR(1) reversion to an EW mean) or oracle (the true future).",
-    )
-    forecast_error: float = Field(
-        0.0,
-        ge=0,
-        allow_inf_nan=False,
-        exclude_if=lambda v: v == 0,
-        description="oracle forecast: std of its multiplicative Gaussian error, e.g. 0.1.",
-    )
-    round_power: RoundPower = Field(
-        "start",
-        exclude_if=lambda v: v == "start",
-        description="Power a round computes at: each site's at the round's start (the paper's) "
-        "or integrated as it changes during the round.",
     )
     ideal_compute_s: float = Field(
         50.0, gt=0, description="Emulated local-training time per round at 100% power (s)."
@@ -291,8 +269,6 @@ class ExperimentConfig(LocalOptimizerSettings, OuterSettings, TokenizerSettings,
         if needs_sweep and not self.static_sweep:
             raise ValueError(f"{sorted(needs_sweep)} need a static sweep (static_sweep is empty)")
         check_settings(self.aggregation, self.clip_norm, self.trim_beta)
-        if self.forecast_error and self.forecast != "oracle":
-            raise ValueError("--forecast-error applies to --forecast oracle only")
         return self
 
     @property
