@@ -17,6 +17,7 @@ import torch
 
 from powertrip.clock import EmulatedClock
 from powertrip.fedavg import NumpyParams, delta_sketch, sketch_stride
+from powertrip.forecast import Forecaster
 from powertrip.learning.batch_orders import site_seeds
 from powertrip.learning.device import TorchParams, to_numpy, to_torch
 from powertrip.learning.local_optim import LocalOptimizer
@@ -136,6 +137,7 @@ class Emulator:
         cache: TrajectoryCache | None = None,
         aggregation: Aggregation | None = None,
         outer: OuterSettings | None = None,
+        forecast: Forecaster | None = None,
     ) -> None:
         self.fed = federation
         self.sites = sites
@@ -146,6 +148,7 @@ class Emulator:
         self.cache = cache if cache is not None else TrajectoryCache()
         self.aggregation = aggregation or Aggregation()  # FedAvg unless the run asks otherwise
         self.outer = outer or OuterSettings()  # no outer step unless the run asks for one
+        self.forecast = forecast  # each RoundContext's, when the run asks for one
         self._initial: tuple[float, float] | None = None
         recipe = federation.trainer.config.recipe
         # A site that resumes its local optimizer's state (AdamW's or momentum's moments unless
@@ -232,6 +235,7 @@ class Emulator:
             target_accuracy,
             max_rounds,
             on_round=on_round,
+            forecast=self.forecast,
         )
         return EmulatedRun(**vars(run), model=self.state_dict(executor.params))
 

@@ -1,5 +1,4 @@
-"""Experiment configuration: one validated, frozen object per study, built from a preset plus
-overrides. pydantic gives every bad value an error that names its field."""
+"""Experiment configuration: one validated, frozen object per study, from a preset + overrides."""
 
 from __future__ import annotations
 
@@ -8,6 +7,7 @@ from typing import Annotated, Literal, Self
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from powertrip.forecast import ForecastSettings
 from powertrip.learning.local_optim import LocalOptimizer, LocalOptimizerSettings
 from powertrip.learning.tokenizer_settings import TokenizerSettings
 from powertrip.outer_step import OuterSettings
@@ -160,9 +160,9 @@ class RunConfig(BaseModel):
         return self
 
 
-class ExperimentConfig(LocalOptimizerSettings, OuterSettings, TokenizerSettings, RunConfig):
-    """The PowerTrip study: sites, power, network, the policies to compare and the protocol;
-    the outer step, the sites' local optimizer and the LM's tokenizer come from the mixins."""
+class ExperimentConfig(LocalOptimizerSettings, OuterSettings, TokenizerSettings, ForecastSettings,
+                       RunConfig):  # fmt: skip
+    """The PowerTrip study: sites, power, network, policies, protocol; the rest from the mixins."""
 
     num_samples: int = Field(
         20_000, ge=100, description="Samples to generate (mnist1d) or keep (shakespeare)."

@@ -17,8 +17,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from powertrip.clock import Clock, EmulatedClock
+from powertrip.forecast import Forecaster, compute_times_s
 from powertrip.selection.base import RoundContext, RoundFeedback, SelectionPolicy
-from powertrip.sites import SiteProfile
+from powertrip.sites import PowerSource, SiteProfile
 from powertrip.timing import RoundTimeModel, centralized_round_time_s, round_time_s
 
 
@@ -28,6 +29,9 @@ class TimeModel:
     update_bytes: float
     ground_truth: RoundTimeModel = RoundTimeModel.PER_SITE_MAX
     round_trip: bool = False
+    #: set (``round_power="integrated"``): each site computes at the power it has as the round
+    #: goes on, read from this source; None: at its power when the round starts (the paper's)
+    power: PowerSource | None = None
 
 
 @dataclass(frozen=True)
@@ -170,16 +174,25 @@ def policy_rng(seed: int, policy: SelectionPolicy) -> np.random.Generator:
 
 
 def round_duration_s(
-    time_model: TimeModel, policy: SelectionPolicy, profile: SiteProfile, selected: NDArray
+    time_model: TimeModel,
+    policy: SelectionPolicy,
+    profile: SiteProfile,
+    selected: NDArray,
+    started_s: float | None = None,
 ) -> float:
     """The emulated clock's length of a round: the time model's ground truth (the slowest selected
     site, Eq. 4, or Eq. 7's aggregate), or tau / P for a centralized baseline."""
     if policy.centralized_power is not None:
         return centralized_round_time_s(time_model.ideal_compute_s, policy.centralized_power)
+    power = profile.power[selected]
+    if time_model.power is not None and started_s is not None:
+        # the power that does the work tau in the time the sites really take: tau / T_i
+        tau = time_model.ideal_compute_s
+        power = tau / compute_times_s(time_model.power, started_s, tau, selected)
     return round_time_s(
         time_model.ground_truth,
         time_model.ideal_compute_s,
-        profile.power[selected],
+        power,
         profile.comm_s[selected],
         total_sites=profile.size,
     )
@@ -196,6 +209,7 @@ def run_rounds(
     max_rounds: int,
     on_round: Callable[[RoundRecord], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
+    forecast: Forecaster | None = None,
 ) -> RunResult:
     """Run until the target accuracy (if any), the round budget, or ``should_stop()``.
 
@@ -206,6 +220,8 @@ def run_rounds(
     ranks unavailable sites last (``SiteProfile.for_ranking``), and any it still picks are dropped
     from the round. With no site left the executor gets an empty selection and must fail the round
     without training (the emulated clock does not move). Without a mask nothing changes.
+
+    ``forecast`` (``powertrip.forecast``) is handed to the policy in every RoundContext.
     """
     rng = policy_rng(seed, policy)
     accuracy, loss = executor.evaluate_initial()
@@ -218,8 +234,9 @@ def run_rounds(
         profile = profile_at(started)
         ranked = profile.for_ranking()
         ctx = RoundContext(
-            r, started, ranked, time_model.ideal_compute_s, time_model.update_bytes, rng
-        )
+            r, started, ranked, time_model.ideal_compute_s, time_model.update_bytes, rng,
+            forecast,
+        )  # fmt: skip
         selected = np.asarray(policy.select(ctx), dtype=np.int64)
         if selected.size == 0:
             raise RuntimeError(f"policy {policy.name} selected no site in round {r}")
@@ -227,7 +244,7 @@ def run_rounds(
         selected = profile.keep_available(selected)
         outcome = executor.execute(r, selected, profile, split_half)
         if isinstance(clock, EmulatedClock) and selected.size:
-            clock.advance(round_duration_s(time_model, policy, profile, selected))
+            clock.advance(round_duration_s(time_model, policy, profile, selected, started))
         duration = clock.now() - started
         ids = tuple(int(i) for i in selected)
         if outcome is None:

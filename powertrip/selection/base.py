@@ -14,6 +14,7 @@ from typing import Protocol
 import numpy as np
 from numpy.typing import NDArray
 
+from powertrip.forecast import Forecaster
 from powertrip.selection.scoring import (
     Ranking,
     ScoreForm,
@@ -33,6 +34,9 @@ class RoundContext:
     ideal_compute_s: float  # tau: one local-training pass at 100% power (measured or emulated)
     update_bytes: float
     rng: np.random.Generator
+    #: each site's predicted mean power over [now, now + horizon] (``powertrip.forecast``), when
+    #: the run asks for a forecast; None (the default) for every run that does not
+    forecast: Forecaster | None = None
 
 
 @dataclass(frozen=True)

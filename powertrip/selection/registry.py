@@ -15,6 +15,7 @@ from powertrip.selection.base import (
     SelectionPolicy,
     StaticTopK,
 )
+from powertrip.selection.forecast_greedy import ForecastGreedy
 from powertrip.selection.greedy import GainModel, GreedyConfig, PowerTripGreedy, SearchMode
 from powertrip.selection.scoring import Estimator, Ranking
 from powertrip.timing import RoundTimeModel
@@ -52,6 +53,12 @@ VARIANTS: dict[str, GreedyConfig] = {
 
 #: baseline selectors from the literature (docs/selectors.md): name -> module, class
 LITERATURE = ("oort", "ecolearn", "fedzero")
+
+# -- forecast-aware PowerTrip (powertrip/selection/forecast_greedy.py, docs/forecasts.md): the
+# project's default over the forecast mean power of the round; PowerTrip itself without one.
+FORECAST_VARIANTS: dict[str, GreedyConfig] = {"powertrip-forecast": PROJECT_GREEDY}
+VARIANTS.update(FORECAST_VARIANTS)
+
 SIMPLE = ("select-all", "fixed-radius", "random", "centralized-25", "centralized-50")
 NEEDS_K_STAR = ("static-optimal", "random")
 _STATIC = re.compile(r"static-([1-9]\d*)")
@@ -89,6 +96,8 @@ def build_policy(
         if cfg.estimator is Estimator.MAX and round_time_model is RoundTimeModel.AGGREGATE:
             cfg = replace(cfg, estimator=Estimator.AGGREGATE)
         cfg = replace(cfg, **(greedy_overrides or {}))
+        if name in FORECAST_VARIANTS:
+            return ForecastGreedy(cfg, name=name)
         return PowerTripGreedy(cfg, name=name)
     if m := _STATIC.fullmatch(name):
         return StaticTopK(int(m.group(1)))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -26,6 +26,7 @@ from powertrip.emulate import (
     TrajectoryCache,
 )
 from powertrip.experiment import ExperimentConfig
+from powertrip.forecast import build_forecaster
 from powertrip.learning.federation import build_federation, load_workload
 from powertrip.robust import Aggregation
 from powertrip.selection.base import StaticTopK
@@ -142,6 +143,8 @@ def run_study(
     data = load_workload(cfg, seed=cfg.seed)
     sites, power, power_label = study_sites(cfg)
     time_model = TimeModel(cfg.ideal_compute_s, cfg.update_bytes, cfg.ground_truth, cfg.round_trip)
+    if cfg.round_power == "integrated":
+        time_model = replace(time_model, power=power)
 
     sweep = cfg.effective_sweep
     needs_sweep = "static-optimal" in cfg.policies or "random" in cfg.policies
@@ -170,6 +173,7 @@ def run_study(
                 TrajectoryCache(),
                 Aggregation.of(cfg),
                 cfg,  # its outer-step settings
+                build_forecaster(cfg.forecast, power, cfg.forecast_error, seed),
             )
         )
 
