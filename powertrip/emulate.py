@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from powertrip.clock import EmulatedClock
+from powertrip.codecs import ErrorFeedback, get_codec
 from powertrip.fedavg import NumpyParams, delta_sketch, sketch_stride
 from powertrip.learning.batch_orders import site_seeds
 from powertrip.learning.device import TorchParams, to_numpy, to_torch
@@ -109,6 +110,16 @@ def _chain(key: bytes, selected: np.ndarray) -> bytes:
     ).digest()
 
 
+def _compressed(stacked: NumpyParams, sites: list[int], feedback: ErrorFeedback) -> NumpyParams:
+    """Each site's row of ``stacked`` as the server decodes it (rows in ``sites``' order)."""
+    out = {name: np.empty_like(d) for name, d in stacked.items()}
+    for row, site in enumerate(sites):
+        decoded = feedback.apply(site, {name: d[row] for name, d in stacked.items()})
+        for name, d in decoded.items():
+            out[name][row] = d
+    return out
+
+
 def _resumed(state: SiteState | None, recipe: LocalOptimizer) -> SiteState | None:
     return None if state is None else state.for_round(recipe)
 
@@ -136,6 +147,8 @@ class Emulator:
         cache: TrajectoryCache | None = None,
         aggregation: Aggregation | None = None,
         outer: OuterSettings | None = None,
+        codec: str = "none",
+        error_feedback: bool = True,
     ) -> None:
         self.fed = federation
         self.sites = sites
@@ -153,6 +166,12 @@ class Emulator:
         # picked: its rounds depend on more than the selection history, so they are not shared
         # through the cache.
         self.keeps_site_state = recipe.carries_over
+        # the update codec (None: fp32 as is); the time model already prices its wire size.
+        # With error feedback a site's sent update depends on its residual, i.e. on every
+        # round it took part in, so like resumed optimizer state it rules out sharing rounds.
+        self.codec = None if codec == "none" else get_codec(codec)
+        self.error_feedback = error_feedback
+        self.codec_keeps_state = self.codec is not None and error_feedback
         # what the final state_dict takes from the initial model: entries FedAvg does not average
         own, averaged = federation.trainer.model.state_dict(), federation.initial_params
         self._unaveraged = {n: t.to("cpu", copy=True) for n, t in own.items() if n not in averaged}
@@ -166,8 +185,10 @@ class Emulator:
         evaluate_half: bool = True,
         outer: NesterovOuter | None = None,
         site_states: dict[int, SiteState] | None = None,
+        feedback: ErrorFeedback | None = None,
     ) -> RoundOutcome:
-        """One round; ``site_states`` (site -> its optimizer state) is read and updated."""
+        """One round; ``site_states`` (site -> its optimizer state) is read and updated, and so
+        are ``feedback``'s residuals (each site's update goes through the codec before FedAvg)."""
         fed = self.fed
         sites = [int(i) for i in selected]
         recipe = fed.trainer.config.recipe
@@ -185,6 +206,8 @@ class Emulator:
         agg = self.aggregation.make(template, direction=direction)
         half = self.aggregation.make(template)  # every other site: the split-half probe
         stacked, weights = to_numpy(updates.deltas), updates.num_samples.astype(np.float64)
+        if feedback is not None:
+            stacked = _compressed(stacked, sites, feedback)
         sq = agg.add_rows(stacked, weights)  # in selection order, as the aggregator folds
         # the probe's rows were checked (and their norms taken) by the fold above
         halves = {name: d[::2] for name, d in stacked.items()}
@@ -263,6 +286,9 @@ class _CachedExecutor:
         #: each site's local optimizer state (on the trainer's device: AdamW keeps two model
         #: copies per site that has trained), or None when sites keep none across rounds
         self.site_states: dict[int, SiteState] | None = {} if emulator.keeps_site_state else None
+        #: the update codec's per-site residuals (and its byte count), or None without a codec
+        codec = emulator.codec
+        self.feedback = None if codec is None else ErrorFeedback(codec, emulator.error_feedback)
 
     def evaluate_initial(self) -> tuple[float, float]:
         em = self.em
@@ -274,7 +300,7 @@ class _CachedExecutor:
         self, round_index: int, selected: np.ndarray, profile: SiteProfile, split_half: bool
     ) -> RoundOutcome:
         self.key = _chain(self.key, selected)
-        stateful = self.site_states is not None
+        stateful = self.site_states is not None or self.em.codec_keeps_state
         trained = None if stateful else self.em.cache.get(self.key)
         if trained is None:
             direction = None
@@ -283,7 +309,7 @@ class _CachedExecutor:
                 direction = delta_sketch(new, old, sketch_stride(new))
             trained = self.em._train_round(
                 self.params, selected, round_index, direction, split_half, self.outer,
-                self.site_states,
+                self.site_states, self.feedback,
             )  # fmt: skip
             if not stateful:
                 self.em.cache.put(self.key, trained)

@@ -8,6 +8,7 @@ from typing import Annotated, Literal, Self
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from powertrip.codecs import get_codec
 from powertrip.learning.local_optim import LocalOptimizer, LocalOptimizerSettings
 from powertrip.learning.tokenizer_settings import TokenizerSettings
 from powertrip.outer_step import OuterSettings
@@ -286,6 +287,27 @@ class ExperimentConfig(LocalOptimizerSettings, OuterSettings, TokenizerSettings,
     @property
     def update_bytes(self) -> float:
         return self.update_gb * 1e9
+
+    # update compression (powertrip/codecs, docs/compression.md); left out of dumps while off,
+    # so existing summaries do not change
+    codec: str = Field(
+        "none",
+        exclude_if=lambda v: v == "none",
+        description="Update codec: none, int8, int4, fp8 or topk-<p> (p% largest entries); the "
+        "selection and the time model price the update at its compressed size "
+        "(docs/compression.md).",
+    )
+    error_feedback: bool = Field(
+        True,
+        exclude_if=lambda v: v is True,
+        description="Keep each site's compression error and add it to its next update.",
+    )
+
+    @field_validator("codec")
+    @classmethod
+    def _known_codec(cls, v: str) -> str:
+        get_codec(v)  # raises ValueError naming the known codecs
+        return v
 
 
 def build_config(preset: str | None = None, **overrides: object) -> ExperimentConfig:
