@@ -8,7 +8,6 @@ centralized baselines train once, and the first rounds of policies that start al
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -16,6 +15,7 @@ import numpy as np
 import torch
 
 from powertrip.clock import EmulatedClock
+from powertrip.codecs import ErrorFeedback, get_codec
 from powertrip.fedavg import NumpyParams, delta_sketch, sketch_stride
 from powertrip.forecast import Forecaster
 from powertrip.learning.batch_orders import site_seeds
@@ -35,6 +35,7 @@ from powertrip.rounds import (
 )
 from powertrip.selection.base import SelectionPolicy
 from powertrip.sites import LinkSource, PowerSource, SiteProfile, SiteSet, profile_at
+from powertrip.trajectory_cache import TrajectoryCache, chain_key
 
 __all__ = ["EmulatedRun", "Emulator", "Federation", "RoundRecord", "RunResult", "TimeModel"]
 __all__ += ["TrajectoryCache"]
@@ -63,51 +64,14 @@ class EmulatedRun(RunResult):
     model: dict[str, torch.Tensor] | None = None
 
 
-class TrajectoryCache:
-    """Memo of (selection history -> trained round), valid for one federation and seed.
-
-    Bounded by entries and by bytes of stored parameters, so a large model (EMNIST's CNN is
-    26 MB a copy) stops filling it instead of exhausting memory; a full cache only costs speed.
-    """
-
-    def __init__(self, max_entries: int = 20_000, max_bytes: int = 512 * 2**20) -> None:
-        self._entries: dict[bytes, RoundOutcome] = {}
-        self.max_entries = max_entries
-        self.max_bytes = max_bytes
-        self.bytes = 0
-        self.hits = 0
-        self.misses = 0
-
-    def get(self, key: bytes) -> RoundOutcome | None:
-        hit = self._entries.get(key)
-        if hit is None:
-            self.misses += 1
-        else:
-            self.hits += 1
-        return hit
-
-    def put(self, key: bytes, value: RoundOutcome) -> None:
-        """Keep (or replace) ``key``'s round if it fits."""
-        old = self._entries.pop(key, None)
-        if old is not None:
-            self.bytes -= _nbytes(old)
-        size = _nbytes(value)
-        if len(self._entries) < self.max_entries and self.bytes + size <= self.max_bytes:
-            self._entries[key] = value
-            self.bytes += size
-
-
-def _nbytes(outcome: RoundOutcome) -> int:
-    """Bytes of the stored models: the new global one and a deferred split-half probe's."""
-    size = sum(t.numel() * t.element_size() for t in outcome.params.values())
-    extra = (*(outcome.half_params or {}).values(), *(outcome.outer_state or {}).values())
-    return size + sum(a.nbytes for a in extra)
-
-
-def _chain(key: bytes, selected: np.ndarray) -> bytes:
-    return hashlib.blake2b(
-        key + np.sort(selected).astype(np.int64).tobytes(), digest_size=16
-    ).digest()
+def _compressed(stacked: NumpyParams, sites: list[int], feedback: ErrorFeedback) -> NumpyParams:
+    """Each site's row of ``stacked`` as the server decodes it (rows in ``sites``' order)."""
+    out = {name: np.empty_like(d) for name, d in stacked.items()}
+    for row, site in enumerate(sites):
+        decoded = feedback.apply(site, {name: d[row] for name, d in stacked.items()})
+        for name, d in decoded.items():
+            out[name][row] = d
+    return out
 
 
 def _resumed(state: SiteState | None, recipe: LocalOptimizer) -> SiteState | None:
@@ -138,6 +102,8 @@ class Emulator:
         aggregation: Aggregation | None = None,
         outer: OuterSettings | None = None,
         forecast: Forecaster | None = None,
+        codec: str = "none",
+        error_feedback: bool = True,
     ) -> None:
         self.fed = federation
         self.sites = sites
@@ -156,6 +122,12 @@ class Emulator:
         # picked: its rounds depend on more than the selection history, so they are not shared
         # through the cache.
         self.keeps_site_state = recipe.carries_over
+        # the update codec (None: fp32 as is); the time model already prices its wire size.
+        # With error feedback a site's sent update depends on its residual, i.e. on every
+        # round it took part in, so like resumed optimizer state it rules out sharing rounds.
+        self.codec = None if codec == "none" else get_codec(codec)
+        self.error_feedback = error_feedback
+        self.codec_keeps_state = self.codec is not None and error_feedback
         # what the final state_dict takes from the initial model: entries FedAvg does not average
         own, averaged = federation.trainer.model.state_dict(), federation.initial_params
         self._unaveraged = {n: t.to("cpu", copy=True) for n, t in own.items() if n not in averaged}
@@ -169,8 +141,10 @@ class Emulator:
         evaluate_half: bool = True,
         outer: NesterovOuter | None = None,
         site_states: dict[int, SiteState] | None = None,
+        feedback: ErrorFeedback | None = None,
     ) -> RoundOutcome:
-        """One round; ``site_states`` (site -> its optimizer state) is read and updated."""
+        """One round; ``site_states`` (site -> its optimizer state) is read and updated, and so
+        are ``feedback``'s residuals (each site's update goes through the codec before FedAvg)."""
         fed = self.fed
         sites = [int(i) for i in selected]
         recipe = fed.trainer.config.recipe
@@ -188,6 +162,8 @@ class Emulator:
         agg = self.aggregation.make(template, direction=direction)
         half = self.aggregation.make(template)  # every other site: the split-half probe
         stacked, weights = to_numpy(updates.deltas), updates.num_samples.astype(np.float64)
+        if feedback is not None:
+            stacked = _compressed(stacked, sites, feedback)
         sq = agg.add_rows(stacked, weights)  # in selection order, as the aggregator folds
         # the probe's rows were checked (and their norms taken) by the fold above
         halves = {name: d[::2] for name, d in stacked.items()}
@@ -272,6 +248,9 @@ class _CachedExecutor:
         #: each site's local optimizer state (on the trainer's device: AdamW keeps two model
         #: copies per site that has trained), or None when sites keep none across rounds
         self.site_states: dict[int, SiteState] | None = {} if emulator.keeps_site_state else None
+        #: the update codec's per-site residuals (and its byte count), or None without a codec
+        codec = emulator.codec
+        self.feedback = None if codec is None else ErrorFeedback(codec, emulator.error_feedback)
 
     def evaluate_initial(self) -> tuple[float, float]:
         em = self.em
@@ -282,8 +261,8 @@ class _CachedExecutor:
     def execute(
         self, round_index: int, selected: np.ndarray, profile: SiteProfile, split_half: bool
     ) -> RoundOutcome:
-        self.key = _chain(self.key, selected)
-        stateful = self.site_states is not None
+        self.key = chain_key(self.key, selected)
+        stateful = self.site_states is not None or self.em.codec_keeps_state
         trained = None if stateful else self.em.cache.get(self.key)
         if trained is None:
             direction = None
@@ -292,7 +271,7 @@ class _CachedExecutor:
                 direction = delta_sketch(new, old, sketch_stride(new))
             trained = self.em._train_round(
                 self.params, selected, round_index, direction, split_half, self.outer,
-                self.site_states,
+                self.site_states, self.feedback,
             )  # fmt: skip
             if not stateful:
                 self.em.cache.put(self.key, trained)

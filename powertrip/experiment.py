@@ -7,6 +7,7 @@ from typing import Annotated, Literal, Self
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from powertrip.codecs.settings import CodecSettings
 from powertrip.forecast import ForecastSettings
 from powertrip.learning.local_optim import LocalOptimizer, LocalOptimizerSettings
 from powertrip.learning.tokenizer_settings import TokenizerSettings
@@ -161,7 +162,7 @@ class RunConfig(BaseModel):
 
 
 class ExperimentConfig(LocalOptimizerSettings, OuterSettings, TokenizerSettings, ForecastSettings,
-                       RunConfig):  # fmt: skip
+                       CodecSettings, RunConfig):  # fmt: skip
     """The PowerTrip study: sites, power, network, policies, protocol; the rest from the mixins."""
 
     num_samples: int = Field(
@@ -289,9 +290,8 @@ class ExperimentConfig(LocalOptimizerSettings, OuterSettings, TokenizerSettings,
 
 
 def build_config(preset: str | None = None, **overrides: object) -> ExperimentConfig:
-    """A PowerTrip study from a preset (``PRESETS``) and overrides. A power trace file implies
-    its power model; ``target_accuracy="auto"`` leaves the target to the paper's rule (the lowest
-    best accuracy of the static sweep), decided after the sweep."""
+    """A study from a preset (``PRESETS``) and overrides. A power trace file implies its power
+    model; ``target_accuracy="auto"``: the paper's rule, decided after the static sweep."""
     values = preset_values(PRESETS, preset, overrides)
     if overrides.get("power_trace_path") is not None and overrides.get("power_model") is None:
         values["power_model"] = "google-trace"

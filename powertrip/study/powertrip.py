@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
 
+from powertrip.codecs import get_codec
 from powertrip.emulate import (
     EmulatedRun,
     Emulator,
@@ -124,6 +125,14 @@ def study_sites(cfg: ExperimentConfig) -> tuple[SiteSet, PowerSource, str]:
     return sites, power, label
 
 
+def wire_update_bytes(cfg: ExperimentConfig, params: Mapping[str, torch.Tensor]) -> float:
+    """The update size M the selection prices and the time model charges: ``cfg.update_bytes``
+    (fp32) times the codec's exact wire ratio for the model's tensors (docs/compression.md)."""
+    if cfg.codec == "none":
+        return cfg.update_bytes
+    return cfg.update_bytes * get_codec(cfg.codec).ratio(tuple(t.shape) for t in params.values())
+
+
 def run_study(
     cfg: ExperimentConfig,
     progress: Progress | None = None,
@@ -142,9 +151,6 @@ def run_study(
     started = time.perf_counter()
     data = load_workload(cfg, seed=cfg.seed)
     sites, power, power_label = study_sites(cfg)
-    time_model = TimeModel(cfg.ideal_compute_s, cfg.update_bytes, cfg.ground_truth, cfg.round_trip)
-    if cfg.round_power == "integrated":
-        time_model = replace(time_model, power=power)
 
     sweep = cfg.effective_sweep
     needs_sweep = "static-optimal" in cfg.policies or "random" in cfg.policies
@@ -162,6 +168,13 @@ def run_study(
     for rep in range(cfg.repeats):
         seed = cfg.seed + rep
         fed = build_federation(cfg, data, seed, device)
+        if rep == 0:  # the update's wire size: the codec's exact bytes for this model's tensors
+            update_bytes = wire_update_bytes(cfg, fed.initial_params)
+            time_model = TimeModel(
+                cfg.ideal_compute_s, update_bytes, cfg.ground_truth, cfg.round_trip
+            )
+            if cfg.round_power == "integrated":
+                time_model = replace(time_model, power=power)
         emulators.append(
             Emulator(
                 fed,
@@ -174,6 +187,8 @@ def run_study(
                 Aggregation.of(cfg),
                 cfg,  # its outer-step settings
                 build_forecaster(cfg.forecast, power, cfg.forecast_error, seed),
+                cfg.codec,
+                cfg.error_feedback,
             )
         )
 

@@ -1,0 +1,36 @@
+"""``int8``: symmetric 8-bit integers with one float32 absmax scale per block of 256 entries
+(round to nearest, so each entry is off by at most scale/2)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from powertrip.codecs import register
+from powertrip.codecs.base import Codec, Payload
+from powertrip.codecs.blocks import BLOCK, absmax_scales, blocks, n_blocks
+
+QMAX = 127
+
+
+class Int8Codec(Codec):
+    name = "int8"
+
+    def encode(self, x: np.ndarray) -> Payload:
+        rows, n = blocks(x)
+        scale = absmax_scales(rows, QMAX)
+        q = np.clip(np.rint(rows / scale[:, None]), -QMAX, QMAX).astype(np.int8)
+        return Payload(np.shape(x), {"codes": q.ravel()[:n], "scales": scale})
+
+    def decode(self, payload: Payload) -> np.ndarray:
+        q, scale = payload.parts["codes"], payload.parts["scales"]
+        n = q.size
+        padded = np.zeros(scale.size * BLOCK, dtype=np.float32)
+        padded[:n] = q
+        out = padded.reshape(-1, BLOCK) * scale[:, None]
+        return out.ravel()[:n].reshape(payload.shape)
+
+    def bytes_for(self, size: int) -> int:
+        return size + 4 * n_blocks(size)
+
+
+register("int8", lambda _: Int8Codec())
