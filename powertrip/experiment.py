@@ -12,11 +12,10 @@ from powertrip.learning.local_optim import LocalOptimizer, LocalOptimizerSetting
 from powertrip.learning.tokenizer_settings import TokenizerSettings
 from powertrip.outer_step import OuterSettings
 from powertrip.presets import ALL_POLICIES as ALL_POLICIES
-from powertrip.presets import PRESETS, preset_values
+from powertrip.presets import PRESETS, default_sweep, preset_values
 from powertrip.robust import check_settings, check_trim_beta
 from powertrip.selection.registry import validate_policy_name
 from powertrip.sites import DistanceMode
-from powertrip.sweep import rescaled_sweep, scaled_sweep
 from powertrip.timing import RoundTimeModel
 from powertrip.traces.power_model import PowerModel
 from powertrip.workloads import (
@@ -206,8 +205,7 @@ class ExperimentConfig(LocalOptimizerSettings, OuterSettings, TokenizerSettings,
         ("powertrip", "static-optimal", "centralized-25"), description="Policy names."
     )
     static_sweep: tuple[int, ...] = Field(
-        (10, 20, 30, 40, 50, 60, 70, 80, 90, 100),
-        description="Static-k sweep, e.g. 10,20,50 (default: 10%, 20%, ..., 100% of the sites).",
+        default_factory=default_sweep, description="Static-k sweep (default: 10%..100% of sites)."
     )
     repeats: int = Field(1, ge=1, description="Training seeds per policy.")
     seed: int = Field(0, description="First training seed.")
@@ -249,16 +247,6 @@ class ExperimentConfig(LocalOptimizerSettings, OuterSettings, TokenizerSettings,
         for name in v:
             validate_policy_name(name)
         return tuple(dict.fromkeys(v))
-
-    @model_validator(mode="before")
-    @classmethod
-    def _sweep_scales_with_the_sites(cls, data: object) -> object:
-        """No sweep given: 10%..100% of the sites (powertrip/sweep.py; docs/scale.md)."""
-        if isinstance(data, dict) and data.get("static_sweep") is None:
-            sites = data.get("num_sites", cls.model_fields["num_sites"].default)
-            if isinstance(sites, int) and sites >= 1:
-                data = {**data, "static_sweep": scaled_sweep(sites)}
-        return data
 
     @field_validator("static_sweep")
     @classmethod
@@ -305,27 +293,8 @@ def build_config(preset: str | None = None, **overrides: object) -> ExperimentCo
     its power model; ``target_accuracy="auto"`` leaves the target to the paper's rule (the lowest
     best accuracy of the static sweep), decided after the sweep."""
     values = preset_values(PRESETS, preset, overrides)
-    values = _preset_sweep_follows_the_sites(preset, overrides, values)
     if overrides.get("power_trace_path") is not None and overrides.get("power_model") is None:
         values["power_model"] = "google-trace"
     if values.get("target_accuracy") == "auto":
         values["target_accuracy"] = None
     return ExperimentConfig(**values)
-
-
-def _preset_sweep_follows_the_sites(
-    preset: str | None, overrides: dict[str, object], values: dict[str, object]
-) -> dict[str, object]:
-    """A preset's sweep is stated for its own site count: given another ``num_sites`` and no
-    sweep, each k keeps its share of the sites (quick's 5..50 of 50 at 150 sites: 15..150), so
-    the sweep reaches the same fractions (docs/scale.md). The preset's own study is unchanged."""
-    if preset is None or overrides.get("static_sweep") is not None:
-        return values
-    own = PRESETS[preset]
-    sweep, sites = own.get("static_sweep"), own.get("num_sites")
-    if sweep is None or not isinstance(sites, int) or values.get("num_sites") == sites:
-        return values
-    to_sites = values.get("num_sites")
-    if not isinstance(to_sites, int) or to_sites < 1:
-        return values
-    return {**values, "static_sweep": rescaled_sweep(sweep, sites, to_sites)}
