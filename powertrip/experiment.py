@@ -13,7 +13,7 @@ from powertrip.learning.local_optim import LocalOptimizer, LocalOptimizerSetting
 from powertrip.learning.tokenizer_settings import TokenizerSettings
 from powertrip.outer_step import OuterSettings
 from powertrip.presets import ALL_POLICIES as ALL_POLICIES
-from powertrip.presets import PRESETS, preset_values
+from powertrip.presets import PRESETS, default_sweep, preset_values
 from powertrip.robust import check_settings, check_trim_beta
 from powertrip.selection.registry import validate_policy_name
 from powertrip.sites import DistanceMode
@@ -206,7 +206,7 @@ class ExperimentConfig(LocalOptimizerSettings, OuterSettings, TokenizerSettings,
         ("powertrip", "static-optimal", "centralized-25"), description="Policy names."
     )
     static_sweep: tuple[int, ...] = Field(
-        (10, 20, 30, 40, 50, 60, 70, 80, 90, 100), description="Static-k sweep, e.g. 10,20,50."
+        default_factory=default_sweep, description="Static-k sweep (default: 10%..100% of sites)."
     )
     repeats: int = Field(1, ge=1, description="Training seeds per policy.")
     seed: int = Field(0, description="First training seed.")

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from powertrip.learning.local_optim import LocalOptimizer
 
-__all__ = ["ALL_POLICIES", "PRESETS", "layered_recipe", "preset_values"]
+__all__ = [
+    "ALL_POLICIES",
+    "DEFAULT_SWEEP_FRACTIONS",
+    "default_sweep",
+    "PRESETS",
+    "layered_recipe",
+    "preset_values",
+    "rescaled_sweep",
+    "scaled_sweep",
+]
 
 
 def preset_values(
@@ -26,7 +35,21 @@ def preset_values(
             values["local_optimizer"], given["local_optimizer"]
         )
     values.update(given)
-    return values
+    return _preset_sweep_follows_the_sites(presets.get(preset or "", {}), given, values)
+
+
+def _preset_sweep_follows_the_sites(
+    own: Mapping[str, object], given: Mapping[str, object], values: dict[str, object]
+) -> dict[str, object]:
+    """A preset's sweep is stated for its own site count: given another ``num_sites`` and no
+    sweep, each k keeps its share of the sites (quick's 5..50 of 50 sites is 15..150 at 150
+    sites; docs/scale.md). The preset's own study is unchanged."""
+    sweep, sites, to_sites = own.get("static_sweep"), own.get("num_sites"), given.get("num_sites")
+    if "static_sweep" in given or not isinstance(sweep, tuple | list) or not isinstance(sites, int):
+        return values
+    if not isinstance(to_sites, int) or to_sites < 1 or to_sites == sites:
+        return values
+    return {**values, "static_sweep": rescaled_sweep(sweep, sites, to_sites)}
 
 
 def layered_recipe(
@@ -42,6 +65,44 @@ def layered_recipe(
         return given
     fields = given.model_dump(include=given.model_fields_set)
     return LocalOptimizer(**{**base.model_dump(exclude_unset=True), **fields})
+
+
+# The static sweep's default: a function of the site count. A fixed list does not scale (at 150
+# sites a sweep of k <= 50 never reached the target), so the default is 10%, 20%, ..., 100% of
+# the sites, rounded half up, at least 1, deduplicated; at 100 sites that is the old fixed
+# default (10, 20, ..., 100). docs/scale.md.
+DEFAULT_SWEEP_FRACTIONS: tuple[float, ...] = tuple(i / 10 for i in range(1, 11))
+
+
+def _count(fraction: float, num_sites: int) -> int:
+    # round half up (not Python's banker's rounding), so 2.5 sites -> 3
+    return min(num_sites, max(1, int(fraction * num_sites + 0.5)))
+
+
+def scaled_sweep(
+    num_sites: int, fractions: Sequence[float] = DEFAULT_SWEEP_FRACTIONS
+) -> tuple[int, ...]:
+    """Each fraction of ``num_sites`` rounded to a count in 1..num_sites, sorted, deduplicated."""
+    if num_sites < 1:
+        raise ValueError(f"num_sites must be >= 1, got {num_sites}")
+    if any(not 0 < f <= 1 for f in fractions):
+        raise ValueError(f"sweep fractions must be in (0, 1], got {tuple(fractions)}")
+    return tuple(sorted({_count(f, num_sites) for f in fractions}))
+
+
+def default_sweep(validated: Mapping[str, object]) -> tuple[int, ...]:
+    """The sweep of a configuration given none: ``scaled_sweep`` of its (validated) site count,
+    as a data-aware pydantic ``default_factory``."""
+    sites = validated.get("num_sites", 100)
+    return scaled_sweep(sites if isinstance(sites, int) and sites >= 1 else 100)
+
+
+def rescaled_sweep(sweep: Sequence[int], from_sites: int, to_sites: int) -> tuple[int, ...]:
+    """A sweep stated for ``from_sites`` sites (a preset's) carried to ``to_sites``: each k
+    keeps its share of the sites. Unchanged when the site count is."""
+    if from_sites == to_sites:
+        return tuple(sorted(set(sweep)))
+    return scaled_sweep(to_sites, [min(1.0, k / from_sites) for k in sweep])
 
 
 ALL_POLICIES = (
