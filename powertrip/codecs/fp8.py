@@ -10,6 +10,7 @@ import torch
 from powertrip.codecs import register
 from powertrip.codecs.base import Codec, Payload
 from powertrip.codecs.blocks import BLOCK, absmax_scales, blocks, n_blocks
+from powertrip.learning.device import array, tensor
 
 FP8_MAX = 448.0
 
@@ -21,14 +22,14 @@ class Fp8Codec(Codec):
         rows, n = blocks(x)
         scale = absmax_scales(rows, 1) / np.float32(FP8_MAX)
         scale[scale == 0] = 1.0
-        scaled = torch.from_numpy(rows / scale[:, None]).clamp_(-FP8_MAX, FP8_MAX)
-        codes = scaled.to(torch.float8_e4m3fn).view(torch.uint8).numpy().ravel()[:n]
+        scaled = tensor(rows / scale[:, None]).clamp_(-FP8_MAX, FP8_MAX)
+        codes = array(scaled.to(torch.float8_e4m3fn).view(torch.uint8)).ravel()[:n]
         return Payload(np.shape(x), {"codes": codes.copy(), "scales": scale.astype(np.float32)})
 
     def decode(self, payload: Payload) -> np.ndarray:
         codes, scale = payload.parts["codes"], payload.parts["scales"]
         n = codes.size
-        values = torch.from_numpy(codes).view(torch.float8_e4m3fn).to(torch.float32).numpy()
+        values = array(tensor(codes).view(torch.float8_e4m3fn).to(torch.float32))
         padded = np.zeros(scale.size * BLOCK, dtype=np.float32)
         padded[:n] = values
         out = padded.reshape(-1, BLOCK) * scale[:, None]
