@@ -8,6 +8,7 @@ from typing import Annotated, Literal, Self
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from powertrip.codecs.settings import CodecSettings
+from powertrip.footprint import FootprintSettings
 from powertrip.forecast import ForecastSettings
 from powertrip.learning.local_optim import LocalOptimizer, LocalOptimizerSettings
 from powertrip.learning.tokenizer_settings import TokenizerSettings
@@ -162,7 +163,7 @@ class RunConfig(BaseModel):
 
 
 class ExperimentConfig(LocalOptimizerSettings, OuterSettings, TokenizerSettings, ForecastSettings,
-                       CodecSettings, RunConfig):  # fmt: skip
+                       CodecSettings, FootprintSettings, RunConfig):  # fmt: skip
     """The PowerTrip study: sites, power, network, policies, protocol; the rest from the mixins."""
 
     num_samples: int = Field(
@@ -199,9 +200,7 @@ class ExperimentConfig(LocalOptimizerSettings, OuterSettings, TokenizerSettings,
         description="Round-time model: per-site max (the paper's §5.1 emulation) or Eq. 7 "
         "aggregate.",
     )
-    round_trip: bool = Field(
-        False, description="Also count the broadcast leg (Eq. 3 itself is one way)."
-    )
+    round_trip: bool = Field(False, description="Also count the broadcast leg (Eq. 3: one way).")
     policies: tuple[str, ...] = Field(
         ("powertrip", "static-optimal", "centralized-25"), description="Policy names."
     )

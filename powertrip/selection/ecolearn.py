@@ -16,7 +16,8 @@ lowest-carbon sites whatever their utility. docs/selectors.md says what is simpl
 Carbon intensity: a ``CarbonSiteProfile``'s ``intensity`` (the curtailment study's per-site
 grid intensity) when the round's profile has one; otherwise (the standard PowerTrip study, whose
 sites have no grid) each site i sits in region ``i mod regions`` of the embedded synthetic
-carbon trace (``powertrip.traces.carbon.synthetic_carbon_trace``, seed ``carbon_seed``), read at
+carbon trace (``powertrip.footprint.SiteGrid``, seed ``carbon_seed``: the grid the study's footprint
+is priced on), read at
 the round's clock time: deterministic, time-varying, the same for every policy and repeat.
 """
 
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
+from powertrip.footprint import SiteGrid
 from powertrip.selection.base import RoundContext, RoundFeedback, SelectionPolicy
 from powertrip.selection.oort import OortConfig, OortUtility, participants, site_round_times
 
@@ -49,21 +51,7 @@ class EcoLearnConfig:
             raise ValueError("ecolearn needs at least one carbon region")
 
 
-class SyntheticSiteCarbon:
-    """Site i's intensity = region (i mod R) of the embedded synthetic carbon trace at t."""
-
-    def __init__(self, regions: int, seed: int, hours: float) -> None:
-        from powertrip.traces.carbon import synthetic_carbon_trace
-
-        names = tuple(f"region-{r}" for r in range(regions))
-        self.trace = synthetic_carbon_trace(names, hours=hours, seed=seed)
-
-    def intensity(self, n: int, t_s: float) -> NDArray[np.float64]:
-        per_region = self.trace.intensity_at(t_s)
-        return per_region[np.arange(n) % per_region.size].astype(np.float64)
-
-
-def site_carbon(ctx: RoundContext, fallback: SyntheticSiteCarbon) -> NDArray[np.float64]:
+def site_carbon(ctx: RoundContext, fallback: SiteGrid) -> NDArray[np.float64]:
     """gCO2/kWh of every site now: the profile's own intensity if it carries one."""
     own = getattr(ctx.profile, "intensity", None)
     if own is not None:
@@ -77,9 +65,7 @@ class EcoLearn(SelectionPolicy):
     def __init__(self, cfg: EcoLearnConfig | None = None, name: str = "ecolearn") -> None:
         self.cfg = cfg or EcoLearnConfig()
         self.state = OortUtility(self.cfg.oort)
-        self.carbon = SyntheticSiteCarbon(
-            self.cfg.regions, self.cfg.carbon_seed, self.cfg.carbon_hours
-        )
+        self.carbon = SiteGrid(self.cfg.regions, self.cfg.carbon_seed, self.cfg.carbon_hours)
         self.name = name
 
     def round_k(self, ctx: RoundContext) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
+from powertrip.footprint import FootprintSettings
 from powertrip.selection.base import (
     Centralized,
     FixedRadius,
@@ -17,6 +18,7 @@ from powertrip.selection.base import (
 )
 from powertrip.selection.forecast_greedy import ForecastGreedy
 from powertrip.selection.greedy import GainModel, GreedyConfig, PowerTripGreedy, SearchMode
+from powertrip.selection.joint import JointGreedy
 from powertrip.selection.scoring import Estimator, Ranking
 from powertrip.timing import RoundTimeModel
 
@@ -58,6 +60,10 @@ LITERATURE = ("oort", "ecolearn", "fedzero")
 # project's default over the forecast mean power of the round; PowerTrip itself without one.
 FORECAST_VARIANTS: dict[str, GreedyConfig] = {"powertrip-forecast": PROJECT_GREEDY}
 VARIANTS.update(FORECAST_VARIANTS)
+# -- the joint objective (powertrip/selection/joint.py, docs/joint-objective.md): the default
+# weighing emissions and electricity cost against time, on the study's grid (FootprintSettings).
+JOINT_VARIANTS: dict[str, GreedyConfig] = {"powertrip-joint": PROJECT_GREEDY}
+VARIANTS.update(JOINT_VARIANTS)
 
 SIMPLE = ("select-all", "fixed-radius", "random", "centralized-25", "centralized-50")
 NEEDS_K_STAR = ("static-optimal", "random")
@@ -83,12 +89,14 @@ def build_policy(
     greedy_overrides: dict[str, object] | None = None,
     radius_mi: float = 1000.0,
     round_time_model: RoundTimeModel = RoundTimeModel.PER_SITE_MAX,
+    footprint: FootprintSettings | None = None,
 ) -> SelectionPolicy:
     """A fresh policy instance (policies keep per-run state, so never share one across runs).
 
     The project's variants estimate a round with the system's own time model: the straggler
     max for synchronous per-site rounds, Eq. 7 when work is spread over the sites' power.
     The paper's variants keep Algorithm 1's mean-power estimate whatever the system.
+    ``footprint``: the grid and weights ``powertrip-joint`` prices (its defaults when None).
     """
     validate_policy_name(name)
     if name in VARIANTS:
@@ -98,6 +106,8 @@ def build_policy(
         cfg = replace(cfg, **(greedy_overrides or {}))
         if name in FORECAST_VARIANTS:
             return ForecastGreedy(cfg, name=name)
+        if name in JOINT_VARIANTS:
+            return JointGreedy(cfg, footprint, name=name)
         return PowerTripGreedy(cfg, name=name)
     if m := _STATIC.fullmatch(name):
         return StaticTopK(int(m.group(1)))

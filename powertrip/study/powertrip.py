@@ -27,6 +27,7 @@ from powertrip.emulate import (
     TrajectoryCache,
 )
 from powertrip.experiment import ExperimentConfig
+from powertrip.footprint import Footprint, FootprintModel
 from powertrip.forecast import build_forecaster
 from powertrip.learning.federation import build_federation, load_workload
 from powertrip.robust import Aggregation
@@ -51,6 +52,9 @@ class RunSummary:
     max_sites: int
     final_accuracy: float
     best_accuracy: float
+    #: the rounds counted for time to accuracy (all of them when missed), priced on the study's
+    #: grid (powertrip.footprint); None for the centralized baselines, which have no grid
+    footprint: Footprint | None = None
 
     @property
     def reached(self) -> bool:
@@ -86,10 +90,13 @@ class StudyResult:
         raise KeyError(f"the study has no run of {policy!r} in repeat {repeat}")
 
 
-def summarise(run: RunResult, repeat: int, target: float) -> RunSummary:
+def summarise(
+    run: RunResult, repeat: int, target: float, footprint: FootprintModel | None = None
+) -> RunSummary:
     rounds = run.rounds
     upto = run.rounds_to(target)
     used = rounds[:upto] if upto is not None else rounds
+    priced = footprint is not None and not run.policy.startswith("centralized")
     return RunSummary(
         policy=run.policy,
         repeat=repeat,
@@ -101,6 +108,7 @@ def summarise(run: RunResult, repeat: int, target: float) -> RunSummary:
         max_sites=max((r.sites for r in used), default=0),
         final_accuracy=rounds[-1].accuracy if rounds else run.initial_accuracy,
         best_accuracy=max((r.accuracy for r in rounds), default=run.initial_accuracy),
+        footprint=footprint.rounds(used) if priced and footprint is not None else None,
     )
 
 
@@ -175,6 +183,10 @@ def run_study(
             )
             if cfg.round_power == "integrated":
                 time_model = replace(time_model, power=power)
+            footprint = FootprintModel(
+                power, cfg.ideal_compute_s, cfg.site_grid(), cfg.train_kw, cfg.idle_kw,
+                integrated=cfg.round_power == "integrated",
+            )  # fmt: skip
         emulators.append(
             Emulator(
                 fed,
@@ -223,7 +235,7 @@ def run_study(
         target = cfg.target_accuracy
     else:
         target = min(max(r.accuracy for r in run.rounds) for _, run in sweep_runs)
-    sweep_summaries = [summarise(run, rep, target) for rep, run in sweep_runs]
+    sweep_summaries = [summarise(run, rep, target, footprint) for rep, run in sweep_runs]
     k_star = choose_k_star(sweep_summaries, sweep) if sweep else None
     sweep_names = {f"static-{k_star}"}  # the other sweep runs' models go unless named
     for _, run in sweep_runs:
@@ -236,7 +248,7 @@ def run_study(
     if "static-optimal" in cfg.policies and k_star is not None:
         for rep, run in sweep_runs:
             if run.policy == f"static-{k_star}":
-                s = summarise(run, rep, target)
+                s = summarise(run, rep, target, footprint)
                 s.policy = "static-optimal"
                 result.summaries.append(s)
 
@@ -249,10 +261,11 @@ def run_study(
                 k_star=k_star,
                 greedy_overrides=overrides,
                 round_time_model=cfg.ground_truth,
+                footprint=cfg,
             )
             run = run_one(rep, policy, target)
             result.runs.append((rep, run))
-            result.summaries.append(summarise(run, rep, target))
+            result.summaries.append(summarise(run, rep, target, footprint))
 
     result.wall_seconds = time.perf_counter() - started
     result.cache_hits = sum(e.cache.hits for e in emulators)

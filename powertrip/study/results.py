@@ -34,6 +34,9 @@ RESULT_FIELDS = [
     "final_accuracy",
     "best_accuracy",
     "power_model",
+    "energy_kwh",
+    "emissions_kg",
+    "electricity_cost_usd",
 ]
 
 
@@ -50,6 +53,11 @@ class PolicyRow:
     mean_sites: float
     max_sites: int
     ratio_to_static_optimal: float | None
+    #: means over the runs that reached the target, up to it (powertrip.footprint); None when
+    #: none did or the policy has no grid (centralized)
+    energy_kwh: float | None = None
+    emissions_kg: float | None = None
+    cost_usd: float | None = None
 
 
 def _stats(values: list[float]) -> tuple[float | None, float | None]:
@@ -71,6 +79,7 @@ def policy_table(result: StudyResult) -> list[PolicyRow]:
         ttas = [s.time_to_accuracy_s for s in runs if s.time_to_accuracy_s is not None]
         mean, std = _stats(ttas)
         rounds = [float(s.rounds) for s in runs if s.rounds is not None]
+        priced = [s.footprint for s in runs if s.reached and s.footprint is not None]
         ratio = None
         if mean is not None and static_mean and len(ttas) == len(runs):
             ratio = mean / static_mean
@@ -85,6 +94,9 @@ def policy_table(result: StudyResult) -> list[PolicyRow]:
                 mean_sites=float(np.mean([s.mean_sites for s in runs])) if runs else 0.0,
                 max_sites=max((s.max_sites for s in runs), default=0),
                 ratio_to_static_optimal=ratio,
+                energy_kwh=_stats([f.energy_kwh for f in priced])[0],
+                emissions_kg=_stats([f.emissions_kg for f in priced])[0],
+                cost_usd=_stats([f.cost_usd for f in priced])[0],
             )
         )
     return rows
@@ -169,6 +181,18 @@ def _result_row(result: StudyResult, s: RunSummary) -> dict[str, object]:
         "final_accuracy": f"{s.final_accuracy:.4f}",
         "best_accuracy": f"{s.best_accuracy:.4f}",
         "power_model": result.power_label,
+        **_footprint_cells(s),
+    }
+
+
+def _footprint_cells(s: RunSummary) -> dict[str, str]:
+    f = s.footprint
+    if f is None:
+        return {"energy_kwh": "", "emissions_kg": "", "electricity_cost_usd": ""}
+    return {
+        "energy_kwh": f"{f.energy_kwh:.3f}",
+        "emissions_kg": f"{f.emissions_kg:.4f}",
+        "electricity_cost_usd": f"{f.cost_usd:.4f}",
     }
 
 

@@ -145,6 +145,8 @@ def _print_table(result) -> None:  # noqa: ANN001 - StudyResult, imported lazily
         "rounds",
         "mean sites",
         "max sites",
+        "energy (kWh)",
+        "CO2 (kg)",
     ):
         table.add_column(col, justify="left" if col == "policy" else "right")
     for row in result_rows(result):
@@ -176,6 +178,8 @@ def result_rows(result) -> list[list[str]]:  # noqa: ANN001
                 rounds,
                 f"{r.mean_sites:.1f}",
                 str(r.max_sites),
+                "—" if r.energy_kwh is None else f"{r.energy_kwh:.1f}",
+                "—" if r.emissions_kg is None else f"{r.emissions_kg:.2f}",
             ]
         )
     return rows

@@ -9,9 +9,10 @@ import pytest
 from numpy.typing import NDArray
 
 from powertrip.experiment import build_config
+from powertrip.footprint import SiteGrid
 from powertrip.rounds import SiteFeedback
 from powertrip.selection.base import RoundContext
-from powertrip.selection.ecolearn import EcoLearn, EcoLearnConfig, SyntheticSiteCarbon, site_carbon
+from powertrip.selection.ecolearn import EcoLearn, EcoLearnConfig, site_carbon
 from powertrip.selection.oort import OortConfig
 from powertrip.selection.registry import build_policy
 from powertrip.sites import SiteProfile
@@ -67,9 +68,9 @@ def test_early_rounds_provision_more_sites():
 
 
 def test_synthetic_carbon_without_a_carbon_profile_is_deterministic():
-    fallback = SyntheticSiteCarbon(regions=5, seed=0, hours=72.0)
+    fallback = SiteGrid(regions=5, seed=0, hours=72.0)
     a = site_carbon(ctx(n=12, now=3600.0), fallback)
-    b = site_carbon(ctx(n=12, now=3600.0), SyntheticSiteCarbon(5, 0, 72.0))
+    b = site_carbon(ctx(n=12, now=3600.0), SiteGrid(5, 0, 72.0))
     assert np.array_equal(a, b) and np.all(a > 0)
     assert np.array_equal(a[:5], a[5:10])  # site i sits in region i mod 5
     assert len(set(a[:5].tolist())) == 5
