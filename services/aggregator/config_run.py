@@ -49,6 +49,9 @@ class RunSettings(BaseModel):
     outer_lr: float | None = library_field(ExperimentConfig, "outer_lr")
     outer_momentum: float | None = library_field(ExperimentConfig, "outer_momentum")
     local_optimizer: LocalOptimizer | None = library_field(ExperimentConfig, "local_optimizer")
+    # the update codec the aggregator assigns every worker (docs/compression.md)
+    codec: str | None = library_field(ExperimentConfig, "codec")
+    error_feedback: bool | None = library_field(ExperimentConfig, "error_feedback")
 
     @field_validator("policy")
     @classmethod
