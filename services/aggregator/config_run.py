@@ -49,6 +49,11 @@ class RunSettings(BaseModel):
     outer_lr: float | None = library_field(ExperimentConfig, "outer_lr")
     outer_momentum: float | None = library_field(ExperimentConfig, "outer_momentum")
     local_optimizer: LocalOptimizer | None = library_field(ExperimentConfig, "local_optimizer")
+    # the update codec the aggregator assigns every worker (docs/compression.md)
+    codec: str | None = library_field(ExperimentConfig, "codec")
+    error_feedback: bool | None = library_field(ExperimentConfig, "error_feedback")
+    # the policy's forecast, over the power the profiler reports (docs/forecasts.md)
+    forecast: str | None = library_field(ExperimentConfig, "forecast")
 
     @field_validator("policy")
     @classmethod
@@ -64,6 +69,11 @@ class RunSettings(BaseModel):
             raise ValueError(
                 f"POWERTRIP_WORKLOAD={self.workload} needs POWERTRIP_DATASET_PATH "
                 "(datasets are mounted, never downloaded)"
+            )
+        if self.forecast == "oracle":
+            raise ValueError(
+                "POWERTRIP_FORECAST=oracle needs the true future power, which the aggregator "
+                "does not have: persistence or ewma (fitted on the profiler's reports)"
             )
         if self.workload == "lm" and self.partition not in (None, "iid"):
             raise ValueError(

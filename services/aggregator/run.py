@@ -27,6 +27,7 @@ from powertrip.services.aggregator.checkpoint_writer import CheckpointWriter
 from powertrip.services.aggregator.config import AggregatorConfig
 from powertrip.services.aggregator.executor import GrpcRoundExecutor
 from powertrip.services.aggregator.lifecycle import Registration, RunLifecycle
+from powertrip.services.aggregator.observed_power import ObservedPower, observed_forecaster
 from powertrip.services.aggregator.profile_feed import ProfileFeed
 from powertrip.services.aggregator.registry import LivenessLog
 from powertrip.services.aggregator.resume import Resume, journal_writer
@@ -45,6 +46,8 @@ class AggregatorRun(RunLifecycle):
 
     def __init__(self, cfg: AggregatorConfig) -> None:
         exp = self.experiment = cfg.experiment()
+        self.power_history = ObservedPower()  # the profiler's reports, for the forecast
+        self.forecast = observed_forecaster(exp.forecast, self.power_history)
         super().__init__(cfg, exp.num_sites, cfg.min_sites or exp.num_sites)
         self.run_seed = exp.seed
         self.target = exp.target_accuracy
@@ -123,6 +126,7 @@ class AggregatorRun(RunLifecycle):
         if not replaying:
             self.liveness.wait_for_a_site()
         profile = self.feed.site_profiles(t_s, self.time_model)
+        self.power_history.record(t_s, profile.power)  # what the forecast is fitted on
         return self.liveness.mask(r, profile, replaying)
 
     def _on_round(self, rec: RoundRecord) -> None:
@@ -228,6 +232,7 @@ class AggregatorRun(RunLifecycle):
                 exp.max_rounds,
                 on_round=self._on_round,
                 should_stop=self._stop.is_set,
+                forecast=self.forecast,
             )
         finally:  # the last checkpoint is durable before the run ends, however it ends
             if self._writer is not None:

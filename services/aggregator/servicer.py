@@ -10,6 +10,7 @@ import grpc
 
 from powertrip.fold_in_place import FoldCancelled
 from powertrip.services.aggregator import metrics
+from powertrip.services.aggregator.coded_intake import assigned_codec, check_header, receive_coded
 from powertrip.services.aggregator.collector import CountedReceiver
 from powertrip.services.aggregator.lifecycle import Run
 from powertrip.services.aggregator.site_owners import SiteOwners
@@ -52,6 +53,7 @@ class AggregatorServicer(aggregator_pb2_grpc.AggregatorServiceServicer):
     def __init__(self, run: Run, track_worker: TrackWorker | None = None) -> None:
         self.run = run
         self.track_worker = track_worker
+        self.codec = assigned_codec(run)  # what every update must be coded with
         cfg = run.cfg
         self.allow_list = AllowList(
             cfg.allowed_worker_ids, getattr(cfg, "allowed_workers_file", None)
@@ -169,6 +171,7 @@ class AggregatorServicer(aggregator_pb2_grpc.AggregatorServiceServicer):
             index, count = head.shard_index, head.shard_count
             what = f"update from {head.site_id} for round {head.round}, shard {index} of {count},"
             try:
+                check_header(head, self.codec, sharded=True)
                 collector.admit_shard(site, head.round, index, count, head.num_samples, model)
             except StreamError as exc:
                 collector.fail_shard(site, None, exc.reason)
@@ -186,16 +189,21 @@ class AggregatorServicer(aggregator_pb2_grpc.AggregatorServiceServicer):
             collector.commit_shard(site, index, rx)  # the collector owns rx from here
         else:
             collector.admit(site, head.round)
-            rx = self._receive(
-                collector,
-                site,
-                head,
-                model,
-                request_iterator,
-                f"update from {head.site_id}",
-                lambda reason: collector.fail(site, reason),
-                lambda: collector.direct_sink(site, head.num_samples),
-            )
+            what, fail = f"update from {head.site_id}", lambda r: collector.fail(site, r)
+            try:
+                check_header(head, self.codec)
+            except StreamError as exc:
+                fail(exc.reason)
+                metrics.UPDATES.labels(exc.reason).inc()
+                raise BadRequest(f"{what} rejected: {exc}") from None
+            if self.codec.name != "none":  # decoded whole, then folded
+                args = (collector, site, head, model, request_iterator, what, fail)
+                rx = receive_coded(self._receive, *args, self.codec)
+            else:
+                sink_for = lambda: collector.direct_sink(site, head.num_samples)  # noqa: E731
+                rx = self._receive(
+                    collector, site, head, model, request_iterator, what, fail, sink_for
+                )
             collector.commit(site, rx, head.num_samples)  # the collector owns rx from here
         metrics.UPDATE_BYTES.labels(head.site_id, "up").inc(rx.total_bytes)
         metrics.UPDATES.labels("accepted").inc()

@@ -28,6 +28,7 @@ from powertrip.fold_inputs import all_finite
 from powertrip.services.common.bf16 import BF16, all_finite_bf16, widen_into
 from powertrip.services.common.tensor_stream import (
     ALLOWED_DTYPES,
+    CODED_DTYPES,
     MiB,
     StreamError,
     TensorSpec,
@@ -91,7 +92,8 @@ class TensorStreamReceiver:
         if not specs:
             raise StreamError("tensor_set", "the tensor header lists no tensors")
         for s in specs:
-            if s.dtype not in ALLOWED_DTYPES:
+            pinned = self._expected is not None and s.dtype in CODED_DTYPES
+            if s.dtype not in ALLOWED_DTYPES and not pinned:
                 raise StreamError("dtype", f"tensor {s.name!r} has unsupported dtype {s.dtype!r}")
             if any(d < 0 for d in s.shape):
                 raise StreamError("shape", f"tensor {s.name!r} has a negative dimension")

@@ -38,6 +38,8 @@ MiB = 1 << 20
 # 2 MiB chunks and peaked lower under 8 concurrent uploads (benchmarks/README.md, upload).
 DEFAULT_CHUNK_BYTES = 512 << 10
 ALLOWED_DTYPES = ("float16", "float32", "float64", "int32", "int64", BF16)
+#: what a coded update's parts may be (``update_codec``); only where the receiver pins the specs
+CODED_DTYPES = ("int8", "uint8", "uint32")
 
 
 def wire_dtype(name: str) -> np.dtype:

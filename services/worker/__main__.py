@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 import threading
@@ -78,12 +79,20 @@ def join(
         return reply
 
 
+def assign_codec(uploader: GrpcUploader | None, run_config_json: str) -> None:
+    """The update codec the aggregator's run assigns (none in curtailment mode)."""
+    if uploader is not None:
+        run = json.loads(run_config_json) if run_config_json else {}
+        uploader.assign(run.get("codec", "none"), run.get("error_feedback", True))
+
+
 def join_run(
     register: Callable[[bool], aggregator_pb2.RegisterWorkerResponse],
     runner: RoundRunner,
     cfg: WorkerConfig,
     device: str,
     state: WorkerStateDir | None,
+    uploader: GrpcUploader | None = None,
 ) -> None:
     """Build the sites and register as ready. A worker restarted with a state directory
     rebuilds them from the saved run before it reaches the aggregator and registers as ready at
@@ -91,6 +100,7 @@ def join_run(
     (registering as not ready: rounds wait), and saves it."""
     saved = state.saved_run() if state is not None else None
     if saved is not None and state is not None:
+        assign_codec(uploader, saved.run_config_json)
         runner.start(partition_host(saved, cfg, device, state))
         logger.info("rebuilt run %s's sites from %s; rejoining", saved.identity, state.directory)
         reply = join(register, True, cfg.heartbeat_s)
@@ -102,6 +112,7 @@ def join_run(
         runner.start(None)  # Busy until rebuilt
         state.forget()
     reply = join(register, False, cfg.heartbeat_s)  # the run config first; rounds wait
+    assign_codec(uploader, reply.run_config_json if reply.mode != "curtailment" else "")
     runner.start(host_for_reply(reply, cfg, device, state))
     join(register, True, cfg.heartbeat_s)
 
@@ -123,7 +134,8 @@ def main() -> int:
     channel = make_channel(cfg.aggregator_addr, cfg, AGGREGATOR)
     stub = aggregator_pb2_grpc.AggregatorServiceStub(channel)
     bf16 = cfg.upload_dtype == "bfloat16"
-    runner = RoundRunner(GrpcUploader(channel, cfg.worker_id, DEFAULT_CHUNK_BYTES, bf16))
+    uploader = GrpcUploader(channel, cfg.worker_id, DEFAULT_CHUNK_BYTES, bf16)
+    runner = RoundRunner(uploader)
     servicer = WorkerServicer(runner, cfg.site_indices)
     server, port, health = build_server(
         [lambda s: worker_pb2_grpc.add_WorkerServiceServicer_to_server(servicer, s)],
@@ -150,7 +162,7 @@ def main() -> int:
     state_root = cfg.worker_state_dir
     state = WorkerStateDir(state_root / cfg.worker_id) if state_root else None
     try:  # refused: NOT_SERVING (serve() not reached) and retrying, so no restart loop
-        join_run(register, runner, cfg, device, state)
+        join_run(register, runner, cfg, device, state, uploader)
     except (SiteStateFileError, UnsupportedMode) as exc:  # never resumed from a state it
         logger.error("refusing to start: %s", exc)  # cannot trust, nor a run it cannot train
         server.stop(grace=None)

@@ -35,6 +35,7 @@ from powertrip.services.common.tensor_stream import (
     stream_header,
     wrap_tensor_stream,
 )
+from powertrip.services.common.update_codec import WorkerCodec
 from powertrip.services.worker.upload_credit import upload
 from powertrip.sites import site_id
 from powertrip.v1 import aggregator_pb2, common_pb2
@@ -49,9 +50,10 @@ Shard = tuple[int, int] | None
 
 
 def _update_header(
-    worker_id: str, round_index: int, update: SiteUpdate, shard: Shard = None
+    worker_id: str, round_index: int, update: SiteUpdate, shard: Shard = None, codec: str = ""
 ) -> aggregator_pb2.UpdateHeader:
     index, count = shard or (0, 0)  # zeros are not serialized: a whole update's bytes as before
+    codec = "" if codec == "none" else codec  # likewise: codec none's header is as before
     return aggregator_pb2.UpdateHeader(
         worker_id=worker_id,
         site_id=site_id(update.site),
@@ -60,6 +62,7 @@ def _update_header(
         train_seconds=update.train_seconds,
         shard_index=index,
         shard_count=count,
+        codec=codec,
     )
 
 
@@ -70,11 +73,13 @@ def update_messages(
     chunk_bytes: int,
     bf16: bool = False,
     shard: Shard = None,
+    codec: str = "",
 ) -> Iterator[aggregator_pb2.SubmitUpdateRequest]:
     """The reference stream through protobuf (tests compare ``update_wire`` with it, and tamper
     with its messages); the worker sends ``update_wire``. ``shard``: ``update.delta`` is shard
-    (index, count) of the site's update (``shard_updates``)."""
-    head = _update_header(worker_id, round_index, update, shard)
+    (index, count) of the site's update (``shard_updates``); ``codec``: the codec whose payload
+    parts ``update.delta`` holds (``WorkerCodec.encode``)."""
+    head = _update_header(worker_id, round_index, update, shard, codec)
     yield aggregator_pb2.SubmitUpdateRequest(update=head)
     yield from wrap_tensor_stream(
         encode(update.delta, chunk_bytes, bf16), aggregator_pb2.SubmitUpdateRequest
@@ -104,9 +109,10 @@ def update_wire(
     chunk_bytes: int,
     bf16: bool = False,
     shard: Shard = None,
+    codec: str = "",
 ) -> Iterator[bytes]:
     """``update_messages``, serialized: what ``GrpcUploader`` sends."""
-    head = _update_header(worker_id, round_index, update, shard)
+    head = _update_header(worker_id, round_index, update, shard, codec)
     yield aggregator_pb2.SubmitUpdateRequest(update=head).SerializeToString()
     for i, message in enumerate(tensor_wire(update.delta, chunk_bytes, bf16)):
         yield message
@@ -137,6 +143,11 @@ class GrpcUploader:
         self.worker_id = worker_id
         self.chunk_bytes = chunk_bytes
         self.bf16 = bf16
+        self.codec: WorkerCodec | None = None  # the run's codec, once assigned (``assign``)
+
+    def assign(self, codec: str, error_feedback: bool = True) -> None:
+        """Encode every update with the codec the run assigned (a fresh residual per site)."""
+        self.codec = None if codec == "none" else WorkerCodec(codec, error_feedback)
 
     def __call__(
         self, round_index: int, update: SiteUpdate, timeout_s: float, shard: Shard = None
@@ -145,12 +156,20 @@ class GrpcUploader:
         when it carries per-rank ``shards`` (a site trained over N ranks), as N streams."""
         # Not retried: a resend after a partial failure is the aggregator's call (stale round).
         shards = getattr(update, "shards", None)
-        if shard is None and shards:
+        if shard is None and shards and self.codec is None:
             parts = [replace(update, delta=d) for d in shards]
             self.send_shards(round_index, parts, timeout_s)
             return
-        wire = update_wire(self.worker_id, round_index, update, self.chunk_bytes, self.bf16, shard)
-        upload(self._upload, wire, timeout_s)
+        name = ""
+        if self.codec is not None:  # the run's codec: the payload's parts travel, not the delta
+            if shard is not None or shards:
+                raise ValueError(
+                    f"a site trained over ranks cannot send a {self.codec.name} update"
+                )
+            name = self.codec.codec.name
+            update = replace(update, delta=self.codec.encode(update.site, update.delta))
+        args = (self.chunk_bytes, self.bf16 and self.codec is None, shard, name)
+        upload(self._upload, update_wire(self.worker_id, round_index, update, *args), timeout_s)
 
     def send_shards(self, round_index: int, shards: Sequence[SiteUpdate], timeout_s: float) -> None:
         """One site's update as ``len(shards)`` concurrent streams: ``shards[i].delta`` holds rows

@@ -1,0 +1,82 @@
+"""The aggregator's forecast of spare power (docs/forecasts.md, "Over the services").
+
+The aggregator knows the future of no site's power: only what the profiler has told it so far.
+``ObservedPower`` is that history as a ``PowerSource`` (each site's last reported power fraction
+holds until the next report; before the first one, the first), and ``observed_forecaster``
+builds the run's ``forecast`` model on it: ``persistence`` (the last report holds) or ``ewma``
+(the AR(1) reversion to an exponentially weighted mean, fitted on the reports as they arrive).
+``oracle`` needs the true future and is refused at start-up.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+
+import numpy as np
+from numpy.typing import NDArray
+
+from powertrip.forecast import Forecaster, build_forecaster
+
+__all__ = ["ObservedPower", "observed_forecaster"]
+
+
+class ObservedPower:
+    """Power fractions reported at increasing times; ``power_at(t)``: the last at or before t."""
+
+    def __init__(self) -> None:
+        self._times: list[float] = []
+        self._power: list[NDArray[np.float64]] = []
+        self._lock = threading.Lock()
+
+    def record(self, t_s: float, power: NDArray[np.float64]) -> None:
+        """A report at ``t_s``; one at the time of the last replaces it (a replayed round)."""
+        p = np.array(power, dtype=np.float64)
+        with self._lock:
+            if self._times and t_s <= self._times[-1]:
+                if t_s < self._times[-1]:
+                    return  # the history is never rewritten: forecasts already made stand
+                self._power[-1] = p
+                return
+            self._times.append(float(t_s))
+            self._power.append(p)
+
+    def power_at(self, t_s: float) -> NDArray[np.float64]:
+        with self._lock:
+            if not self._power:
+                raise RuntimeError("no power reported yet")
+            i = bisect.bisect_right(self._times, t_s) - 1
+            return self._power[max(i, 0)].copy()
+
+
+def observed_forecaster(model: str, history: ObservedPower) -> Forecaster | None:
+    """The run's forecast over what the profiler reported (None for ``none``)."""
+    if model == "oracle":
+        raise ValueError(
+            "POWERTRIP_FORECAST=oracle needs the true future power, which the aggregator does "
+            "not have; use persistence or ewma"
+        )
+    if model == "none":
+        return None
+    build_forecaster(model, _Constant())  # an unknown model fails here, at start-up
+    return _Deferred(model, history)
+
+
+class _Constant:
+    def power_at(self, t_s: float) -> NDArray[np.float64]:
+        return np.ones(1)
+
+
+class _Deferred:
+    """The forecaster, built at its first question (after the first report: ewma reads its
+    history from the start)."""
+
+    def __init__(self, model: str, history: ObservedPower) -> None:
+        self.name, self.power = model, history
+        self.model: Forecaster | None = None
+
+    def mean_power(self, now_s: float, horizon_s: float) -> NDArray[np.float64]:
+        if self.model is None:
+            self.model = build_forecaster(self.name, self.power)  # type: ignore[arg-type]
+        assert self.model is not None
+        return self.model.mean_power(now_s, horizon_s)

@@ -1,0 +1,155 @@
+"""Update codecs on the real wire: a real AggregatorService on a real socket, whose run assigns
+the codec, and the worker's ``GrpcUploader`` encoding with it. int8 sends about a quarter of the
+chunk bytes of codec none and folds exactly its decoding; a payload larger than the codec's exact
+layout, or coded with another codec, is refused naming the site and the field while the round
+commits the other sites."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import grpc
+import numpy as np
+import pytest
+
+from powertrip.codecs import get_codec, roundtrip
+from powertrip.fedavg import StreamingFedAvg
+from powertrip.services.aggregator.service_handlers import add_to_server
+from powertrip.services.aggregator.servicer import AggregatorServicer
+from powertrip.services.common.grpc_server import build_server, set_serving
+from powertrip.services.common.update_codec import WorkerCodec
+from powertrip.services.worker.sites_host import SiteUpdate
+from powertrip.services.worker.uploader import GrpcUploader, update_messages
+from powertrip.v1 import aggregator_pb2_grpc
+from tests.aggregator_in_process import SERVICE, small_run
+from tests.integration.test_aggregator_servicer import C, code_of, register
+
+ROUND = 2
+
+
+def counting_server(run, chunk_bytes: list[int]):
+    """``run``'s service on a real socket, counting every chunk's bytes that reach it."""
+    servicer = AggregatorServicer(run)
+    inner = servicer._submit
+
+    def submit(requests, context):
+        def counted():
+            for m in requests:
+                if m.WhichOneof("part") == "chunk":
+                    chunk_bytes.append(len(m.chunk.data))
+                yield m
+
+        return inner(counted(), context)
+
+    servicer._submit = submit
+    server, port, health = build_server(
+        [lambda s: add_to_server(servicer, s)], "127.0.0.1:0", run.cfg, [SERVICE]
+    )
+    server.start()
+    set_serving(health, [SERVICE], True)
+    return server, grpc.insecure_channel(f"127.0.0.1:{port}")
+
+
+@pytest.fixture(scope="module", params=["none", "int8"])
+def served(request):
+    run = small_run(POWERTRIP_INSECURE="1", POWERTRIP_CODEC=request.param)
+    counted: list[int] = []
+    server, channel = counting_server(run, counted)
+    yield request.param, run, channel, counted
+    channel.close()
+    server.stop(grace=None)
+
+
+def site_update(run, site: int) -> SiteUpdate:
+    rng = np.random.default_rng(site)
+    delta = {
+        k: (rng.standard_normal(v.shape) * 0.01).astype(np.float32)
+        for k, v in run.executor.params.items()
+    }
+    return SiteUpdate(site, delta, float(run.executor.site_weights[site]), 0.1)
+
+
+@pytest.fixture
+def open_round(served):
+    codec, run, channel, counted = served
+    stub = aggregator_pb2_grpc.AggregatorServiceStub(channel)
+    register(stub, "w-a", ["site-000", "site-001"])
+    register(stub, "w-b", ["site-002", "site-003"])
+    collector = run.executor.open_round(ROUND, [0, 1, 2])
+    counted.clear()
+    yield codec, run, channel, stub, collector, counted
+    collector.close()
+    run.executor.collector = None
+
+
+WIRE: dict[str, int] = {}
+
+
+def test_the_assigned_codec_crosses_the_wire_and_folds_its_decoding(open_round):
+    codec, run, channel, _, collector, counted = open_round
+    uploader = GrpcUploader(channel, "w-a", 4096)
+    uploader.assign(codec)
+    for site in (0, 1):
+        uploader(ROUND, site_update(run, site), timeout_s=20)
+    other = GrpcUploader(channel, "w-b", 4096)
+    other.assign(codec)
+    other(ROUND, site_update(run, 2), timeout_s=20)
+    assert collector.wait(5)
+    collector.close()
+    assert collector.accepted == [0, 1, 2] and collector.failed == {}
+    ref = StreamingFedAvg(run.executor.params)
+    for site in (0, 1, 2):
+        u = site_update(run, site)
+        sent = {k: roundtrip(get_codec(codec), v)[0] for k, v in u.delta.items()}
+        ref.add(sent, u.num_samples)
+    want, got = ref.apply(run.executor.params), collector.agg.apply(run.executor.params)
+    assert all(np.allclose(got[k], want[k], rtol=0, atol=1e-7) for k in want)
+    WIRE[codec] = sum(counted)
+    fp32 = 3 * 4 * sum(v.size for v in run.executor.params.values())
+    if codec == "none":
+        assert WIRE[codec] == fp32  # the raw stream, as before codecs
+    else:  # int8: n + 4 ceil(n / 256) bytes per tensor of n entries
+        assert 0.25 < WIRE[codec] / fp32 < 0.26
+    if len(WIRE) == 2:
+        print(f"int8 / none chunk bytes: {WIRE['int8'] / WIRE['none']:.4f}")
+
+
+def coded(run, site: int, name: str) -> SiteUpdate:
+    u = site_update(run, site)
+    return replace(u, delta=WorkerCodec(name, error_feedback=False).encode(site, u.delta))
+
+
+def oversized(run, site: int) -> SiteUpdate:
+    u = coded(run, site, "int8")
+    key = next(k for k in u.delta if k.endswith("#codes"))
+    u.delta[key] = np.concatenate([u.delta[key], np.ones(1 << 16, np.int8)])  # 64 KiB more
+    return u
+
+
+@pytest.mark.parametrize(
+    ("attempt", "words"),
+    [
+        (lambda run: (coded(run, 0, "int4"), "int4"), ["site-000", "codec", "'int4'", "'int8'"]),
+        (lambda run: (site_update(run, 0), ""), ["site-000", "codec", "'none'", "'int8'"]),
+        (lambda run: (oversized(run, 0), "int8"), ["site-000", "#codes", "shape"]),
+    ],
+    ids=["another-codec", "raw-fp32", "larger-than-the-bound"],
+)
+def test_a_payload_off_the_codecs_layout_is_refused_and_the_round_goes_on(
+    open_round, attempt, words
+):
+    codec, run, channel, stub, collector, _ = open_round
+    if codec != "int8":
+        pytest.skip("the int8 run's refusals")
+    update, name = attempt(run)
+    messages = update_messages("w-a", ROUND, update, 4096, codec=name)
+    code, details = code_of(lambda: stub.SubmitUpdate(messages, timeout=10))
+    assert code == C.INVALID_ARGUMENT
+    assert all(w in details for w in words), details
+    for site, worker in ((1, "w-a"), (2, "w-b")):
+        u = GrpcUploader(channel, worker, 4096)
+        u.assign("int8")
+        u(ROUND, site_update(run, site), timeout_s=20)
+    assert collector.wait(5)
+    collector.close()
+    assert collector.accepted == [1, 2] and 0 in collector.failed
