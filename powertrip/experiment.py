@@ -108,14 +108,14 @@ class GreedyParams(BaseModel):
     k0: int | None = Field(None, ge=1, description="Algorithm 1: initial site count.")
     window: int | None = Field(None, ge=0, description="Algorithm 1: candidate window (0 = all).")
     patience: int | None = Field(None, ge=1, description="Algorithm 1: rounds before shrinking.")
-    trend_rounds: int | None = Field(
-        None, ge=1, description="Algorithm 1: rounds in the trend (m)."
-    )
+    trend_rounds: int | None = Field(None, ge=1, description="Algorithm 1: trend rounds (m).")
     gain_floor: float | None = Field(None, gt=0, description="Algorithm 1: projected gain floor.")
     kappa: float | None = Field(None, ge=0, description="kappa-headroom gain: headroom strength.")
 
     def overrides(self) -> dict[str, object]:
-        return {k: v for k, v in self.model_dump().items() if v is not None}
+        """The set fields; an explicit k0 or window is absolute (no scaling with the sites)."""
+        out = {k: v for k, v in self.model_dump().items() if v is not None}
+        return out | ({"reference_sites": 0} if {"k0", "window"} & set(out) else {})
 
 
 class RunConfig(BaseModel):

@@ -28,7 +28,7 @@ class ForecastGreedy(PowerTripGreedy):
     def horizon_s(self, ctx: RoundContext) -> float:
         """The policy's own estimate of the round: T_hat(k) of its current count's top sites."""
         n = ctx.profile.size
-        k = min(max(self.k or self.config.k0, self.config.min_sites), n)
+        k = min(max(self.k or self.config.scaled(n)[0], self.config.min_sites), n)
         return float(self.prefix_times(ctx, self._top(ctx, k))[-1])
 
     def forecast_context(self, ctx: RoundContext) -> RoundContext:

@@ -14,6 +14,7 @@ Options kept side by side (docs/reproduction.md §2):
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -57,6 +58,9 @@ class GreedyConfig:
     noise_smoothing: float = 0.7  # EMA weight on history for the measured gain statistics
     min_sites: int = 1  # split-half needs two sites to measure anything
     ranking: SiteRanking = field(default_factory=RankingConfig)
+    #: the site count k0 and window are meant for; with more sites both grow in proportion
+    #: (``scaled``), so the ramp-up takes as many rounds at 1,000 sites as at 100; 0: absolute
+    reference_sites: int = 0
 
     def __post_init__(self) -> None:
         checks = {
@@ -68,10 +72,18 @@ class GreedyConfig:
             "kappa": self.kappa >= 0,
             "noise_smoothing": 0 <= self.noise_smoothing < 1,
             "min_sites": self.min_sites >= 1,
+            "reference_sites": self.reference_sites >= 0,
         }
         bad = [name for name, ok in checks.items() if not ok]
         if bad:
             raise ValueError(f"invalid greedy policy parameter(s): {', '.join(bad)}")
+
+    def scaled(self, n: int) -> tuple[int, int]:
+        """(k0, window) for n sites: as given up to ``reference_sites``, in proportion above."""
+        if not self.reference_sites or n <= self.reference_sites:
+            return self.k0, self.window
+        share = n / self.reference_sites
+        return math.ceil(self.k0 * share), math.ceil(self.window * share)
 
     def make_gain(self) -> ProjectedGain:
         """A fresh model of the configured gain, with this config's kappa and smoothing."""
@@ -103,11 +115,12 @@ class PowerTripGreedy(SelectionPolicy):
         # Only the first k + w ranked sites can be chosen (window 0: all), so only those are
         # ranked: the full order's prefix, identical to slicing a full ranking.
         n = ctx.profile.size
+        k0, window = self.config.scaled(n)
         if self.k is None:
-            self.k = min(max(self.config.k0, self.config.min_sites), n)
+            self.k = min(max(k0, self.config.min_sites), n)
         elif self._feedback is not None:
             k = min(self.k, n)
-            top = self._top(ctx, min(n, k + self.config.window) if self.config.window else n)
+            top = self._top(ctx, min(n, k + window) if window else n)
             self.k = self._next_k(k, self.prefix_times(ctx, top), self._feedback, n)
         self.k = min(self.k, n)
         self._feedback = None
@@ -151,7 +164,7 @@ class PowerTripGreedy(SelectionPolicy):
     ) -> int:
         """Lines 10-16 over the n sites, of which ``prefix_times`` covers at least the window."""
         n = prefix_times.size if n is None else n
-        w = self.config.window or n
+        w = self.config.scaled(n)[1] or n
         lo, hi = max(min(self.config.min_sites, n), k - w), min(n, k + w)
         candidates = np.arange(lo, hi + 1, dtype=np.int64)
         efficiency = self.projected_gain(candidates, k) / prefix_times[candidates - 1]

@@ -37,7 +37,11 @@ NOISE_GREEDY = GreedyConfig(
 #: The project's default (docs/reproduction.md §5): the same, with the noise scale measured along
 #: the direction the model moves (the projections of the updates on the last global delta).
 #: Two sites at least: one site measures no dispersion, so its noise scale would freeze.
-PROJECT_GREEDY = replace(NOISE_GREEDY, gain=GainModel.NOISE_DIRECTIONAL, min_sites=2)
+#: k0 and the window are the paper's at up to 100 sites and grow in proportion beyond
+#: (docs/scale.md: at 150 sites a ramp of 5 sites a round from 10 missed the target).
+PROJECT_GREEDY = replace(
+    NOISE_GREEDY, gain=GainModel.NOISE_DIRECTIONAL, min_sites=2, reference_sites=100
+)
 
 VARIANTS: dict[str, GreedyConfig] = {
     "powertrip": PROJECT_GREEDY,

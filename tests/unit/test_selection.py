@@ -428,3 +428,17 @@ def test_the_default_keeps_two_sites_so_it_can_measure_dispersion():
     policy = build_policy("powertrip")
     assert policy.config.min_sites == 2 and policy.wants_direction
     assert build_policy("powertrip-noise").config.min_sites == 1
+
+
+def test_the_default_scales_k0_and_window_with_the_sites_beyond_a_hundred():
+    cfg = build_policy("powertrip").config
+    assert cfg.scaled(50) == (10, 5) and cfg.scaled(100) == (10, 5)  # the paper's, unchanged
+    assert cfg.scaled(150) == (15, 8) and cfg.scaled(1000) == (100, 50)
+    assert build_policy("powertrip-paper").config.scaled(1000) == (10, 5)  # the paper's: absolute
+
+
+def test_an_explicit_k0_or_window_is_taken_as_given_at_any_site_count():
+    from powertrip.experiment import GreedyParams
+
+    overrides = GreedyParams(k0=4).overrides()
+    assert build_policy("powertrip", greedy_overrides=overrides).config.scaled(1000) == (4, 5)
