@@ -25,33 +25,33 @@ _sym_db = _symbol_database.Default()
 from powertrip.v1 import common_pb2 as powertrip_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dpowertrip/v1/aggregator.proto\x12\x0cpowertrip.v1\x1a\x19powertrip/v1/common.proto\"\\\n\x15RegisterWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x10\n\x08site_ids\x18\x03 \x03(\t\x12\r\n\x05ready\x18\x04 \x01(\x08\"n\n\x16RegisterWorkerResponse\x12\x17\n\x0frun_config_json\x18\x01 \x01(\t\x12\x10\n\x08run_seed\x18\x02 \x01(\x04\x12\x0c\n\x04mode\x18\x03 \x01(\t\x12\x1b\n\x13\x63urtail_config_json\x18\x04 \x01(\t\"\xa6\x01\n\x0cUpdateHeader\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07site_id\x18\x02 \x01(\t\x12\r\n\x05round\x18\x03 \x01(\x04\x12\x13\n\x0bnum_samples\x18\x04 \x01(\x01\x12\x15\n\rtrain_seconds\x18\x05 \x01(\x01\x12\x13\n\x0bshard_index\x18\x06 \x01(\r\x12\x13\n\x0bshard_count\x18\x07 \x01(\r\x12\r\n\x05\x63odec\x18\x08 \x01(\t\"\xe1\x01\n\x13SubmitUpdateRequest\x12,\n\x06update\x18\x01 \x01(\x0b\x32\x1a.powertrip.v1.UpdateHeaderH\x00\x12\x32\n\x06header\x18\x02 \x01(\x0b\x32 .powertrip.v1.TensorStreamHeaderH\x00\x12*\n\x05\x63hunk\x18\x03 \x01(\x0b\x32\x19.powertrip.v1.TensorChunkH\x00\x12\x34\n\x07trailer\x18\x04 \x01(\x0b\x32!.powertrip.v1.TensorStreamTrailerH\x00\x42\x06\n\x04part\"c\n\x0bUploadReply\x12\x16\n\x0c\x63redit_bytes\x18\x01 \x01(\x04H\x00\x12\x34\n\x06result\x18\x02 \x01(\x0b\x32\".powertrip.v1.SubmitUpdateResponseH\x00\x42\x06\n\x04part\"(\n\x14SubmitUpdateResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\";\n\x10GetStatusRequest\x12\x12\n\nmax_rounds\x18\x01 \x01(\r\x12\x13\n\x0b\x61\x66ter_round\x18\x02 \x01(\x04\"\xd7\x01\n\x0cRoundSummary\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x15\n\rclock_seconds\x18\x02 \x01(\x01\x12\x18\n\x10\x64uration_seconds\x18\x03 \x01(\x01\x12\x19\n\x11selected_site_ids\x18\x04 \x03(\t\x12\x15\n\rcontributions\x18\x05 \x01(\r\x12\x10\n\x08\x61\x63\x63uracy\x18\x06 \x01(\x01\x12\x0c\n\x04loss\x18\x07 \x01(\x01\x12\x0f\n\x07outcome\x18\x08 \x01(\t\x12\r\n\x05steps\x18\t \x03(\x04\x12\x15\n\rstart_seconds\x18\n \x01(\x01\"\xc9\x03\n\x11GetStatusResponse\x12%\n\x05state\x18\x01 \x01(\x0e\x32\x16.powertrip.v1.RunState\x12\r\n\x05round\x18\x02 \x01(\x04\x12\x10\n\x08\x61\x63\x63uracy\x18\x03 \x01(\x01\x12\x15\n\rclock_seconds\x18\x04 \x01(\x01\x12\x17\n\x0ftarget_accuracy\x18\x05 \x01(\x01\x12 \n\x18time_to_accuracy_seconds\x18\x06 \x01(\x01\x12\x18\n\x10registered_sites\x18\x07 \x01(\r\x12\x16\n\x0e\x65xpected_sites\x18\x08 \x01(\r\x12*\n\x06rounds\x18\t \x03(\x0b\x32\x1a.powertrip.v1.RoundSummary\x12\x0e\n\x06policy\x18\n \x01(\t\x12\r\n\x05\x63lock\x18\x0b \x01(\t\x12\x0f\n\x07message\x18\x0c \x01(\t\x12\x0c\n\x04mode\x18\r \x01(\t\x12\x14\n\x0c\x61\x63tive_sites\x18\x0e \x01(\r\x12\x12\n\nenergy_kwh\x18\x0f \x01(\x01\x12\x14\n\x0c\x65missions_kg\x18\x10 \x01(\x01\x12\x14\n\x0ctotal_rounds\x18\x11 \x01(\x04\x12\x13\n\x0b\x66irst_round\x18\x12 \x01(\x04\x12\x13\n\x0bmore_rounds\x18\x13 \x01(\x08*\x88\x01\n\x08RunState\x12\x19\n\x15RUN_STATE_UNSPECIFIED\x10\x00\x12\x1f\n\x1bRUN_STATE_WAITING_FOR_SITES\x10\x01\x12\x16\n\x12RUN_STATE_TRAINING\x10\x02\x12\x12\n\x0eRUN_STATE_DONE\x10\x03\x12\x14\n\x10RUN_STATE_FAILED\x10\x04\x32\xe9\x02\n\x11\x41ggregatorService\x12[\n\x0eRegisterWorker\x12#.powertrip.v1.RegisterWorkerRequest\x1a$.powertrip.v1.RegisterWorkerResponse\x12W\n\x0cSubmitUpdate\x12!.powertrip.v1.SubmitUpdateRequest\x1a\".powertrip.v1.SubmitUpdateResponse(\x01\x12P\n\x0cUploadUpdate\x12!.powertrip.v1.SubmitUpdateRequest\x1a\x19.powertrip.v1.UploadReply(\x01\x30\x01\x12L\n\tGetStatus\x12\x1e.powertrip.v1.GetStatusRequest\x1a\x1f.powertrip.v1.GetStatusResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dpowertrip/v1/aggregator.proto\x12\x0cpowertrip.v1\x1a\x19powertrip/v1/common.proto\"\\\n\x15RegisterWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x10\n\x08site_ids\x18\x03 \x03(\t\x12\r\n\x05ready\x18\x04 \x01(\x08\"n\n\x16RegisterWorkerResponse\x12\x17\n\x0frun_config_json\x18\x01 \x01(\t\x12\x10\n\x08run_seed\x18\x02 \x01(\x04\x12\x0c\n\x04mode\x18\x03 \x01(\t\x12\x1b\n\x13\x63urtail_config_json\x18\x04 \x01(\t\"\xce\x01\n\x0cUpdateHeader\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07site_id\x18\x02 \x01(\t\x12\r\n\x05round\x18\x03 \x01(\x04\x12\x13\n\x0bnum_samples\x18\x04 \x01(\x01\x12\x15\n\rtrain_seconds\x18\x05 \x01(\x01\x12\x13\n\x0bshard_index\x18\x06 \x01(\r\x12\x13\n\x0bshard_count\x18\x07 \x01(\r\x12\r\n\x05\x63odec\x18\x08 \x01(\t\x12\x17\n\ntrain_loss\x18\t \x01(\x01H\x00\x88\x01\x01\x42\r\n\x0b_train_loss\"\xe1\x01\n\x13SubmitUpdateRequest\x12,\n\x06update\x18\x01 \x01(\x0b\x32\x1a.powertrip.v1.UpdateHeaderH\x00\x12\x32\n\x06header\x18\x02 \x01(\x0b\x32 .powertrip.v1.TensorStreamHeaderH\x00\x12*\n\x05\x63hunk\x18\x03 \x01(\x0b\x32\x19.powertrip.v1.TensorChunkH\x00\x12\x34\n\x07trailer\x18\x04 \x01(\x0b\x32!.powertrip.v1.TensorStreamTrailerH\x00\x42\x06\n\x04part\"c\n\x0bUploadReply\x12\x16\n\x0c\x63redit_bytes\x18\x01 \x01(\x04H\x00\x12\x34\n\x06result\x18\x02 \x01(\x0b\x32\".powertrip.v1.SubmitUpdateResponseH\x00\x42\x06\n\x04part\"(\n\x14SubmitUpdateResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\";\n\x10GetStatusRequest\x12\x12\n\nmax_rounds\x18\x01 \x01(\r\x12\x13\n\x0b\x61\x66ter_round\x18\x02 \x01(\x04\"\xd7\x01\n\x0cRoundSummary\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x15\n\rclock_seconds\x18\x02 \x01(\x01\x12\x18\n\x10\x64uration_seconds\x18\x03 \x01(\x01\x12\x19\n\x11selected_site_ids\x18\x04 \x03(\t\x12\x15\n\rcontributions\x18\x05 \x01(\r\x12\x10\n\x08\x61\x63\x63uracy\x18\x06 \x01(\x01\x12\x0c\n\x04loss\x18\x07 \x01(\x01\x12\x0f\n\x07outcome\x18\x08 \x01(\t\x12\r\n\x05steps\x18\t \x03(\x04\x12\x15\n\rstart_seconds\x18\n \x01(\x01\"\xc9\x03\n\x11GetStatusResponse\x12%\n\x05state\x18\x01 \x01(\x0e\x32\x16.powertrip.v1.RunState\x12\r\n\x05round\x18\x02 \x01(\x04\x12\x10\n\x08\x61\x63\x63uracy\x18\x03 \x01(\x01\x12\x15\n\rclock_seconds\x18\x04 \x01(\x01\x12\x17\n\x0ftarget_accuracy\x18\x05 \x01(\x01\x12 \n\x18time_to_accuracy_seconds\x18\x06 \x01(\x01\x12\x18\n\x10registered_sites\x18\x07 \x01(\r\x12\x16\n\x0e\x65xpected_sites\x18\x08 \x01(\r\x12*\n\x06rounds\x18\t \x03(\x0b\x32\x1a.powertrip.v1.RoundSummary\x12\x0e\n\x06policy\x18\n \x01(\t\x12\r\n\x05\x63lock\x18\x0b \x01(\t\x12\x0f\n\x07message\x18\x0c \x01(\t\x12\x0c\n\x04mode\x18\r \x01(\t\x12\x14\n\x0c\x61\x63tive_sites\x18\x0e \x01(\r\x12\x12\n\nenergy_kwh\x18\x0f \x01(\x01\x12\x14\n\x0c\x65missions_kg\x18\x10 \x01(\x01\x12\x14\n\x0ctotal_rounds\x18\x11 \x01(\x04\x12\x13\n\x0b\x66irst_round\x18\x12 \x01(\x04\x12\x13\n\x0bmore_rounds\x18\x13 \x01(\x08*\x88\x01\n\x08RunState\x12\x19\n\x15RUN_STATE_UNSPECIFIED\x10\x00\x12\x1f\n\x1bRUN_STATE_WAITING_FOR_SITES\x10\x01\x12\x16\n\x12RUN_STATE_TRAINING\x10\x02\x12\x12\n\x0eRUN_STATE_DONE\x10\x03\x12\x14\n\x10RUN_STATE_FAILED\x10\x04\x32\xe9\x02\n\x11\x41ggregatorService\x12[\n\x0eRegisterWorker\x12#.powertrip.v1.RegisterWorkerRequest\x1a$.powertrip.v1.RegisterWorkerResponse\x12W\n\x0cSubmitUpdate\x12!.powertrip.v1.SubmitUpdateRequest\x1a\".powertrip.v1.SubmitUpdateResponse(\x01\x12P\n\x0cUploadUpdate\x12!.powertrip.v1.SubmitUpdateRequest\x1a\x19.powertrip.v1.UploadReply(\x01\x30\x01\x12L\n\tGetStatus\x12\x1e.powertrip.v1.GetStatusRequest\x1a\x1f.powertrip.v1.GetStatusResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'powertrip.v1.aggregator_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_RUNSTATE']._serialized_start=1560
-  _globals['_RUNSTATE']._serialized_end=1696
+  _globals['_RUNSTATE']._serialized_start=1600
+  _globals['_RUNSTATE']._serialized_end=1736
   _globals['_REGISTERWORKERREQUEST']._serialized_start=74
   _globals['_REGISTERWORKERREQUEST']._serialized_end=166
   _globals['_REGISTERWORKERRESPONSE']._serialized_start=168
   _globals['_REGISTERWORKERRESPONSE']._serialized_end=278
   _globals['_UPDATEHEADER']._serialized_start=281
-  _globals['_UPDATEHEADER']._serialized_end=447
-  _globals['_SUBMITUPDATEREQUEST']._serialized_start=450
-  _globals['_SUBMITUPDATEREQUEST']._serialized_end=675
-  _globals['_UPLOADREPLY']._serialized_start=677
-  _globals['_UPLOADREPLY']._serialized_end=776
-  _globals['_SUBMITUPDATERESPONSE']._serialized_start=778
-  _globals['_SUBMITUPDATERESPONSE']._serialized_end=818
-  _globals['_GETSTATUSREQUEST']._serialized_start=820
-  _globals['_GETSTATUSREQUEST']._serialized_end=879
-  _globals['_ROUNDSUMMARY']._serialized_start=882
-  _globals['_ROUNDSUMMARY']._serialized_end=1097
-  _globals['_GETSTATUSRESPONSE']._serialized_start=1100
-  _globals['_GETSTATUSRESPONSE']._serialized_end=1557
-  _globals['_AGGREGATORSERVICE']._serialized_start=1699
-  _globals['_AGGREGATORSERVICE']._serialized_end=2060
+  _globals['_UPDATEHEADER']._serialized_end=487
+  _globals['_SUBMITUPDATEREQUEST']._serialized_start=490
+  _globals['_SUBMITUPDATEREQUEST']._serialized_end=715
+  _globals['_UPLOADREPLY']._serialized_start=717
+  _globals['_UPLOADREPLY']._serialized_end=816
+  _globals['_SUBMITUPDATERESPONSE']._serialized_start=818
+  _globals['_SUBMITUPDATERESPONSE']._serialized_end=858
+  _globals['_GETSTATUSREQUEST']._serialized_start=860
+  _globals['_GETSTATUSREQUEST']._serialized_end=919
+  _globals['_ROUNDSUMMARY']._serialized_start=922
+  _globals['_ROUNDSUMMARY']._serialized_end=1137
+  _globals['_GETSTATUSRESPONSE']._serialized_start=1140
+  _globals['_GETSTATUSRESPONSE']._serialized_end=1597
+  _globals['_AGGREGATORSERVICE']._serialized_start=1739
+  _globals['_AGGREGATORSERVICE']._serialized_end=2100
 # @@protoc_insertion_point(module_scope)

@@ -46,7 +46,7 @@ class RegisterWorkerResponse(_message.Message):
     def __init__(self, run_config_json: _Optional[str] = ..., run_seed: _Optional[int] = ..., mode: _Optional[str] = ..., curtail_config_json: _Optional[str] = ...) -> None: ...
 
 class UpdateHeader(_message.Message):
-    __slots__ = ("worker_id", "site_id", "round", "num_samples", "train_seconds", "shard_index", "shard_count", "codec")
+    __slots__ = ("worker_id", "site_id", "round", "num_samples", "train_seconds", "shard_index", "shard_count", "codec", "train_loss")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     SITE_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
@@ -55,6 +55,7 @@ class UpdateHeader(_message.Message):
     SHARD_INDEX_FIELD_NUMBER: _ClassVar[int]
     SHARD_COUNT_FIELD_NUMBER: _ClassVar[int]
     CODEC_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_LOSS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     site_id: str
     round: int
@@ -63,7 +64,8 @@ class UpdateHeader(_message.Message):
     shard_index: int
     shard_count: int
     codec: str
-    def __init__(self, worker_id: _Optional[str] = ..., site_id: _Optional[str] = ..., round: _Optional[int] = ..., num_samples: _Optional[float] = ..., train_seconds: _Optional[float] = ..., shard_index: _Optional[int] = ..., shard_count: _Optional[int] = ..., codec: _Optional[str] = ...) -> None: ...
+    train_loss: float
+    def __init__(self, worker_id: _Optional[str] = ..., site_id: _Optional[str] = ..., round: _Optional[int] = ..., num_samples: _Optional[float] = ..., train_seconds: _Optional[float] = ..., shard_index: _Optional[int] = ..., shard_count: _Optional[int] = ..., codec: _Optional[str] = ..., train_loss: _Optional[float] = ...) -> None: ...
 
 class SubmitUpdateRequest(_message.Message):
     __slots__ = ("update", "header", "chunk", "trailer")

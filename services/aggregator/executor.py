@@ -1,6 +1,6 @@
 """The service's RoundExecutor: broadcast the model to the workers of the selected sites, collect
-their streamed updates, then commit and report the round with ``powertrip.outcome``. The round
-loop and the round's arithmetic are the emulator's, so a service run reproduces it.
+their streamed updates, then commit and report the round with ``powertrip.outcome`` (each site's
+reported loss and samples added, ``site_reports``): the emulator's round loop and arithmetic.
 
 A round commits only with a quorum (POWERTRIP_MIN_CONTRIBUTIONS accepted updates); below it, or
 with no selected site alive, it fails with the model unchanged and ``failure`` says why
@@ -25,6 +25,7 @@ from powertrip.rounds import RoundOutcome
 from powertrip.services.aggregator import metrics
 from powertrip.services.aggregator.collector import RoundCollector, RoundGate
 from powertrip.services.aggregator.registry import WorkerRegistry
+from powertrip.services.aggregator.site_reports import SiteReports, with_site_reports
 from powertrip.services.common.config import ServiceConfig
 from powertrip.services.common.grpc_client import make_channel
 from powertrip.services.common.tensor_stream import (
@@ -102,8 +103,7 @@ class GrpcRoundExecutor:
     ) -> None:
         self.registry = registry
         self.outer = outer  # the run's outer step after the aggregate (its momentum restored)
-        # per site, the FedAvg weight the run assigned it (its partition's samples): the most
-        # a worker may claim for that site's update (RoundGate.weight_problem)
+        # per site, its partition's samples: the most weight a worker may claim (weight_problem)
         self.site_weights = site_weights
         self.min_contributions = min_contributions  # quorum: fewer accepted updates fail a round
         self.failure: tuple[int, str] | None = None  # (round, reason) of the last failed round
@@ -118,6 +118,7 @@ class GrpcRoundExecutor:
         self._channels: dict[str, tuple[str, grpc.Channel]] = {}
         self._lock = threading.Lock()
         self.collector: RoundGate | None = None  # the open round, fed by the servicer
+        self.reports = SiteReports()  # per-site loss and samples, as the updates report them
         # Directional noise scale: keep the last global delta (one model-sized copy) so the
         # next round can fold each update's projection on it. Off unless a policy asks.
         self.track_direction = False
@@ -281,6 +282,7 @@ class GrpcRoundExecutor:
             outer=self.outer,
         )
         self.params = outcome.params
+        outcome = with_site_reports(outcome, self.reports, collector)
         if self.track_direction:  # new - old, the emulator's arithmetic
             self.resume_direction(previous)
         return outcome

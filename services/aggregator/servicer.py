@@ -14,6 +14,7 @@ from powertrip.services.aggregator.coded_intake import assigned_codec, check_hea
 from powertrip.services.aggregator.collector import CountedReceiver
 from powertrip.services.aggregator.lifecycle import Run
 from powertrip.services.aggregator.site_owners import SiteOwners
+from powertrip.services.aggregator.site_reports import note_update
 from powertrip.services.aggregator.upload_flow import MiB, ReceiveBudget, credited
 from powertrip.services.common.allow_list import AllowList, all_of
 from powertrip.services.common.errors import BadRequest, NotFound, StaleRound, translate_errors
@@ -173,6 +174,7 @@ class AggregatorServicer(aggregator_pb2_grpc.AggregatorServiceServicer):
             try:
                 check_header(head, self.codec, sharded=True)
                 collector.admit_shard(site, head.round, index, count, head.num_samples, model)
+                note_update(self.run.executor, collector, site, head)
             except StreamError as exc:
                 collector.fail_shard(site, None, exc.reason)
                 metrics.UPDATES.labels(exc.reason).inc()
@@ -196,6 +198,7 @@ class AggregatorServicer(aggregator_pb2_grpc.AggregatorServiceServicer):
                 fail(exc.reason)
                 metrics.UPDATES.labels(exc.reason).inc()
                 raise BadRequest(f"{what} rejected: {exc}") from None
+            note_update(self.run.executor, collector, site, head)
             if self.codec.name != "none":  # decoded whole, then folded
                 args = (collector, site, head, model, request_iterator, what, fail)
                 rx = receive_coded(self._receive, *args, self.codec)

@@ -121,6 +121,7 @@ class DistributedSitesHost:
                 delta=to_numpy(result.delta),
                 num_samples=float(len(self._part)),  # n_i, as the in-process host weighs it
                 train_seconds=result.seconds,
+                loss=float(result.loss),
                 shards=[to_numpy(s) for s in result.shards] if many else None,
             )
         ]

@@ -32,6 +32,8 @@ class SiteUpdate:
     train_seconds: float  # wall time of the (batched) local training that produced it
     #: a site trained over N ranks may send its update as N per-rank shards (one stream each)
     shards: list[dict[str, NDArray]] | None = None
+    #: the site's mean local training loss over the round's steps (None: not measured)
+    loss: float | None = None
 
 
 @dataclass

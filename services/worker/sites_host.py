@@ -127,6 +127,7 @@ class SitesHost:
                 delta=row_to_numpy(updates.deltas, j),
                 num_samples=float(updates.num_samples[j]),
                 train_seconds=seconds,
+                loss=float(updates.loss[j]),
             )
             for j, s in enumerate(sites)
         ]

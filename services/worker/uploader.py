@@ -63,6 +63,7 @@ def _update_header(
         shard_index=index,
         shard_count=count,
         codec=codec,
+        train_loss=update.loss,  # None leaves it absent: not measured
     )
 
 
