@@ -81,6 +81,8 @@ class OortUtility:
         """U_i = n_i * loss_i of each site that trained (see ``site_utilities``)."""
         total = 0.0
         for site, u in zip(fb.selected.tolist(), site_utilities(fb), strict=True):
+            if not np.isfinite(u):  # its update never arrived (services: NaN): nothing measured
+                continue
             self.utility[site], self.last_round[site] = u, fb.round
             total += u
         self.round_utility.append(total)

@@ -117,3 +117,11 @@ def test_registered_and_runs_in_the_emulator():
     run = result.runs[-1][1]
     assert run.policy == "oort" and len(run.rounds) >= 1
     assert all(r.sites == 10 for r in run.rounds)  # K = 20% of the quick preset's 50 sites
+
+
+def test_a_site_whose_update_never_arrived_keeps_its_last_utility():
+    state = OortUtility(OortConfig())
+    state.observe(feedback(1, [0, 1], [2.0, 3.0], [10, 10]))
+    state.observe(feedback(2, [0, 1], [float("nan"), 1.0], [10, 10]))  # site 0 failed round 2
+    assert state.utility[0] == 20.0 and state.last_round[0] == 1
+    assert state.utility[1] == 10.0 and math.isfinite(state.round_utility[-1])
