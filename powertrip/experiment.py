@@ -10,6 +10,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 from powertrip.codecs.settings import CodecSettings
 from powertrip.footprint import FootprintSettings
 from powertrip.forecast import ForecastSettings
+from powertrip.greedy_params import GreedyParams as GreedyParams
 from powertrip.learning.local_optim import LocalOptimizer, LocalOptimizerSettings
 from powertrip.learning.tokenizer_settings import TokenizerSettings
 from powertrip.outer_step import OuterSettings
@@ -98,24 +99,6 @@ def workload_default(workload: str, key: Literal["lr", "batch_size"]) -> float:
     the ``CustomWorkload``'s own fields otherwise."""
     custom = custom_workload(workload)
     return WORKLOAD_DEFAULTS[workload][key] if custom is None else float(getattr(custom, key))
-
-
-class GreedyParams(BaseModel):
-    """Overrides of Algorithm 1's free parameters (k0, window, patience, ...); unset keeps the
-    variant's default."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    k0: int | None = Field(None, ge=1, description="Algorithm 1: initial site count.")
-    window: int | None = Field(None, ge=0, description="Algorithm 1: candidate window (0 = all).")
-    patience: int | None = Field(None, ge=1, description="Algorithm 1: rounds before shrinking.")
-    trend_rounds: int | None = Field(None, ge=1, description="Algorithm 1: trend rounds (m).")
-    gain_floor: float | None = Field(None, gt=0, description="Algorithm 1: projected gain floor.")
-    kappa: float | None = Field(None, ge=0, description="kappa-headroom gain: headroom strength.")
-
-    def overrides(self) -> dict[str, object]:
-        """The set fields; an explicit k0 or window is absolute (no scaling with the sites)."""
-        out = {k: v for k, v in self.model_dump().items() if v is not None}
-        return out | ({"reference_sites": 0} if {"k0", "window"} & set(out) else {})
 
 
 class RunConfig(BaseModel):

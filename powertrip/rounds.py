@@ -235,7 +235,7 @@ def run_rounds(
         ranked = profile.for_ranking()
         ctx = RoundContext(
             r, started, ranked, time_model.ideal_compute_s, time_model.update_bytes, rng,
-            forecast,
+            forecast, target_accuracy, max_rounds - r + 1,
         )  # fmt: skip
         selected = np.asarray(policy.select(ctx), dtype=np.int64)
         if selected.size == 0:

@@ -37,6 +37,10 @@ class RoundContext:
     #: each site's predicted mean power over [now, now + horizon] (``powertrip.forecast``), when
     #: the run asks for a forecast; None (the default) for every run that does not
     forecast: Forecaster | None = None
+    #: the run's target accuracy and the rounds left in its budget (this one included), when the
+    #: round loop has them; a budget-aware policy grows its count to finish in time
+    target_accuracy: float | None = None
+    rounds_left: int | None = None
 
 
 @dataclass(frozen=True)

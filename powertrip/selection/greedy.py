@@ -61,6 +61,10 @@ class GreedyConfig:
     #: the site count k0 and window are meant for; with more sites both grow in proportion
     #: (``scaled``), so the ramp-up takes as many rounds at 1,000 sites as at 100; 0: absolute
     reference_sites: int = 0
+    #: > 0: when the projected gain per round of the chosen count cannot reach the run's target
+    #: in the rounds left (both from the round context) for this many decisions in a row, grow
+    #: to the smallest candidate count whose gain can (the largest if none); 0: off
+    round_budget: int = 0
 
     def __post_init__(self) -> None:
         checks = {
@@ -73,6 +77,7 @@ class GreedyConfig:
             "noise_smoothing": 0 <= self.noise_smoothing < 1,
             "min_sites": self.min_sites >= 1,
             "reference_sites": self.reference_sites >= 0,
+            "round_budget": self.round_budget >= 0,
         }
         bad = [name for name, ok in checks.items() if not ok]
         if bad:
@@ -109,12 +114,15 @@ class PowerTripGreedy(SelectionPolicy):
         self._accuracy: deque[float] = deque(maxlen=self.config.trend_rounds + 1)
         self._feedback: RoundFeedback | None = None
         self._ranked = RankedPrefix()  # the ranking's best sites, while the profile is unchanged
+        self._budget: tuple[float | None, int | None] = (None, None)  # (target, rounds left)
+        self._behind = 0  # decisions in a row whose projected gain missed the budget's need
 
     # -- the policy interface -------------------------------------------------------------------
     def select(self, ctx: RoundContext) -> NDArray[np.int64]:
         # Only the first k + w ranked sites can be chosen (window 0: all), so only those are
         # ranked: the full order's prefix, identical to slicing a full ranking.
         n = ctx.profile.size
+        self._budget = (ctx.target_accuracy, ctx.rounds_left)
         k0, window = self.config.scaled(n)
         if self.k is None:
             self.k = min(max(k0, self.config.min_sites), n)
@@ -167,9 +175,11 @@ class PowerTripGreedy(SelectionPolicy):
         w = self.config.scaled(n)[1] or n
         lo, hi = max(min(self.config.min_sites, n), k - w), min(n, k + w)
         candidates = np.arange(lo, hi + 1, dtype=np.int64)
-        efficiency = self.projected_gain(candidates, k) / prefix_times[candidates - 1]
+        gains = self.projected_gain(candidates, k)
+        efficiency = gains / prefix_times[candidates - 1]
         if SearchMode(self.config.search) is SearchMode.WINDOW_ARGMAX:
             best = int(candidates[int(np.argmax(efficiency))])  # argmax takes the first: smaller k
+            best = self._within_budget(candidates, gains, best)
         else:
             measured = (fb.accuracy - fb.previous_accuracy) / max(fb.duration_s, 1e-12)
             i = 0
@@ -177,6 +187,25 @@ class PowerTripGreedy(SelectionPolicy):
                 i += 1
             best = int(candidates[i])
         return self._apply_patience(k, best)
+
+    def _within_budget(
+        self, candidates: NDArray[np.int64], gains: NDArray[np.float64], best: int
+    ) -> int:
+        """``best``, or (``round_budget``) the smallest larger count whose projected gain per
+        round reaches the target in the rounds left, once ``best``'s has fallen short for
+        ``round_budget`` decisions in a row (the projected gain is noisy round to round)."""
+        target, left = self._budget
+        if not self.config.round_budget or target is None or not left or not self._accuracy:
+            return best
+        need = (target - self._accuracy[-1]) / left
+        if need <= 0 or gains[int(np.searchsorted(candidates, best))] >= need:
+            self._behind = 0
+            return best
+        self._behind += 1
+        if self._behind < self.config.round_budget:
+            return best
+        more = np.flatnonzero((gains >= need) & (candidates > best))
+        return int(candidates[more[0]] if more.size else candidates[-1])
 
     def _apply_patience(self, k: int, best: int) -> int:
         """Lines 17-21: grow immediately, shrink after p consecutive votes to shrink."""

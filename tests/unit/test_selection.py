@@ -442,3 +442,45 @@ def test_an_explicit_k0_or_window_is_taken_as_given_at_any_site_count():
 
     overrides = GreedyParams(k0=4).overrides()
     assert build_policy("powertrip", greedy_overrides=overrides).config.scaled(1000) == (4, 5)
+
+
+def test_round_budget_grows_k_only_after_enough_rounds_behind_the_targets_pace():
+    from dataclasses import replace as dc_replace
+
+    policy = PowerTripGreedy(dc_replace(PAPER_GREEDY, round_budget=2))
+    policy._accuracy.append(0.30)
+    policy._budget = (0.50, 10)  # need 0.02 a round
+    candidates = np.arange(5, 16, dtype=np.int64)
+    gains = 0.0025 * candidates  # k >= 8 projects >= 0.02
+    assert policy._within_budget(candidates, gains, 6) == 6  # behind once: wait
+    assert policy._within_budget(candidates, gains, 6) == 8  # twice in a row: grow
+    policy._budget = (0.30, 10)  # target reached: no need
+    assert policy._within_budget(candidates, gains, 6) == 6
+    off = PowerTripGreedy(PAPER_GREEDY)
+    off._accuracy.append(0.30)
+    off._budget = (0.50, 10)
+    assert all(off._within_budget(candidates, gains, 6) == 6 for _ in range(5))
+
+
+def test_the_round_loop_tells_the_policy_its_target_and_rounds_left():
+    from powertrip.clock import EmulatedClock
+    from powertrip.rounds import RoundOutcome, TimeModel, run_rounds
+
+    seen = []
+
+    class Recording(StaticTopK):
+        def select(self, ctx):
+            seen.append((ctx.target_accuracy, ctx.rounds_left))
+            return super().select(ctx)
+
+    class Flat:  # trains nothing; accuracy never moves, so every round runs
+        def evaluate_initial(self):
+            return 0.1, 2.0
+
+        def execute(self, round_index, selected, profile, split_half):
+            return RoundOutcome(0.1, 2.0, (1.0, 1.0, 1.0), int(selected.size))
+
+    profile = SiteProfile(np.ones(3), np.ones(3), np.ones(3))
+    run_rounds(Recording(2), Flat(), lambda t: profile, TimeModel(1.0, 1e3), EmulatedClock(), 0,
+               0.9, 4)  # fmt: skip
+    assert seen == [(0.9, 4), (0.9, 3), (0.9, 2), (0.9, 1)]
