@@ -124,20 +124,23 @@ class FootprintModel:
         idle_s = np.maximum(record.duration_s - compute, 0.0)
         return (self.train_kw * tau + self.idle_kw * idle_s) / 3600.0
 
-    def round(self, record: RoundRecord) -> Footprint:
+    def per_site(
+        self, record: RoundRecord
+    ) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
+        """(kWh, kg CO2, $) of each selected site, in the order of ``record.selected``."""
         if not record.selected:
-            return Footprint()
+            return np.zeros(0), np.zeros(0), np.zeros(0)
         energy = self.site_energy_kwh(record)
         started = record.time_s - record.duration_s
         n = int(max(record.selected)) + 1
         sites = np.asarray(record.selected, dtype=np.int64)
         intensity = self.grid.intensity(n, started)[sites]  # gCO2/kWh
         price = self.grid.price(n, started)[sites]  # $/MWh
-        return Footprint(
-            float(energy.sum()),
-            float(energy @ intensity) / 1000.0,
-            float(energy @ price) / 1000.0,
-        )
+        return energy, energy * intensity / 1000.0, energy * price / 1000.0
+
+    def round(self, record: RoundRecord) -> Footprint:
+        energy, emissions, cost = self.per_site(record)
+        return Footprint(float(energy.sum()), float(emissions.sum()), float(cost.sum()))
 
     def rounds(self, records: Iterable[RoundRecord]) -> Footprint:
         total = Footprint()
