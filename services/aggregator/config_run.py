@@ -16,6 +16,7 @@ from powertrip.experiment import (
     build_config,
     needs_dataset_path,
 )
+from powertrip.forecast import ForecastModel
 from powertrip.learning.local_optim import LocalOptimizer
 from powertrip.outer_step import OuterRule
 from powertrip.selection.registry import validate_policy_name
@@ -53,7 +54,7 @@ class RunSettings(BaseModel):
     codec: str | None = library_field(ExperimentConfig, "codec")
     error_feedback: bool | None = library_field(ExperimentConfig, "error_feedback")
     # the policy's forecast, over the power the profiler reports (docs/forecasts.md)
-    forecast: str | None = library_field(ExperimentConfig, "forecast")
+    forecast: ForecastModel | None = library_field(ExperimentConfig, "forecast")
 
     @field_validator("policy")
     @classmethod
