@@ -21,7 +21,7 @@ class FullSortGreedy(PowerTripGreedy):
         order = self.config.ranking.order(ctx)
         n = order.size
         if self.k is None:
-            self.k = min(max(self.config.k0, self.config.min_sites), n)
+            self.k = min(max(self.config.scaled(n)[0], self.config.min_sites), n)
         elif self._feedback is not None:
             self.k = self._next_k(min(self.k, n), self.prefix_times(ctx, order), self._feedback)
         self.k = min(self.k, n)
@@ -77,7 +77,9 @@ def drive(new: SelectionPolicy, old: SelectionPolicy, n: int, seed: int, rounds:
 
 
 @pytest.mark.parametrize("n", [10, 200, 10_000])
-@pytest.mark.parametrize("name", [*VARIANTS, "static-7"])
+# powertrip-joint ranks by its own grid-inflated key, with top_order directly (no memo): the
+# prefix test below covers it
+@pytest.mark.parametrize("name", [*(v for v in VARIANTS if v != "powertrip-joint"), "static-7"])
 def test_every_policy_selects_the_same_sites_as_the_full_sort(name, n):
     for seed in range(3 if n < 10_000 else 2):
         new = build_policy(name)

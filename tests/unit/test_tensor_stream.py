@@ -192,6 +192,8 @@ def test_hand_built_upload_bytes_equal_what_protobuf_serializes(chunk):
 
 
 def test_the_uploader_wire_stream_is_update_messages_serialized():
-    update = SimpleNamespace(site=3, delta=wide_params(), num_samples=12.5, train_seconds=0.25)
+    update = SimpleNamespace(
+        site=3, delta=wide_params(), num_samples=12.5, train_seconds=0.25, loss=None
+    )
     want = [m.SerializeToString() for m in update_messages("w-3", 7, update, 4096)]
     assert list(update_wire("w-3", 7, update, 4096)) == want
