@@ -49,7 +49,8 @@ CHECKPOINT_REJECTED = Counter(
     ["reason"],
 )
 
-# Curtailment mode: priced by powertrip.curtailment.emissions, as `powertrip curtail` does.
+# Curtailment mode: priced by powertrip.curtailment.emissions, as `powertrip curtail` does;
+# PowerTrip mode: by powertrip.footprint on the reported power (footprint_metrics.py).
 ENERGY = Counter(
     "powertrip_energy_joules_total", "Energy drawn by each site (J; 3.6e6 J = 1 kWh).", ["site"]
 )
@@ -57,6 +58,11 @@ ENERGY = Counter(
 JOULES_PER_KWH = 3.6e6
 EMISSIONS = Counter(
     "powertrip_emissions_grams_total", "Operational emissions of each site (gCO2).", ["site"]
+)
+COST = Counter(
+    "powertrip_electricity_cost_dollars_total",
+    "Electricity cost of each site at its grid's price (USD; PowerTrip mode only).",
+    ["site"],
 )
 MODE = Gauge("powertrip_mode", "Training mode now: 0 pause, 1 single site, 2 federated.")
 ACTIVE_SITES = Gauge("powertrip_active_sites", "Sites training in the current round.")

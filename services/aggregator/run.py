@@ -26,6 +26,7 @@ from powertrip.services.aggregator import checkpoint, metrics
 from powertrip.services.aggregator.checkpoint_writer import CheckpointWriter
 from powertrip.services.aggregator.config import AggregatorConfig
 from powertrip.services.aggregator.executor import GrpcRoundExecutor
+from powertrip.services.aggregator.footprint_metrics import FootprintMeter
 from powertrip.services.aggregator.lifecycle import Registration, RunLifecycle
 from powertrip.services.aggregator.observed_power import ObservedPower, observed_forecaster
 from powertrip.services.aggregator.profile_feed import ProfileFeed
@@ -46,7 +47,7 @@ class AggregatorRun(RunLifecycle):
 
     def __init__(self, cfg: AggregatorConfig) -> None:
         exp = self.experiment = cfg.experiment()
-        self.power_history = ObservedPower()  # the profiler's reports, for the forecast
+        self.power_history = ObservedPower()  # the profiler's reports: forecast, footprint
         self.forecast = observed_forecaster(exp.forecast, self.power_history)
         super().__init__(cfg, exp.num_sites, cfg.min_sites or exp.num_sites)
         self.run_seed = exp.seed
@@ -97,6 +98,8 @@ class AggregatorRun(RunLifecycle):
         self.journaled = JournaledExecutor(self.executor, resume.journal, resume.initial)
         self.feed = ProfileFeed(cfg, exp.num_sites, stop=self._stop)
         self.liveness = LivenessLog(self.registry, self._stop, cfg.round_deadline_s, resume.down)
+        tau = self.time_model.ideal_compute_s  # the wall tau on a wall clock
+        self.footprint = FootprintMeter(exp, self.power_history, tau)
         if self.target is not None:
             metrics.TARGET.set(self.target)
 
@@ -153,6 +156,8 @@ class AggregatorRun(RunLifecycle):
         reached = self.target is not None and rec.accuracy >= self.target
         self._record_round(StatusRound(rec), rec.time_s if reached else None)
         replayed = self.journaled.replaying(rec.round)
+        if not replayed:  # a replayed round was counted before the restart
+            self.footprint.count(rec)
         self._stage_journal(rec.round)
         if self._writer is not None and rec.outcome == "completed" and not replayed:
             # written while the next round runs; durable before the next one is started

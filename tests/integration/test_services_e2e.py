@@ -84,6 +84,13 @@ def test_every_service_exposes_round_accuracy_site_and_grpc_series(finished_run)
     selected_sites = {labels["site"] for labels, _ in agg["powertrip_site_selected_total"]}
     assert selected_sites <= {site_id(i) for i in range(SITES)} and selected_sites
     assert any(v > 0 for _, v in agg["powertrip_update_bytes_total"])
+    for footprint in (
+        "powertrip_energy_joules_total",
+        "powertrip_emissions_grams_total",
+        "powertrip_electricity_cost_dollars_total",
+    ):  # each completed round priced (docs/joint-objective.md)
+        assert {lab["site"] for lab, _ in agg[footprint]} == selected_sites
+        assert all(v > 0 for _, v in agg[footprint])
     handled = {
         (lab["grpc_method"], lab["grpc_code"]) for lab, _ in agg["grpc_server_handled_total"]
     }
