@@ -1,4 +1,5 @@
-"""Per-block absmax scaling shared by the integer codecs."""
+"""Per-block absmax scaling shared by the block codecs (int8, int4, fp8): split into blocks,
+scale, quantize, and the way back."""
 
 from __future__ import annotations
 
@@ -27,3 +28,16 @@ def absmax_scales(rows: np.ndarray, qmax: int) -> np.ndarray:
 
 def n_blocks(size: int, block: int = BLOCK) -> int:
     return -(-size // block)
+
+
+def quantize(rows: np.ndarray, scale: np.ndarray, qmax: int) -> np.ndarray:
+    """Each entry over its row's scale, rounded to the nearest integer in [-qmax, qmax]: int8,
+    flattened (padding included)."""
+    return np.clip(np.rint(rows / scale[:, None]), -qmax, qmax).astype(np.int8).ravel()
+
+
+def unblocks(values: np.ndarray, scale: np.ndarray, n: int, shape: tuple[int, ...]) -> np.ndarray:
+    """The inverse of ``blocks``: the first n ``values`` times their block's scale, in ``shape``."""
+    padded = np.zeros(scale.size * BLOCK, dtype=np.float32)
+    padded[:n] = values[:n]
+    return (padded.reshape(-1, BLOCK) * scale[:, None]).ravel()[:n].reshape(shape)

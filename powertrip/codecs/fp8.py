@@ -9,7 +9,7 @@ import torch
 
 from powertrip.codecs import register
 from powertrip.codecs.base import Codec, Payload
-from powertrip.codecs.blocks import BLOCK, absmax_scales, blocks, n_blocks
+from powertrip.codecs.blocks import absmax_scales, blocks, n_blocks, unblocks
 from powertrip.learning.device import array, tensor
 
 FP8_MAX = 448.0
@@ -30,10 +30,7 @@ class Fp8Codec(Codec):
         codes, scale = payload.parts["codes"], payload.parts["scales"]
         n = codes.size
         values = array(tensor(codes).view(torch.float8_e4m3fn).to(torch.float32))
-        padded = np.zeros(scale.size * BLOCK, dtype=np.float32)
-        padded[:n] = values
-        out = padded.reshape(-1, BLOCK) * scale[:, None]
-        return out.ravel()[:n].reshape(payload.shape)
+        return unblocks(values, scale, n, payload.shape)
 
     def bytes_for(self, size: int) -> int:
         return size + 4 * n_blocks(size)

@@ -7,7 +7,7 @@ import numpy as np
 
 from powertrip.codecs import register
 from powertrip.codecs.base import Codec, Payload
-from powertrip.codecs.blocks import BLOCK, absmax_scales, blocks, n_blocks
+from powertrip.codecs.blocks import absmax_scales, blocks, n_blocks, quantize, unblocks
 
 QMAX = 7
 
@@ -18,7 +18,7 @@ class Int4Codec(Codec):
     def encode(self, x: np.ndarray) -> Payload:
         rows, n = blocks(x)
         scale = absmax_scales(rows, QMAX)
-        q = np.clip(np.rint(rows / scale[:, None]), -QMAX, QMAX).astype(np.int8).ravel()[:n]
+        q = quantize(rows, scale, QMAX)[:n]
         nibbles = (q + 8).astype(np.uint8)  # 1..15
         if n % 2:
             nibbles = np.append(nibbles, np.uint8(0))
@@ -31,10 +31,7 @@ class Int4Codec(Codec):
         nibbles = np.empty(packed.size * 2, dtype=np.int16)
         nibbles[0::2] = packed & 0x0F
         nibbles[1::2] = packed >> 4
-        padded = np.zeros(scale.size * BLOCK, dtype=np.float32)
-        padded[:n] = nibbles[:n] - 8
-        out = padded.reshape(-1, BLOCK) * scale[:, None]
-        return out.ravel()[:n].reshape(payload.shape)
+        return unblocks(nibbles[:n] - 8, scale, n, payload.shape)
 
     def bytes_for(self, size: int) -> int:
         return -(-size // 2) + 4 * n_blocks(size)

@@ -7,7 +7,7 @@ import numpy as np
 
 from powertrip.codecs import register
 from powertrip.codecs.base import Codec, Payload
-from powertrip.codecs.blocks import BLOCK, absmax_scales, blocks, n_blocks
+from powertrip.codecs.blocks import absmax_scales, blocks, n_blocks, quantize, unblocks
 
 QMAX = 127
 
@@ -18,16 +18,11 @@ class Int8Codec(Codec):
     def encode(self, x: np.ndarray) -> Payload:
         rows, n = blocks(x)
         scale = absmax_scales(rows, QMAX)
-        q = np.clip(np.rint(rows / scale[:, None]), -QMAX, QMAX).astype(np.int8)
-        return Payload(np.shape(x), {"codes": q.ravel()[:n], "scales": scale})
+        return Payload(np.shape(x), {"codes": quantize(rows, scale, QMAX)[:n], "scales": scale})
 
     def decode(self, payload: Payload) -> np.ndarray:
         q, scale = payload.parts["codes"], payload.parts["scales"]
-        n = q.size
-        padded = np.zeros(scale.size * BLOCK, dtype=np.float32)
-        padded[:n] = q
-        out = padded.reshape(-1, BLOCK) * scale[:, None]
-        return out.ravel()[:n].reshape(payload.shape)
+        return unblocks(q, scale, q.size, payload.shape)
 
     def bytes_for(self, size: int) -> int:
         return size + 4 * n_blocks(size)
