@@ -34,6 +34,7 @@ from powertrip.forecast import compute_times_s
 from powertrip.rounds import RoundRecord
 from powertrip.sites import PowerSource
 from powertrip.traces.carbon import synthetic_carbon_trace
+from powertrip.traces.io import ar1
 
 __all__ = ["Footprint", "FootprintModel", "FootprintSettings", "SiteGrid", "synthetic_price"]
 
@@ -56,10 +57,7 @@ def synthetic_price(
         peak = rng.uniform(0.3, 0.8)
         phase = rng.uniform(0.0, 2 * np.pi)
         daily = np.maximum(0.0, np.sin(2 * np.pi * t / 86_400.0 + phase)) ** 2
-        noise = np.zeros(steps)
-        shocks = rng.normal(0.0, 0.05 * base, size=steps)
-        for i in range(1, steps):
-            noise[i] = 0.9 * noise[i - 1] + shocks[i]
+        noise = ar1(0.0, rng.normal(0.0, 0.05 * base, size=steps), 0.9)
         out[r] = np.maximum(base * (1.0 + peak * daily) + noise, 1.0)
     return t, out
 
@@ -75,13 +73,21 @@ class SiteGrid:
         self.price_time_s, self.prices = synthetic_price(regions, hours, seed=seed)
 
     def intensity(self, n: int, t_s: float) -> NDArray[np.float64]:
-        per_region = self.carbon.intensity_at(t_s)
-        return per_region[np.arange(n) % per_region.size].astype(np.float64)
+        """Sites 0..n-1's intensity at t."""
+        return self.intensity_of(np.arange(n), t_s)
 
     def price(self, n: int, t_s: float) -> NDArray[np.float64]:
+        """Sites 0..n-1's price at t."""
+        return self.price_of(np.arange(n), t_s)
+
+    def intensity_of(self, sites: NDArray[np.int64], t_s: float) -> NDArray[np.float64]:
+        per_region = self.carbon.intensity_at(t_s)
+        return per_region[sites % per_region.size].astype(np.float64)
+
+    def price_of(self, sites: NDArray[np.int64], t_s: float) -> NDArray[np.float64]:
         i = max(int(np.searchsorted(self.price_time_s, t_s, side="right")) - 1, 0)
         per_region = self.prices[:, i]
-        return per_region[np.arange(n) % per_region.size]
+        return per_region[sites % per_region.size]
 
 
 @dataclass(frozen=True)
@@ -132,10 +138,9 @@ class FootprintModel:
             return np.zeros(0), np.zeros(0), np.zeros(0)
         energy = self.site_energy_kwh(record)
         started = record.time_s - record.duration_s
-        n = int(max(record.selected)) + 1
         sites = np.asarray(record.selected, dtype=np.int64)
-        intensity = self.grid.intensity(n, started)[sites]  # gCO2/kWh
-        price = self.grid.price(n, started)[sites]  # $/MWh
+        intensity = self.grid.intensity_of(sites, started)  # gCO2/kWh
+        price = self.grid.price_of(sites, started)  # $/MWh
         return energy, energy * intensity / 1000.0, energy * price / 1000.0
 
     def round(self, record: RoundRecord) -> Footprint:

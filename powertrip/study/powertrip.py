@@ -96,7 +96,8 @@ def summarise(
     rounds = run.rounds
     upto = run.rounds_to(target)
     used = rounds[:upto] if upto is not None else rounds
-    priced = footprint is not None and not run.policy.startswith("centralized")
+    # the centralized baselines (one co-located site) have no grid to price
+    priced = None if run.policy.startswith("centralized") else footprint
     return RunSummary(
         policy=run.policy,
         repeat=repeat,
@@ -108,7 +109,7 @@ def summarise(
         max_sites=max((r.sites for r in used), default=0),
         final_accuracy=rounds[-1].accuracy if rounds else run.initial_accuracy,
         best_accuracy=max((r.accuracy for r in rounds), default=run.initial_accuracy),
-        footprint=footprint.rounds(used) if priced and footprint is not None else None,
+        footprint=priced.rounds(used) if priced is not None else None,
     )
 
 
