@@ -16,7 +16,7 @@ import threading
 import numpy as np
 from numpy.typing import NDArray
 
-from powertrip.forecast import Forecaster, build_forecaster
+from powertrip.forecast import Forecaster, ForecastModel, build_forecaster
 
 __all__ = ["ObservedPower", "observed_forecaster"]
 
@@ -49,8 +49,9 @@ class ObservedPower:
             return self._power[max(i, 0)].copy()
 
 
-def observed_forecaster(model: str, history: ObservedPower) -> Forecaster | None:
-    """The run's forecast over what the profiler reported (None for ``none``)."""
+def observed_forecaster(model: ForecastModel, history: ObservedPower) -> Forecaster | None:
+    """The run's forecast over what the profiler reported (None for ``none``); the setting's
+    type has already refused an unknown model."""
     if model == "oracle":
         raise ValueError(
             "POWERTRIP_FORECAST=oracle needs the true future power, which the aggregator does "
@@ -58,13 +59,7 @@ def observed_forecaster(model: str, history: ObservedPower) -> Forecaster | None
         )
     if model == "none":
         return None
-    build_forecaster(model, _Constant())  # an unknown model fails here, at start-up
     return _Deferred(model, history)
-
-
-class _Constant:
-    def power_at(self, t_s: float) -> NDArray[np.float64]:
-        return np.ones(1)
 
 
 class _Deferred:
