@@ -63,7 +63,8 @@ class GreedyConfig:
     reference_sites: int = 0
     #: > 0: when the projected gain per round of the chosen count cannot reach the run's target
     #: in the rounds left (both from the round context) for this many decisions in a row, grow
-    #: to the smallest candidate count whose gain can (the largest if none); 0: off
+    #: to the smallest candidate count whose gain can (the largest if none); 0: off. Applies to
+    #: the window-argmax search (the default); incremental-prefix ignores it
     round_budget: int = 0
 
     def __post_init__(self) -> None:
