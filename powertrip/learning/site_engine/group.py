@@ -233,8 +233,10 @@ class SiteGroup:
         for rank, conn in enumerate(self._conns):
             try:
                 conn.send(("round", payload))
-            except OSError as exc:
-                self._fail(rank, f"could not be reached ({exc})", index, "training")
+            except OSError as exc:  # its end of the pipe is gone: the rank exited or is exiting
+                proc = self._procs[rank]
+                proc.join(1)
+                self._fail(rank, f"exited ({exc}; code {proc.exitcode})", index, "training")
         replies = self._collect("done", deadline, "training", index)
         self._fresh = False
         self.step = first + r.shape[0]
