@@ -50,6 +50,12 @@ ROWS: dict[str, str] = {
     "R30": "journal and status growth",
     "R31": "sharded update faults",
     "R32": "a distributed site's rank dies",
+    "R33": "absurd update values (robust aggregation by default)",
+    "R34": "journal damage never costs a checkpoint",
+    "R35": "worker state file damage",
+    "R36": "reported metrics out of range",
+    "R37": "curtailment over the services: crash, missing site",
+    "R38": "shutdown within grace; /metrics exposure",
 }
 
 
