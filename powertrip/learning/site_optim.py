@@ -25,9 +25,12 @@ import torch
 from powertrip.learning.local_optim import LocalOptimizer, decays
 from powertrip.learning.lr_schedule import lr_factors
 
-__all__ = ["SiteOptimizer", "SiteState", "SiteStateLog"]
+__all__ = ["MAX_STEP", "SiteOptimizer", "SiteState", "SiteStateLog"]
 
 _CLIP_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s guard
+#: the most local steps a site's state may claim: 2**40 is 35 years at a million steps a
+#: second, so a larger count is damage, not training (a schedule read at it would be garbage)
+MAX_STEP = 2**40
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,69 @@ class SiteState:
     def nbytes(self) -> int:
         """Bytes of the moments (AdamW: two model copies)."""
         return sum(t.numel() * t.element_size() for m in self.moments.values() for t in m.values())
+
+    def fresh_moments(self) -> SiteState:
+        """The same position in the schedule with moments starting afresh: what a site whose
+        moments cannot be trusted resumes (its schedule is not rewound)."""
+        return SiteState(self.step, {}, 0)
+
+    def problem(self, shapes: Mapping[str, tuple[int, ...]] | None = None) -> str | None:
+        """Why this state must not be resumed, in plain words (None: it may). A step count that
+        is not a whole number in ``0..MAX_STEP``, a ``moment_step`` beyond it, moments that are
+        not float tensors of ``shapes`` (another model's), non-finite moments (every update
+        trained from them is NaN) or negative second moments (AdamW takes their root)."""
+        why = _step_problem("step count", self.step, MAX_STEP, "2**40")
+        if why is None and self.moment_step is not None:
+            why = _step_problem(
+                "moment step count", self.moment_step, self.step, f"the step count {self.step}"
+            )
+        if why is not None:
+            return why
+        for name, kinds in self.moments.items():
+            if shapes is not None and name not in shapes:
+                return f"moments of another model (this model has no tensor {name!r})"
+            for kind, t in kinds.items():
+                if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+                    return f"{kind} of {name!r} is not a float tensor"
+                if shapes is not None and tuple(t.shape) != tuple(shapes[name]):
+                    return (
+                        f"moments of another model ({name!r} has shape {tuple(t.shape)}, "
+                        f"this model's is {tuple(shapes[name])})"
+                    )
+        return self._value_problem()
+
+    def _value_problem(self) -> str | None:
+        """Non-finite or negative-second moments, found with one device sync when there are
+        none (this runs on every trained state)."""
+        tensors = [(n, k, t) for n, m in self.moments.items() for k, t in m.items()]
+        if not tensors:
+            return None
+        sound = [
+            torch.isfinite(t).all() & (t >= 0).all()
+            if k == "exp_avg_sq"
+            else torch.isfinite(t).all()
+            for _, k, t in tensors
+        ]
+        if bool(torch.stack([f.to(sound[0].device) for f in sound]).all()):
+            return None
+        for name, kind, t in tensors:
+            if not bool(torch.isfinite(t).all()):
+                what = "NaN" if bool(torch.isnan(t).any()) else "Inf"
+                return f"non-finite moments ({what} in {kind} of {name!r})"
+            if kind == "exp_avg_sq" and bool((t < 0).any()):
+                return f"negative second moments (in {kind} of {name!r})"
+        return None
+
+
+def _step_problem(what: str, value: object, most: int, most_name: str) -> str | None:
+    """Why ``value`` is not a step count in ``0..most`` (None: it is)."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        return f"{what} {value!r} is not a whole number"
+    if value < 0:
+        return f"{what} {value} is negative"
+    if value > most:
+        return f"{what} {value} is absurd (more than {most_name})"
+    return None
 
 
 class SiteOptimizer:

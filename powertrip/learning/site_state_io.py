@@ -4,9 +4,11 @@ A process that keeps sites' optimizer states between rounds (a services worker) 
 here after each round, so a restart resumes every site bit-identically instead of from zero
 moments. The file is replaced atomically (temporary file, fsync, ``os.replace``, directory
 fsync): a crash mid-write leaves the previous file whole. It records the run's identity, so a
-state from another run is never resumed, and what is read back is bounded by the model: names,
-shapes and moment kinds must match, steps must be non-negative; anything else is refused with
-an error naming the file (a silently ignored corrupt file would change the run's result).
+state from another run is never resumed, and what is read back is data, not trust: it is bounded
+by the model (names, shapes, moment kinds), its step counts must be whole numbers in range and
+its moments finite. What fails that is not resumed (the site starts fresh) and is reported in
+plain words; the caller sets the file aside (``set_aside``) and keeps running, since a worker
+that stopped on a bad file would only be restarted onto it again.
 
 Tensors go through ``torch.save`` and come back through ``torch.load(weights_only=True)`` (no
 pickled code runs), so every dtype round-trips bit for bit.
@@ -17,8 +19,11 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import pickle
+import time
+import zipfile
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -29,30 +34,36 @@ from powertrip.learning.site_optim import SiteState
 __all__ = [
     "FORMAT",
     "LoadedStates",
-    "SiteStateFileError",
     "load_site_states",
     "run_identity",
     "save_site_states",
+    "set_aside",
+    "unreadable_because",
 ]
 
 FORMAT = "powertrip-site-states/1"
 #: the moment kinds a ``SiteOptimizer`` keeps (AdamW's two, momentum/nesterov's one)
 KINDS = frozenset({"exp_avg", "exp_avg_sq", "momentum"})
-
-
-class SiteStateFileError(ValueError):
-    """A state file that cannot be trusted: unreadable, malformed, or not this model's."""
+_ZIP_MAGIC = b"PK\x03\x04"  # torch.save's archive format begins so
 
 
 @dataclass(frozen=True)
 class LoadedStates:
-    """What a load found: the states to resume (empty when starting fresh), why it starts
-    fresh when it does (a line to log; None otherwise), and the round they were saved after."""
+    """What a load found: the states to resume (empty when starting fresh), the round they
+    were saved after, and what could not be trusted, in plain words (for one log line)."""
 
     states: dict[int, SiteState]
-    fresh_because: str | None = None
     round: int | None = None
     dropped: tuple[int, ...] = ()  # saved sites this process no longer hosts
+    #: why nothing in the file is used (None: it was read)
+    unusable: str | None = None
+    #: hosted sites whose saved state is not resumed (they start fresh), and why
+    refused: Mapping[int, str] = field(default_factory=dict)
+
+    @property
+    def trusted(self) -> bool:
+        """Whether everything in the file could be used (else it is to be set aside)."""
+        return self.unusable is None and not self.refused
 
 
 def run_identity(run_config_json: str, run_seed: int) -> str:
@@ -114,78 +125,99 @@ def load_site_states(
     hosted: Collection[int],
     device: torch.device | str = "cpu",
 ) -> LoadedStates:
-    """The states saved at ``path`` for this run, checked against the model's ``shapes``.
+    """The states saved at ``path`` for this run that can be trusted, checked against the
+    model's ``shapes``: the one validation every host's load goes through.
 
-    No file: empty. Another run's file: empty, with the reason. Sites not in ``hosted`` are
-    dropped (they left this process). Raises ``SiteStateFileError`` naming the file for
-    anything unreadable or inconsistent with the model.
+    Never raises for what the file holds (a worker must keep serving): a file that cannot be
+    used at all comes back empty with ``unusable`` saying why in plain words (empty, truncated,
+    not a state file, another run's); a hosted site whose entry is damaged or wrong (a bad step
+    count, another model's shapes, non-finite moments) is left out, with its reason in
+    ``refused``. Sites not in ``hosted`` are dropped (they left this process). No file: empty.
     """
     if not path.exists():
         return LoadedStates({})
     try:
-        raw = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # truncated, not a torch file, or unsafe content
-        raise SiteStateFileError(f"{path}: unreadable ({type(exc).__name__}: {exc})") from None
+        data = path.read_bytes()
+    except OSError as exc:
+        return LoadedStates({}, unusable=f"cannot be read ({exc.strerror or exc})")
+    try:
+        raw = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as exc:  # whatever the library says, the file is unusable
+        return LoadedStates({}, unusable=unreadable_because(data, exc))
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
-        raise SiteStateFileError(f"{path}: not a site-state file (format {FORMAT!r} expected)")
+        tag = raw.get("format") if isinstance(raw, dict) else None
+        held = f"format {tag!r}" if isinstance(tag, str) else "a torch file holding something else"
+        return LoadedStates({}, unusable=f"not a site-state file ({held})")
     saved = raw.get("identity")
     if saved != identity:
-        why = f"{path} holds run {saved!r}'s site states, this run is {identity!r}: starting fresh"
-        return LoadedStates({}, fresh_because=why)
-    round_index = raw.get("round")
-    entries = raw.get("states")
+        return LoadedStates(
+            {}, unusable=f"another run's states (run {saved!r}; this run is {identity!r})"
+        )
+    round_index, entries = raw.get("round"), raw.get("states")
     if not isinstance(round_index, int) or round_index < 0 or not isinstance(entries, dict):
-        raise SiteStateFileError(f"{path}: missing or malformed 'round'/'states'")
+        return LoadedStates({}, unusable="damaged (no valid round number or site table)")
+    if any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in entries):
+        keys = [s for s in entries if isinstance(s, bool) or not isinstance(s, int) or s < 0]
+        return LoadedStates({}, unusable=f"damaged (site key {keys[0]!r} is not a site index)")
     states: dict[int, SiteState] = {}
+    refused: dict[int, str] = {}
     dropped: list[int] = []
-    for site, entry in entries.items():
-        if not isinstance(site, int) or site < 0:
-            raise SiteStateFileError(f"{path}: site key {site!r} is not a site index")
-        state = _state(path, site, entry, shapes, device)
-        if site in hosted:
-            states[site] = state
-        else:
+    for site, entry in sorted(entries.items()):
+        if site not in hosted:
             dropped.append(site)
-    return LoadedStates(states, None, round_index, tuple(sorted(dropped)))
+            continue
+        state, why = _state(entry, shapes)
+        if why is not None or state is None:
+            refused[site] = why or "damaged entry"
+        else:
+            states[site] = _to(state, device)
+    return LoadedStates(states, round_index, tuple(dropped), refused=refused)
+
+
+def unreadable_because(data: bytes, exc: BaseException) -> str:
+    """Why bytes that ``torch.load`` refused are not a state file, in plain words: a library's
+    own message (its advice on ``weights_only``, an errno) means nothing to the user."""
+    if not data:
+        return "empty (0 bytes)"
+    if not data.startswith(_ZIP_MAGIC):
+        return f"not a state file ({len(data)} bytes, not in the saved-tensor format)"
+    if not zipfile.is_zipfile(io.BytesIO(data)):
+        return f"truncated ({len(data)} bytes; the end of the file is missing)"
+    if isinstance(exc, pickle.UnpicklingError):
+        return "not a state file (it holds Python objects a state file never has)"
+    return f"damaged ({len(data)} bytes that do not read back as a state file)"
+
+
+def set_aside(path: Path) -> Path:
+    """Rename ``path`` to ``<name>.bad-<UTC time>`` next to it (kept for a person to look at,
+    never read again) and return the new path; a name already taken gets a counter."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    aside = path.with_name(f"{path.name}.bad-{stamp}")
+    n = 1
+    while aside.exists():
+        aside = path.with_name(f"{path.name}.bad-{stamp}-{n}")
+        n += 1
+    os.rename(path, aside)
+    return aside
 
 
 def _state(
-    path: Path,
-    site: int,
-    entry: object,
-    shapes: Mapping[str, tuple[int, ...]],
-    device: torch.device | str,
-) -> SiteState:
-    """One site's entry, validated: a step >= 0 and moments of the model's names and shapes."""
-    where = f"{path}: site {site}"
+    entry: object, shapes: Mapping[str, tuple[int, ...]]
+) -> tuple[SiteState | None, str | None]:
+    """One site's entry as a ``SiteState``, or why it cannot be one (``SiteState.problem``:
+    the same rule a freshly trained state is held to)."""
     if not isinstance(entry, dict) or set(entry) != {"step", "moment_step", "moments"}:
-        raise SiteStateFileError(
-            f"{where}: entry must have exactly 'step', 'moment_step' and 'moments'"
-        )
-    step, moment_step, moments = entry["step"], entry["moment_step"], entry["moments"]
-    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-        raise SiteStateFileError(f"{where}: step {step!r} is not a non-negative integer")
-    if moment_step is not None and (
-        not isinstance(moment_step, int) or isinstance(moment_step, bool)
-        or not 0 <= moment_step <= step
-    ):  # fmt: skip
-        raise SiteStateFileError(f"{where}: moment_step {moment_step!r} is not in [0, {step}]")
-    if not isinstance(moments, dict):
-        raise SiteStateFileError(f"{where}: moments is not a mapping")
-    out: dict[str, dict[str, torch.Tensor]] = {}
-    for name, kinds in moments.items():
-        if name not in shapes:
-            raise SiteStateFileError(f"{where}: tensor {name!r} is not in this model")
-        if not isinstance(kinds, dict) or not set(kinds) <= KINDS:
-            raise SiteStateFileError(f"{where}: {name!r} has moment kinds other than {KINDS}")
-        out[name] = {}
-        for kind, t in kinds.items():
-            if not isinstance(t, torch.Tensor) or not t.is_floating_point():
-                raise SiteStateFileError(f"{where}: {name}.{kind} is not a float tensor")
-            if tuple(t.shape) != tuple(shapes[name]):
-                raise SiteStateFileError(
-                    f"{where}: {name}.{kind} has shape {tuple(t.shape)}, the model's is "
-                    f"{tuple(shapes[name])}"
-                )
-            out[name][kind] = t.to(device)
-    return SiteState(step, out, moment_step)
+        return None, "damaged entry (not exactly 'step', 'moment_step' and 'moments')"
+    moments = entry["moments"]
+    if not isinstance(moments, dict) or not all(
+        isinstance(kinds, dict) and set(kinds) <= KINDS for kinds in moments.values()
+    ):
+        return None, f"damaged entry (moment kinds other than {sorted(KINDS)})"
+    state = SiteState(entry["step"], moments, entry["moment_step"])
+    why = state.problem(shapes)
+    return (None, why) if why is not None else (state, None)
+
+
+def _to(state: SiteState, device: torch.device | str) -> SiteState:
+    moments = {n: {k: t.to(device) for k, t in m.items()} for n, m in state.moments.items()}
+    return SiteState(int(state.step), moments, state.moment_step)

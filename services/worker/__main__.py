@@ -25,7 +25,7 @@ from powertrip.services.worker.config import WorkerConfig
 from powertrip.services.worker.run_mode import UnsupportedMode, host_for_reply, partition_host
 from powertrip.services.worker.runner import RoundRunner
 from powertrip.services.worker.servicer import WorkerServicer
-from powertrip.services.worker.state_dir import SavedRun, SiteStateFileError, WorkerStateDir
+from powertrip.services.worker.state_dir import SavedRun, WorkerStateDir
 from powertrip.services.worker.uploader import GrpcUploader
 from powertrip.sites import site_id
 from powertrip.v1 import aggregator_pb2, aggregator_pb2_grpc, worker_pb2_grpc
@@ -163,8 +163,8 @@ def main() -> int:
     state = WorkerStateDir(state_root / cfg.worker_id) if state_root else None
     try:  # refused: NOT_SERVING (serve() not reached) and retrying, so no restart loop
         join_run(register, runner, cfg, device, state, uploader)
-    except (SiteStateFileError, UnsupportedMode) as exc:  # never resumed from a state it
-        logger.error("refusing to start: %s", exc)  # cannot trust, nor a run it cannot train
+    except UnsupportedMode as exc:  # never a run it cannot train (a state file it cannot
+        logger.error("refusing to start: %s", exc)  # trust is set aside, not a refusal)
         server.stop(grace=None)
         return 2
     except Exception as exc:

@@ -29,7 +29,7 @@ from powertrip.learning.federation import build_federation, load_workload, site_
 from powertrip.learning.site_engine.config import SiteEngineConfig
 from powertrip.learning.site_engine.group import RankFailed, SiteGroup
 from powertrip.services.worker.site_host import RoundJob, SiteUpdate, no_stream_rows
-from powertrip.services.worker.state_dir import SiteStateStore
+from powertrip.services.worker.state_dir import SiteStateStore, kept_after_training
 from powertrip.sites import site_id
 from powertrip.v1 import common_pb2
 
@@ -112,8 +112,13 @@ class DistributedSitesHost:
         except RankFailed:  # this round is lost; fresh ranks now, not in the next one's time
             self._restart()
             raise
-        if self._store is not None:  # before the update leaves: a commit implies it
-            self._store.save({site: self.group.site_state}, job.round)
+        if self._local.recipe.carries_over:
+            state = self.group.site_state
+            kept = kept_after_training(site, job.round, state)
+            if kept is not state:  # non-finite moments: the ranks start the next round fresh
+                self.group.load_state(kept)
+            if self._store is not None:  # before the update leaves: a commit implies it
+                self._store.save({site: kept}, job.round)
         many = self.group.config.ranks > 1
         return [
             SiteUpdate(

@@ -21,7 +21,7 @@ from powertrip.learning.device import row_to_numpy, to_numpy, to_torch
 from powertrip.learning.federation import build_federation, load_workload
 from powertrip.learning.site_optim import SiteState, SiteStateLog
 from powertrip.services.worker.site_host import RoundJob, SiteUpdate, no_stream_rows
-from powertrip.services.worker.state_dir import SiteStateStore
+from powertrip.services.worker.state_dir import SiteStateStore, kept_after_training
 from powertrip.v1 import common_pb2
 
 __all__ = ["SiteUpdate", "SitesHost"]  # SiteUpdate: re-exported, where callers long found it
@@ -117,7 +117,7 @@ class SitesHost:
         )
         if self._log is not None and updates.opt_state is not None:
             for site, state in zip(sites, updates.opt_state, strict=True):
-                self._log.record(site, round_index, state)
+                self._log.record(site, round_index, kept_after_training(site, round_index, state))
             if self._store is not None:  # before any update leaves: a commit implies it
                 self._store.save(self._log.latest(), round_index)
         seconds = time.perf_counter() - started

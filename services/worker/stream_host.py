@@ -17,6 +17,7 @@ from powertrip.learning.device import row_to_numpy, to_torch
 from powertrip.learning.federation import StreamSetup
 from powertrip.learning.site_optim import SiteState
 from powertrip.services.worker.site_host import RoundJob, SiteUpdate
+from powertrip.services.worker.state_dir import kept_after_training
 from powertrip.sites import site_index
 from powertrip.v1 import common_pb2
 
@@ -62,13 +63,16 @@ class StreamHost:
     def run_round(self, job: RoundJob) -> list[SiteUpdate]:
         if job.stream_rows is None:
             raise ValueError("a curtailment-mode round needs stream rows for its sites")
-        return self.train_rows(job.params, job.stream_rows)
+        return self.train_rows(job.params, job.stream_rows, job.round)
 
     def close(self) -> None:
         pass  # memory only
 
     def train_rows(
-        self, params: Mapping[str, NDArray], rows: Mapping[int, NDArray[np.int64]]
+        self,
+        params: Mapping[str, NDArray],
+        rows: Mapping[int, NDArray[np.int64]],
+        round_index: int = 0,
     ) -> list[SiteUpdate]:
         """Train each site of ``rows`` (all hosted here) on its stream positions from ``params``;
         the FedAvg weight is the site's optimizer steps (work-weighted, as in the emulator)."""
@@ -96,7 +100,8 @@ class StreamHost:
             None if self.site_states is None else [self.site_states.get(i) for i in sites],
         )
         if self.site_states is not None and upd.opt_state is not None:
-            self.site_states.update(zip(sites, upd.opt_state, strict=True))
+            for site, state in zip(sites, upd.opt_state, strict=True):
+                self.site_states[site] = kept_after_training(site, round_index, state)
         seconds = time.perf_counter() - started
         return [
             SiteUpdate(

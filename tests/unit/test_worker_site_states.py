@@ -13,7 +13,7 @@ from powertrip.experiment import build_config
 from powertrip.learning.device import row_to_numpy, to_torch
 from powertrip.learning.local_optim import LocalOptimizer
 from powertrip.services.worker.sites_host import SitesHost
-from powertrip.services.worker.state_dir import SavedRun, SiteStateFileError, WorkerStateDir
+from powertrip.services.worker.state_dir import SavedRun, WorkerStateDir
 
 ADAMW = LocalOptimizer(name="adamw", lr=1e-3)
 
@@ -101,16 +101,100 @@ def test_a_site_no_longer_hosted_is_dropped_and_another_runs_states_are_not_resu
     assert host(ADAMW, state, seed=1).site_states == {}  # another run: fresh
 
 
-def test_a_corrupt_state_file_refuses_the_sites_naming_it(tmp_path):
-    (tmp_path / "site-states.pt").write_bytes(b"garbage")
-    with pytest.raises(SiteStateFileError, match="site-states.pt: unreadable"):
-        host(ADAMW, WorkerStateDir(tmp_path))
+def trained(state: WorkerStateDir) -> dict[str, np.ndarray]:
+    """Sites 0 and 1 trained in round 1 with their states saved; the round's params."""
+    worker = host(ADAMW, state)
+    worker.train(worker.template, 1, [0, 1])
+    return worker.template
 
 
-def test_a_corrupt_registration_is_refused_naming_it(tmp_path):
-    (tmp_path / "registration.json").write_text("{not json")
-    with pytest.raises(SiteStateFileError, match="registration.json: unreadable"):
-        WorkerStateDir(tmp_path).saved_run()
+def warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+
+
+def set_aside(directory, name: str = "site-states.pt") -> list:
+    return sorted(directory.glob(f"{name}.bad-*"))
+
+
+def test_nan_moments_of_a_site_set_the_file_aside_and_that_site_alone_starts_fresh(
+    tmp_path, caplog
+):
+    state = WorkerStateDir(tmp_path)
+    params = trained(state)
+    path = tmp_path / "site-states.pt"
+    raw = torch.load(path, weights_only=True)
+    moments = raw["states"][1]["moments"]
+    name = next(iter(moments))
+    moments[name]["exp_avg"].fill_(float("nan"))
+    torch.save(raw, path)
+    with caplog.at_level("WARNING"):
+        restarted = host(ADAMW, state)
+    (aside,) = set_aside(tmp_path)
+    assert warnings(caplog) == [
+        f"{path} set aside as {aside.name}: non-finite moments (NaN in exp_avg of {name!r}); "
+        "site-001 starts fresh, site-000 resumed from round 1"
+    ]
+    assert sorted(restarted.site_states) == [0]  # written back at once: a second restart too
+    assert sorted(host(ADAMW, state).site_states) == [0] and len(set_aside(tmp_path)) == 1
+    fresh = host(ADAMW).train(params, 2, [1])[0]
+    again = restarted.train(params, 2, [1])[0]  # finite, and exactly a fresh site's update
+    assert all(np.array_equal(again.delta[k], fresh.delta[k]) for k in params)
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [
+        (lambda b: b[: len(b) // 2], "truncated ("),
+        (lambda b: b"", "empty (0 bytes)"),
+        (lambda b: bytes(reversed(b)), "not a state file ("),
+    ],
+)
+def test_a_damaged_state_file_is_set_aside_and_every_site_starts_fresh(
+    tmp_path, caplog, damage, reason
+):
+    state = WorkerStateDir(tmp_path)
+    trained(state)
+    path = tmp_path / "site-states.pt"
+    path.write_bytes(damage(path.read_bytes()))
+    with caplog.at_level("WARNING"):
+        assert host(ADAMW, state).site_states == {}
+    (aside,) = set_aside(tmp_path)
+    (line,) = warnings(caplog)
+    assert line.startswith(f"{path} set aside as {aside.name}: {reason}")
+    assert line.endswith("; site-000, site-001 start fresh") and "weights_only" not in line
+    assert not path.exists()  # nothing to resume: the next round's save writes it anew
+
+
+def test_a_state_trained_to_nan_is_neither_kept_nor_saved(tmp_path, caplog):
+    """Training from NaN parameters gives NaN moments: the site keeps its schedule's place and
+    its moments start fresh next round; the file on disk never holds a NaN."""
+    state = WorkerStateDir(tmp_path)
+    worker = host(ADAMW, state)
+    params = worker.template
+    poisoned = {k: np.full_like(v, np.nan) for k, v in params.items()}
+    with caplog.at_level("WARNING"):
+        worker.train(poisoned, 1, [0])
+    (line,) = warnings(caplog)
+    assert line.startswith("site-000: its optimizer state after round 1 is not kept nor saved (")
+    assert "non-finite moments (NaN in " in line
+    kept = worker.site_states[0]
+    assert kept.moments == {} and kept.moment_step == 0 and kept.step > 0
+    assert host(ADAMW, state).site_states[0].moments == {}  # what was saved: no NaN
+    update = worker.train(params, 2, [0])[0]
+    assert all(np.isfinite(v).all() for v in update.delta.values())
+
+
+def test_a_damaged_registration_is_set_aside_and_the_run_is_fetched_again(tmp_path, caplog):
+    path = tmp_path / "registration.json"
+    path.write_text("{not json")
+    with caplog.at_level("WARNING"):
+        assert WorkerStateDir(tmp_path).saved_run() is None
+    (aside,) = set_aside(tmp_path, "registration.json")
+    assert aside.read_text() == "{not json"
+    assert warnings(caplog) == [
+        f"{path} set aside as {aside.name}: not a registration (damaged or cut); this worker "
+        "fetches its run from the aggregator"
+    ]
 
 
 class Runner:
