@@ -18,6 +18,7 @@ from powertrip.clock import EmulatedClock
 from powertrip.codecs import ErrorFeedback, get_codec
 from powertrip.fedavg import NumpyParams, delta_sketch, sketch_stride
 from powertrip.forecast import Forecaster
+from powertrip.hostile import HostileSettings, poison
 from powertrip.learning.batch_orders import site_seeds
 from powertrip.learning.device import TorchParams, to_numpy, to_torch
 from powertrip.learning.local_optim import LocalOptimizer
@@ -25,7 +26,7 @@ from powertrip.learning.site_optim import SiteState
 from powertrip.learning.trainer import SiteTrainer
 from powertrip.outcome import evaluate_half_model, round_outcome
 from powertrip.outer_step import NesterovOuter, OuterSettings
-from powertrip.robust import Aggregation
+from powertrip.robust import AdaptiveBound, Aggregation
 from powertrip.rounds import (
     RoundOutcome,
     RoundRecord,
@@ -104,6 +105,7 @@ class Emulator:
         forecast: Forecaster | None = None,
         codec: str = "none",
         error_feedback: bool = True,
+        hostile: HostileSettings | None = None,
     ) -> None:
         self.fed = federation
         self.sites = sites
@@ -112,7 +114,10 @@ class Emulator:
         self.time = time_model
         self.seed = seed
         self.cache = cache if cache is not None else TrajectoryCache()
-        self.aggregation = aggregation or Aggregation()  # FedAvg unless the run asks otherwise
+        self.aggregation = aggregation or Aggregation()  # robust unless the run asks otherwise
+        # sites that send poisoned updates (a robustness study; none by default)
+        self.hostile = hostile or HostileSettings()
+        self.hostile_sites = self.hostile.hostile_sites(len(federation.partitions))
         self.outer = outer or OuterSettings()  # no outer step unless the run asks for one
         self.forecast = forecast  # each RoundContext's, when the run asks for one
         self._initial: tuple[float, float] | None = None
@@ -142,9 +147,12 @@ class Emulator:
         outer: NesterovOuter | None = None,
         site_states: dict[int, SiteState] | None = None,
         feedback: ErrorFeedback | None = None,
-    ) -> RoundOutcome:
+        bound: AdaptiveBound | None = None,
+    ) -> RoundOutcome | None:
         """One round; ``site_states`` (site -> its optimizer state) is read and updated, and so
-        are ``feedback``'s residuals (each site's update goes through the codec before FedAvg)."""
+        are ``feedback``'s residuals (each site's update goes through the codec before FedAvg).
+        ``bound``: the robust rule's state from the earlier rounds. None when the rule kept no
+        update (every one dropped): the model is unchanged, as for a failed service round."""
         fed = self.fed
         sites = [int(i) for i in selected]
         recipe = fed.trainer.config.recipe
@@ -159,12 +167,15 @@ class Emulator:
         if site_states is not None and updates.opt_state is not None:
             site_states.update(zip(sites, updates.opt_state, strict=True))
         template = to_numpy(params)
-        agg = self.aggregation.make(template, direction=direction)
-        half = self.aggregation.make(template)  # every other site: the split-half probe
+        agg = self.aggregation.make(template, direction=direction, bound=bound)
+        half = self.aggregation.make(template, bound=bound)  # every other site: split-half probe
         stacked, weights = to_numpy(updates.deltas), updates.num_samples.astype(np.float64)
         if feedback is not None:
             stacked = _compressed(stacked, sites, feedback)
+        stacked = self._poisoned(stacked, sites)
         sq = agg.add_rows(stacked, weights)  # in selection order, as the aggregator folds
+        if agg.count == 0:
+            return None
         # the probe's rows were checked (and their norms taken) by the fold above
         halves = {name: d[::2] for name, d in stacked.items()}
         half.add_rows(halves, weights[::2], None if sq is None else sq[::2])
@@ -178,6 +189,21 @@ class Emulator:
             site_loss=np.asarray(updates.loss, dtype=np.float64).copy(),
             site_samples=weights.copy(),
         )
+
+    def _poisoned(self, stacked: NumpyParams, sites: list[int]) -> NumpyParams:
+        """``stacked`` with each hostile site's row replaced by what it sends instead."""
+        rows = [j for j, site in enumerate(sites) if site in self.hostile_sites]
+        if not rows:
+            return stacked
+        out = {name: d.copy() for name, d in stacked.items()}
+        h = self.hostile
+        for j in rows:
+            sent = poison(
+                {name: d[j] for name, d in out.items()}, h.hostile_attack, h.hostile_scale
+            )
+            for name, d in sent.items():
+                out[name][j] = d
+        return out
 
     def _evaluate(self, params: NumpyParams) -> tuple[float, float]:
         fed = self.fed
@@ -251,6 +277,9 @@ class _CachedExecutor:
         #: the update codec's per-site residuals (and its byte count), or None without a codec
         codec = emulator.codec
         self.feedback = None if codec is None else ErrorFeedback(codec, emulator.error_feedback)
+        #: the robust rule's bound (a function of the selection history, like the model, so a
+        #: cached round brings the bound it ended with), or None for a rule without one
+        self.bound = AdaptiveBound() if emulator.aggregation.adaptive else None
 
     def evaluate_initial(self) -> tuple[float, float]:
         em = self.em
@@ -260,7 +289,7 @@ class _CachedExecutor:
 
     def execute(
         self, round_index: int, selected: np.ndarray, profile: SiteProfile, split_half: bool
-    ) -> RoundOutcome:
+    ) -> RoundOutcome | None:
         self.key = chain_key(self.key, selected)
         stateful = self.site_states is not None or self.em.codec_keeps_state
         trained = None if stateful else self.em.cache.get(self.key)
@@ -270,9 +299,18 @@ class _CachedExecutor:
                 new, old = to_numpy(self.params), to_numpy(self.previous)
                 direction = delta_sketch(new, old, sketch_stride(new))
             trained = self.em._train_round(
-                self.params, selected, round_index, direction, split_half, self.outer,
-                self.site_states, self.feedback,
-            )  # fmt: skip
+                self.params,
+                selected,
+                round_index,
+                direction,
+                split_half,
+                self.outer,
+                self.site_states,
+                self.feedback,
+                self.bound,
+            )
+            if trained is None:  # every update dropped: nothing to keep or share
+                return None
             if not stateful:
                 self.em.cache.put(self.key, trained)
         elif split_half and trained.half_params is not None:
@@ -281,4 +319,6 @@ class _CachedExecutor:
         self.previous, self.params = self.params, trained.params
         if self.outer is not None:  # a cached round brings the momentum it ended with
             self.outer.restore(trained.outer_state)
+        if trained.aggregation_state is not None:
+            self.bound = trained.aggregation_state
         return trained

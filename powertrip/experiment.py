@@ -11,6 +11,7 @@ from powertrip.codecs.settings import CodecSettings
 from powertrip.footprint import FootprintSettings
 from powertrip.forecast import ForecastSettings
 from powertrip.greedy_params import GreedyParams as GreedyParams
+from powertrip.hostile import HostileSettings
 from powertrip.learning.local_optim import LocalOptimizer, LocalOptimizerSettings
 from powertrip.learning.tokenizer_settings import TokenizerSettings
 from powertrip.outer_step import OuterSettings
@@ -46,7 +47,7 @@ TargetAccuracy = Annotated[float | None, AfterValidator(_target_in_unit_interval
 Workload = BuiltinWorkload
 Partition = Literal["iid", "dirichlet", "natural"]
 ModelSize = Literal["tiny", "small", "medium", "large", "xl"]
-AggregationRule = Literal["fedavg", "trimmed-mean", "median"]  # powertrip.robust.RULES
+AggregationRule = Literal["robust", "fedavg", "trimmed-mean", "median"]  # powertrip.robust.RULES
 TrimBeta = Annotated[float | None, AfterValidator(check_trim_beta)]
 #: workloads that run without --dataset-path (lm: an embedded synthetic corpus)
 GENERATED_WORKLOADS = ("mnist1d", "lm")
@@ -145,8 +146,16 @@ class RunConfig(BaseModel):
         return self
 
 
-class ExperimentConfig(LocalOptimizerSettings, OuterSettings, TokenizerSettings, ForecastSettings,
-                       CodecSettings, FootprintSettings, RunConfig):  # fmt: skip
+class ExperimentConfig(
+    LocalOptimizerSettings,
+    OuterSettings,
+    TokenizerSettings,
+    ForecastSettings,
+    CodecSettings,
+    FootprintSettings,
+    HostileSettings,
+    RunConfig,
+):
     """The PowerTrip study: sites, power, network, policies, protocol; the rest from the mixins."""
 
     num_samples: int = Field(
@@ -201,12 +210,13 @@ class ExperimentConfig(LocalOptimizerSettings, OuterSettings, TokenizerSettings,
     max_rounds: int = Field(120, ge=1, description="Round budget per run.")
     greedy: GreedyParams = Field(GreedyParams(), description="Algorithm 1's free parameters.")
     # aggregation (powertrip/robust.py, docs/robust-aggregation.md); left out of dumps while
-    # FedAvg / unset, so existing summaries do not change
+    # at the default / unset
     aggregation: AggregationRule = Field(
-        "fedavg",
-        exclude_if=lambda v: v == "fedavg",
-        description="Aggregation rule; trimmed-mean and median resist hostile sites at the cost "
-        "of holding every update (docs/robust-aggregation.md).",
+        "robust",
+        exclude_if=lambda v: v == "robust",
+        description="Aggregation rule: robust (default: FedAvg that drops extreme updates and "
+        "clips the rest to an adaptive norm, TFF's robust_aggregator), fedavg (the paper's plain "
+        "mean), trimmed-mean or median (hold every update; docs/robust-aggregation.md).",
     )
     clip_norm: float | None = Field(
         None,

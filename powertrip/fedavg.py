@@ -109,21 +109,27 @@ class StreamingFedAvg(UpdateFold):
         self._fold(pieces, weight, None)
 
     def _fold(
-        self, pieces: Iterable[tuple[str, int, NDArray]], weight: float, sq: float | None
+        self,
+        pieces: Iterable[tuple[str, int, NDArray]],
+        weight: float,
+        sq: float | None,
+        scale: float = 1.0,
     ) -> None:
-        """Fold ``pieces``; the update's squared norm is ``sq``, or measured as it is folded."""
+        """Fold ``pieces``; the update's squared norm is ``sq``, or measured as it is folded.
+        ``scale`` shrinks the update's values (a norm clip, ``powertrip.robust``) and not its
+        weight: the sum gets ``weight * scale * delta``, the total weight ``weight``."""
         check_weight(weight)
         covered = dict.fromkeys(self._sum, 0)
         measure, sq = sq is None, sq or 0.0
         proj = 0.0
         for name, start, values in pieces:
-            piece_sq, piece_proj = self.fold_piece(name, start, values, weight, measure)
+            piece_sq, piece_proj = self.fold_piece(name, start, values, weight * scale, measure)
             sq, proj = sq + piece_sq, proj + piece_proj
             covered[name] += values.size
         short = [n for n, c in covered.items() if c != self._sum[n].size]
         if short:  # a caller bug, not a bad update: the sum is already touched
             raise RuntimeError(f"update slices did not cover tensors {short} exactly once")
-        self.count_update(weight, sq, proj)
+        self.count_update(weight, sq * scale * scale, proj * scale)
 
     def region(self, name: str, start: int, size: int) -> NDArray:
         """A view of the sums a fold of that piece overwrites (for an undo log)."""
@@ -166,7 +172,11 @@ class StreamingFedAvg(UpdateFold):
         self.count += w.size
 
     def add_rows(
-        self, stacked: NumpyParams, weights: Sequence[float], sq_norms: NDArray | None = None
+        self,
+        stacked: NumpyParams,
+        weights: Sequence[float],
+        sq_norms: NDArray | None = None,
+        scales: NDArray | None = None,
     ) -> NDArray | None:
         """``add`` for every row at once: per tensor the rows' squared norms (one ``einsum``,
         also the finiteness check), the weighted sum (``weights @ rows``) and the projections
@@ -174,11 +184,19 @@ class StreamingFedAvg(UpdateFold):
         equal to adding each row in turn within float32 rounding (tests/unit/test_fedavg_rows.py;
         a float64 accumulator keeps the exact order, ``UpdateFold.add_rows``). Returns the rows'
         squared norms; ``sq_norms``, those of rows a fold of this template already checked (the
-        emulator's split-half probe folds every other row of its round), spares reading them."""
+        emulator's split-half probe folds every other row of its round), spares reading them.
+        ``scales`` (one per row, as ``_fold``'s) shrink the rows' values, not their weights."""
         if any(
             self._sum[n].dtype != np.asarray(a).dtype for n, a in stacked.items() if n in self._sum
         ):
-            return super().add_rows(stacked, weights)
+            if scales is None:
+                return super().add_rows(stacked, weights)
+            for j, (weight, scale) in enumerate(zip(weights, scales, strict=True)):
+                row = {name: a[j] for name, a in stacked.items()}
+                norms = validate_update(self._spec, row, float(weight))
+                pieces = ((name, 0, row[name]) for name in self._spec)
+                self._fold(pieces, float(weight), sum(norms), float(scale))
+            return None
         w = np.asarray(weights, dtype=np.float64)
         if w.size == 0:
             return np.zeros(0)
@@ -200,9 +218,11 @@ class StreamingFedAvg(UpdateFold):
             for j, weight in enumerate(w.tolist()):
                 validate_update(self._spec, {n: a[j] for n, a in stacked.items()}, weight)
         proj = np.zeros(w.size)
+        s = np.ones(w.size) if scales is None else np.asarray(scales, dtype=np.float64)
+        folded = w if scales is None else w * s  # the multipliers of the rows' values
         for name, r in rows.items():  # per tensor: a product over the whole matrix adds the
             acc = self._sum[name].reshape(-1)  # same terms in another order (other bits)
-            acc += w.astype(r.dtype) @ r
+            acc += folded.astype(r.dtype) @ r
             if u is not None and flat is None:
                 sampled = r[:, :: self.stride]
                 proj += sampled @ u[name][: sampled.shape[1]]
@@ -211,7 +231,7 @@ class StreamingFedAvg(UpdateFold):
                 shapes = {n: s for n, (s, _) in self._spec.items()}
                 self._dense = dense_direction(u, shapes, self.stride, flat.dtype)
             proj += flat @ self._dense
-        self._fold_scalars(w, sq, proj)
+        self._fold_scalars(w, sq * s * s, proj * s)
         return sq
 
     def prefault(self) -> None:

@@ -16,7 +16,7 @@ from dataclasses import replace
 
 from powertrip.fedavg import NumpyParams
 from powertrip.outer_step import NesterovOuter
-from powertrip.robust import Aggregator
+from powertrip.robust import Aggregator, RobustFedAvg
 from powertrip.rounds import RoundOutcome
 
 #: (accuracy, loss) of a model on the held-out set
@@ -48,6 +48,7 @@ def round_outcome(
     """
     contributions = agg.count
     dispersion = agg.dispersion()
+    robust = agg if isinstance(agg, RobustFedAvg) else None
     half_loss = half_sites = half_accuracy = half_params = None
     if half is not None and half.count > 0 and selected >= 2:
         half_sites = half.dispersion()[2]
@@ -74,6 +75,9 @@ def round_outcome(
         half_accuracy=half_accuracy,
         half_params=half_params,
         outer_state=None if outer is None else outer.state,
+        aggregation_state=None if robust is None else robust.bound_after(),
+        dropped=0 if robust is None else robust.dropped,
+        clipped=getattr(agg, "clipped", 0),
     )
 
 

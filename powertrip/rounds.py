@@ -9,15 +9,17 @@ seed, and time-to-accuracy is read from whichever clock the run uses.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
 
+from powertrip import state_dict as sd
 from powertrip.clock import Clock, EmulatedClock
 from powertrip.forecast import Forecaster, compute_times_s
+from powertrip.reported import bound_losses
 from powertrip.selection.base import RoundContext, RoundFeedback, SelectionPolicy
 from powertrip.sites import PowerSource, SiteProfile
 from powertrip.timing import RoundTimeModel, centralized_round_time_s, round_time_s
@@ -85,6 +87,11 @@ class RoundOutcome:
     half_accuracy: float | None = None  # split-half probe: accuracy of the half average
     half_params: Any = None  # the split-half model while its evaluation is deferred (emulator)
     outer_state: Any = None  # the outer optimizer's momentum after the round (outer_step.py)
+    #: the aggregation rule's state after the round (``robust.AdaptiveBound``; None for a rule
+    #: without one) and its decisions this round: updates dropped (zeroed) and clipped
+    aggregation_state: Any = None
+    dropped: int = 0
+    clipped: int = 0
     #: each selected site's mean training loss and sample count n_i, in selection order (the
     #: emulator fills them; Oort's statistical utility reads them); None where not measured
     site_loss: Any = None
@@ -163,7 +170,8 @@ def round_feedback(
         half_accuracy=outcome.half_accuracy,
         mean_proj=mean_proj,
         mean_sq_proj=mean_sq_proj,
-        site_loss=getattr(outcome, "site_loss", None),
+        # a peer's claims, bounded by the evaluated loss before any policy reads them
+        site_loss=bound_losses(getattr(outcome, "site_loss", None), outcome.loss).values,
         site_samples=getattr(outcome, "site_samples", None),
     )
 
@@ -198,6 +206,146 @@ def round_duration_s(
     )
 
 
+class RoundLoop:
+    """The round loop with what it carries from one round to the next (the round reached, the
+    last accuracy and loss the policy compares with, the initial evaluation, the policy's random
+    stream and the clock) as a ``state_dict()``: a loop built from the same configuration and
+    given that state (``load_state_dict``), with the policy given its own, runs the rounds that
+    follow exactly as the uninterrupted loop would. A checkpoint holds both, so a resume needs no
+    history.
+
+    ``on_round`` is called once a round is fully accounted for: ``state_dict()`` then holds it.
+    """
+
+    def __init__(
+        self,
+        policy: SelectionPolicy,
+        executor: RoundExecutor,
+        profile_at: Callable[[float], SiteProfile],
+        time_model: TimeModel,
+        clock: Clock,
+        seed: int,
+        target_accuracy: float | None,
+        max_rounds: int,
+        on_round: Callable[[RoundRecord], None] | None = None,
+        should_stop: Callable[[], bool] | None = None,
+        forecast: Forecaster | None = None,
+    ) -> None:
+        self.policy, self.executor, self.profile_at = policy, executor, profile_at
+        self.time_model, self.clock, self.seed = time_model, clock, seed
+        self.target_accuracy, self.max_rounds = target_accuracy, max_rounds
+        self.on_round, self.should_stop, self.forecast = on_round, should_stop, forecast
+        self.rng = policy_rng(seed, policy)
+        self.round = 0  # the last round run
+        self.initial: tuple[float, float] | None = None  # (accuracy, loss) before round 1
+        self.accuracy = self.loss = 0.0  # after the last round that completed
+
+    def state_dict(self) -> dict[str, Any]:
+        """The loop's carry (plain numbers; the generator's state is a dict of ints), a copy."""
+        return {
+            "round": self.round,
+            "accuracy": float(self.accuracy),
+            "loss": float(self.loss),
+            "initial": None if self.initial is None else [float(v) for v in self.initial],
+            "rng": sd.generator_state(self.rng),
+            "clock_s": float(self.clock.now()),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue after ``state``'s round; TypeError or ValueError naming a field that does
+        not fit (this loop is left unchanged)."""
+        where = "loop state"
+        d = sd.fields(state, where, {"round", "accuracy", "loss", "initial", "rng", "clock_s"})
+        r = sd.integer(d["round"], f"{where}.round")
+        assert r is not None
+        if not 0 <= r <= self.max_rounds:
+            raise ValueError(f"{where}.round is {r}, not one of 0..{self.max_rounds}")
+        accuracy = sd.number(d["accuracy"], f"{where}.accuracy")
+        loss = sd.number(d["loss"], f"{where}.loss")
+        initial = sd.pair(d["initial"], f"{where}.initial")
+        clock_s = sd.number(d["clock_s"], f"{where}.clock_s")
+        assert clock_s is not None
+        if not 0 <= clock_s < float("inf"):
+            raise ValueError(f"{where}.clock_s is {clock_s}, not a time")
+        rng = policy_rng(self.seed, self.policy)
+        sd.load_generator_state(rng, d["rng"], f"{where}.rng")
+        resume_at = getattr(self.clock, "resume_at", None)
+        if resume_at is None:
+            raise ValueError(f"a {type(self.clock).__name__} cannot be resumed")
+        resume_at(clock_s)
+        self.round, self.rng, self.initial = r, rng, initial
+        self.accuracy, self.loss = accuracy, loss  # type: ignore[assignment]
+
+    @property
+    def done(self) -> bool:
+        """The round budget spent or the target reached: nothing left to run."""
+        reached = self.target_accuracy is not None and self.round > 0
+        reached = reached and self.accuracy >= self.target_accuracy  # type: ignore[operator]
+        return self.round >= self.max_rounds or reached
+
+    def run(self) -> RunResult:
+        """Run the rounds after ``self.round`` (see ``run_rounds``); the result holds those."""
+        policy, executor = self.policy, self.executor
+        clock, time_model = self.clock, self.time_model
+        if self.initial is None:
+            self.initial = executor.evaluate_initial()
+            self.accuracy, self.loss = self.initial
+        target, max_rounds = self.target_accuracy, self.max_rounds
+        result = RunResult(policy.name, self.seed, target, initial_accuracy=self.initial[0])
+        split_half = policy.wants_split_half
+        while not self.done:
+            if self.should_stop is not None and self.should_stop():
+                break
+            r = self.round + 1
+            started = clock.now()
+            profile = self.profile_at(started)
+            ranked = profile.for_ranking()
+            ctx = RoundContext(
+                r,
+                started,
+                ranked,
+                time_model.ideal_compute_s,
+                time_model.update_bytes,
+                self.rng,
+                self.forecast,
+                target,
+                max_rounds - r + 1,
+            )
+            selected = np.asarray(policy.select(ctx), dtype=np.int64)
+            if selected.size == 0:
+                raise RuntimeError(f"policy {policy.name} selected no site in round {r}")
+            # Unavailable sites never train; none left: the executor fails the round untrained.
+            selected = profile.keep_available(selected)
+            outcome = executor.execute(r, selected, profile, split_half)
+            if isinstance(clock, EmulatedClock) and selected.size:
+                clock.advance(round_duration_s(time_model, policy, profile, selected, started))
+            duration = clock.now() - started
+            ids = tuple(int(i) for i in selected)
+            accuracy, loss = self.accuracy, self.loss
+            if outcome is None:
+                record = RoundRecord(
+                    r, clock.now(), duration, len(ids), accuracy, loss, ids, 0, "failed"
+                )
+            else:
+                policy.observe(round_feedback(r, selected, duration, outcome, accuracy, loss))
+                self.accuracy, self.loss = outcome.accuracy, outcome.loss
+                record = RoundRecord(
+                    r,
+                    clock.now(),
+                    duration,
+                    len(ids),
+                    self.accuracy,
+                    self.loss,
+                    ids,
+                    outcome.contributions,
+                )
+            self.round = r
+            result.rounds.append(record)
+            if self.on_round is not None:
+                self.on_round(record)
+        return result
+
+
 def run_rounds(
     policy: SelectionPolicy,
     executor: RoundExecutor,
@@ -221,45 +369,20 @@ def run_rounds(
     from the round. With no site left the executor gets an empty selection and must fail the round
     without training (the emulated clock does not move). Without a mask nothing changes.
 
-    ``forecast`` (``powertrip.forecast``) is handed to the policy in every RoundContext.
+    ``forecast`` (``powertrip.forecast``) is handed to the policy in every RoundContext. A run
+    that must be resumable builds a ``RoundLoop`` itself and keeps its ``state_dict()``.
     """
-    rng = policy_rng(seed, policy)
-    accuracy, loss = executor.evaluate_initial()
-    result = RunResult(policy.name, seed, target_accuracy, initial_accuracy=accuracy)
-    split_half = policy.wants_split_half
-    for r in range(1, max_rounds + 1):
-        if should_stop is not None and should_stop():
-            break
-        started = clock.now()
-        profile = profile_at(started)
-        ranked = profile.for_ranking()
-        ctx = RoundContext(
-            r, started, ranked, time_model.ideal_compute_s, time_model.update_bytes, rng,
-            forecast, target_accuracy, max_rounds - r + 1,
-        )  # fmt: skip
-        selected = np.asarray(policy.select(ctx), dtype=np.int64)
-        if selected.size == 0:
-            raise RuntimeError(f"policy {policy.name} selected no site in round {r}")
-        # Unavailable sites never train; none left: the executor fails the round untrained.
-        selected = profile.keep_available(selected)
-        outcome = executor.execute(r, selected, profile, split_half)
-        if isinstance(clock, EmulatedClock) and selected.size:
-            clock.advance(round_duration_s(time_model, policy, profile, selected, started))
-        duration = clock.now() - started
-        ids = tuple(int(i) for i in selected)
-        if outcome is None:
-            record = RoundRecord(
-                r, clock.now(), duration, len(ids), accuracy, loss, ids, 0, "failed"
-            )
-        else:
-            policy.observe(round_feedback(r, selected, duration, outcome, accuracy, loss))
-            accuracy, loss = outcome.accuracy, outcome.loss
-            record = RoundRecord(
-                r, clock.now(), duration, len(ids), accuracy, loss, ids, outcome.contributions
-            )
-        result.rounds.append(record)
-        if on_round is not None:
-            on_round(record)
-        if target_accuracy is not None and accuracy >= target_accuracy:
-            break
-    return result
+    loop = RoundLoop(
+        policy,
+        executor,
+        profile_at,
+        time_model,
+        clock,
+        seed,
+        target_accuracy,
+        max_rounds,
+        on_round=on_round,
+        should_stop=should_stop,
+        forecast=forecast,
+    )
+    return loop.run()

@@ -202,6 +202,7 @@ def run_study(
                 build_forecaster(cfg.forecast, power, cfg.forecast_error, seed),
                 cfg.codec,
                 cfg.error_feedback,
+                cfg,  # its hostile-site settings
             )
         )
 

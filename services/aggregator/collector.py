@@ -12,8 +12,10 @@ from its chunks (``direct_sink``, ``powertrip.fold_in_place``: undone exactly if
 or fails its checksum); one ahead of its turn waits in its spool (on disk when large). A stream
 that dies mid-way or carries a bad value leaves the sums as they were. Memory stays one
 accumulator (two with the split-half probe) plus a few chunks, whatever the number of uploads. A
-robust rule (``powertrip.robust``, POWERTRIP_AGGREGATION) must hold every accepted update
-instead: n models (1.5 n with the split-half probe), still folded in selection order.
+order-statistic rule (``powertrip.robust``, POWERTRIP_AGGREGATION trimmed-mean or median) must
+hold every accepted update instead: n models (1.5 n with the split-half probe), still folded in
+selection order. The default ``robust`` rule judges an update by its whole norm, so it folds
+each from its spool once verified (read twice: the norm, then the fold), never in-place.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from __future__ import annotations
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, BinaryIO
 
 from numpy.typing import NDArray
@@ -29,7 +31,7 @@ from numpy.typing import NDArray
 from powertrip.fedavg import StreamingFedAvg
 from powertrip.fold_in_place import InPlaceFold
 from powertrip.fold_inputs import weight_problem
-from powertrip.robust import Aggregation
+from powertrip.robust import AdaptiveBound, Aggregation
 from powertrip.services.aggregator import metrics
 from powertrip.services.aggregator.shards import ShardedUpdate, ShardIntake
 from powertrip.services.common.errors import Duplicate, StaleRound
@@ -52,6 +54,17 @@ class CountedReceiver(TensorStreamReceiver):
         if self._counted:
             self._counted = False
             metrics.UPDATE_STREAMS_OPEN.dec()
+
+
+class _Pieces:
+    """A verified update's pieces, re-read from its spool on every iteration: a rule that reads
+    an update twice (``robust``: its norm, then the fold) holds no copy of it."""
+
+    def __init__(self, rx: TensorStreamReceiver) -> None:
+        self._rx = rx
+
+    def __iter__(self) -> Iterator[tuple[str, int, NDArray]]:
+        return iter(self._rx.pieces())
 
 
 class RoundGate(ShardIntake):
@@ -189,13 +202,14 @@ class RoundCollector(RoundGate):
         template: Mapping[str, NDArray],
         split_half: bool = False,
         direction: Mapping[str, NDArray] | None = None,  # last global delta, for projections
-        aggregation: Aggregation | None = None,  # the run's rule; FedAvg when None
+        aggregation: Aggregation | None = None,  # the run's rule; the default (robust) if None
         allowance: Mapping[int, float] | None = None,  # most weight per site (RoundGate)
+        bound: AdaptiveBound | None = None,  # the robust rule's, from the earlier rounds
     ) -> None:
         super().__init__(round, selected, allowance)
         rule = aggregation or Aggregation()
-        self.agg = rule.make(template, direction=direction)  # type: ignore[arg-type]
-        self.half = rule.make(template) if split_half else None  # type: ignore[arg-type]
+        self.agg = rule.make(template, direction=direction, bound=bound)  # type: ignore[arg-type]
+        self.half = rule.make(template, bound=bound) if split_half else None  # type: ignore[arg-type]
         self.accepted: list[int] = []  # folded, in fold order
         self._folded: set[int] = set()  # the same sites, for O(1) membership
         self._half_sites = {s for j, s in enumerate(self.selected) if j % 2 == 0}
@@ -287,9 +301,9 @@ class RoundCollector(RoundGate):
                     if direct is not None:  # folded as it arrived: only counted now
                         direct.commit()
                     else:
-                        self.agg.add_pieces(rx.pieces(), weight)
+                        self.agg.add_pieces(_Pieces(rx), weight)
                         if self.half is not None and s in self._half_sites:
-                            self.half.add_pieces(rx.pieces(), weight)
+                            self.half.add_pieces(_Pieces(rx), weight)
                 finally:
                     rx.close()
                 self.accepted.append(s)

@@ -20,7 +20,7 @@ from numpy.typing import NDArray
 from powertrip.fedavg import NumpyParams, delta_sketch, sketch_stride
 from powertrip.outcome import Evaluate, round_outcome
 from powertrip.outer_step import NesterovOuter
-from powertrip.robust import Aggregation
+from powertrip.robust import AdaptiveBound, Aggregation
 from powertrip.rounds import RoundOutcome
 from powertrip.services.aggregator import metrics
 from powertrip.services.aggregator.collector import RoundCollector, RoundGate
@@ -107,7 +107,11 @@ class GrpcRoundExecutor:
         self.site_weights = site_weights
         self.min_contributions = min_contributions  # quorum: fewer accepted updates fail a round
         self.failure: tuple[int, str] | None = None  # (round, reason) of the last failed round
-        self.aggregation = aggregation  # the run's rule (powertrip.robust); None: FedAvg
+        self.aggregation = aggregation or Aggregation()  # the run's rule (powertrip.robust)
+        #: the robust rule's bound from the rounds so far (checkpointed; ``restore_bound``),
+        #: None for a rule that carries none
+        self.bound: AdaptiveBound | None = None
+        self.restore_bound(None)
         self.params = params
         self.evaluate = evaluate
         self.run_seed = run_seed
@@ -126,6 +130,13 @@ class GrpcRoundExecutor:
         self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="broadcast")
         self._encoded: EncodedModel | None = None  # this round's broadcast, shared by workers
         self._encode_lock = threading.Lock()
+
+    def restore_bound(self, bound: AdaptiveBound | None) -> None:
+        """Continue the robust rule from ``bound`` (a checkpoint's; None: a fresh run's)."""
+        if self.aggregation.adaptive:
+            self.bound = bound or AdaptiveBound()
+            metrics.AGGREGATION_BOUND.labels("clip").set(self.bound.clip_norm)
+            metrics.AGGREGATION_BOUND.labels("zeroing").set(self.bound.zeroing_norm)
 
     def evaluate_initial(self) -> tuple[float, float]:
         if self._initial is None:
@@ -232,6 +243,7 @@ class GrpcRoundExecutor:
             self._direction if self.track_direction else None,
             self.aggregation,
             allowance,
+            self.bound,
         )
         return self.collector
 
@@ -261,13 +273,18 @@ class GrpcRoundExecutor:
             self.release_broadcast()
         for reason in collector.failed.values():
             metrics.UPDATES.labels(reason).inc()
-        got = len(collector.accepted)
+        dropped = getattr(collector.agg, "dropped", 0)  # extreme: robust aggregation's zeroing
+        metrics.UPDATES_DROPPED.inc(dropped)
+        metrics.UPDATES_CLIPPED.inc(getattr(collector.agg, "clipped", 0))
+        got = len(collector.accepted) - dropped
         if got < self.min_contributions:  # the sums are dropped: nothing of this round is kept
             logger.warning(
-                "round %d: %d of %d updates arrived, quorum %d; model unchanged",
+                "round %d: %d of %d updates arrived and were kept (%d dropped as extreme), "
+                "quorum %d; model unchanged",
                 round_index,
                 got,
                 len(selected),
+                dropped,
                 self.min_contributions,
             )
             self.failure = (round_index, "quorum" if got else "no_update")
@@ -282,6 +299,8 @@ class GrpcRoundExecutor:
             outer=self.outer,
         )
         self.params = outcome.params
+        if outcome.aggregation_state is not None:
+            self.restore_bound(outcome.aggregation_state)
         outcome = with_site_reports(outcome, self.reports, collector)
         if self.track_direction:  # new - old, the emulator's arithmetic
             self.resume_direction(previous)

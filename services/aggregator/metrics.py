@@ -92,3 +92,19 @@ PROFILER_DEGRADED = Gauge(
 PROFILE_AGE = Gauge(
     "powertrip_profile_age_seconds", "Wall seconds since the profiler last answered."
 )
+# the default robust aggregation (powertrip.robust): its bound for the next round, in units of
+# the global model's norm, and what it did to each update
+AGGREGATION_BOUND = Gauge(
+    "powertrip_aggregation_bound_ratio",
+    "Robust aggregation's bound for the next round, relative to the global model's norm: "
+    "clip (updates are shortened to it) and zeroing (updates above it are dropped).",
+    ["bound"],
+)
+UPDATES_DROPPED = Counter(
+    "powertrip_updates_dropped_total",
+    "Updates robust aggregation dropped as extreme (norm above the zeroing bound).",
+)
+UPDATES_CLIPPED = Counter(
+    "powertrip_updates_clipped_total",
+    "Updates robust aggregation shortened to the clip norm.",
+)
