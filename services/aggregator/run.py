@@ -19,7 +19,7 @@ from powertrip.journal import JournaledExecutor
 from powertrip.learning.device import to_numpy, to_torch
 from powertrip.learning.federation import build_federation, load_workload
 from powertrip.learning.tokenizer_settings import with_tokenizer_hash
-from powertrip.robust import Aggregation
+from powertrip.robust import AdaptiveBound, Aggregation
 from powertrip.rounds import RoundRecord, TimeModel, run_rounds
 from powertrip.selection.registry import build_policy
 from powertrip.services.aggregator import checkpoint, metrics
@@ -64,6 +64,7 @@ class AggregatorRun(RunLifecycle):
         self.clock: Clock = EmulatedClock() if cfg.clock == "emulated" else WallClock()
         self._checkpoints = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
         resume = Resume([], None)
+        ckpt: checkpoint.Checkpoint | None = None
         self._resumed_round: int | None = None
         outer = exp.make_outer()  # None for FedAvg; its momentum is checkpointed (R6)
         keeps_momentum = outer is not None and outer.momentum > 0
@@ -94,6 +95,8 @@ class AggregatorRun(RunLifecycle):
             site_weights=[len(p) for p in fed.partitions],
             outer=outer,
         )
+        if ckpt is not None:  # the robust rule goes on from the checkpoint's bound
+            self.executor.restore_bound(_checkpointed_bound(ckpt.state))
         # Restarts replay the journal through the round loop, so the policy resumes exactly.
         self.journaled = JournaledExecutor(self.executor, resume.journal, resume.initial)
         self.feed = ProfileFeed(cfg, exp.num_sites, stop=self._stop)
@@ -169,6 +172,12 @@ class AggregatorRun(RunLifecycle):
                     "accuracy": rec.accuracy,
                     "policy": strategy,
                     "initial": list(self.journaled.evaluate_initial()),
+                    # the robust rule's bound for the next round (absent for other rules)
+                    **(
+                        {}
+                        if self.executor.bound is None
+                        else {"aggregation": self.executor.bound.state_dict()}
+                    ),
                 },
                 None if self.executor.outer is None else self.executor.outer.state,
             )
@@ -259,3 +268,11 @@ class AggregatorRun(RunLifecycle):
             if self._stopping
             else "round budget exhausted before the target"
         )
+
+
+def _checkpointed_bound(state: dict) -> AdaptiveBound | None:
+    """The robust rule's bound a checkpoint holds (None: written by another rule's run, which
+    the configuration digest refuses anyway); ValueError naming a damaged field."""
+    if "aggregation" not in state:
+        return None
+    return AdaptiveBound.from_state_dict(state["aggregation"])
