@@ -21,6 +21,10 @@ class EmulatedClock:
     def now(self) -> float:
         return self._now
 
+    def resume_at(self, now_s: float) -> None:
+        """Continue a run whose clock read ``now_s`` (a resumed checkpoint)."""
+        self._now = float(now_s)
+
     def advance(self, seconds: float) -> float:
         if not 0 <= seconds < float("inf"):
             raise ValueError(f"cannot advance the clock by {seconds} s")
@@ -36,3 +40,7 @@ class WallClock:
 
     def now(self) -> float:
         return time.monotonic() - self._start
+
+    def resume_at(self, now_s: float) -> None:
+        """Count on from ``now_s`` (a resumed checkpoint's clock), as if started that long ago."""
+        self._start = time.monotonic() - float(now_s)

@@ -8,12 +8,14 @@ aggregator service drive policies the same way, so a study result is the deploye
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
 
+from powertrip import state_dict as sd
 from powertrip.forecast import Forecaster
 from powertrip.selection.scoring import (
     Ranking,
@@ -124,6 +126,62 @@ class SelectionPolicy(ABC):
 
     def observe(self, feedback: RoundFeedback) -> None:  # noqa: B027 - optional hook
         """Default: stateless policies ignore feedback."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the policy learnt so far, in PyTorch's ``state_dict`` shape (plain numbers,
+        lists, dicts and numpy arrays, copies): a policy rebuilt from the run's configuration
+        and given this state selects exactly as this one would (a checkpoint holds it, so a
+        resume replays nothing). Its configuration is not in it, nor memos that only save time,
+        nor diagnostics that grow with the run (``k_history``). Stateless policies: {}."""
+        return {}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state_dict()``'s value; TypeError (a field of the wrong type) or
+        ValueError (a state of another policy) naming the field, leaving this one unchanged."""
+        sd.fields(state, f"policy {self.name} state", set())
+
+
+def feedback_state(fb: RoundFeedback | None) -> dict[str, Any] | None:
+    """A round's feedback as a state (its ``RoundFeedback`` fields; extras of a subclass, such
+    as the per-site losses, are dropped: no policy reads them after ``observe``)."""
+    if fb is None:
+        return None
+    return {
+        "round": int(fb.round),
+        "selected": np.asarray(fb.selected, dtype=np.int64).copy(),
+        **{k: None if v is None else float(v) for k, v in _feedback_numbers(fb).items()},
+    }
+
+
+def _feedback_numbers(fb: RoundFeedback) -> dict[str, float | None]:
+    skip = {"round", "selected"}
+    return {f.name: getattr(fb, f.name) for f in fields(RoundFeedback) if f.name not in skip}
+
+
+_OPTIONAL = {f.name for f in fields(RoundFeedback)} - {
+    "round",
+    "selected",
+    "duration_s",
+    "accuracy",
+    "previous_accuracy",
+}
+
+
+def feedback_from(state: object, where: str) -> RoundFeedback | None:
+    """``feedback_state``'s value back (None for None)."""
+    if state is None:
+        return None
+    names = {f.name for f in fields(RoundFeedback)}
+    d = sd.fields(state, where, names)
+    values: dict[str, Any] = {
+        k: sd.number(d[k], f"{where}.{k}", optional=k in _OPTIONAL)
+        for k in names - {"round", "selected"}
+    }
+    return RoundFeedback(
+        round=sd.integer(d["round"], f"{where}.round"),  # type: ignore[arg-type]
+        selected=sd.array(d["selected"], f"{where}.selected", np.int64),
+        **values,
+    )
 
 
 class StaticTopK(SelectionPolicy):

@@ -24,11 +24,14 @@ the round's clock time: deterministic, time-varying, the same for every policy a
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
+from powertrip import state_dict as sd
 from powertrip.footprint import SiteGrid
 from powertrip.selection.base import RoundContext, RoundFeedback, SelectionPolicy
 from powertrip.selection.oort import OortConfig, OortUtility, participants, site_round_times
@@ -110,3 +113,12 @@ class EcoLearn(SelectionPolicy):
 
     def observe(self, feedback: RoundFeedback) -> None:
         self.state.observe(feedback)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Oort's utility state; the carbon grid is configuration (rebuilt from its seed)."""
+        return {"utility": self.state.state_dict()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        where = f"policy {self.name} state"
+        d = sd.fields(state, where, {"utility"})
+        self.state.load_state_dict(d["utility"], f"{where}.utility")

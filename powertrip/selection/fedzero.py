@@ -28,12 +28,14 @@ passed as this function without changing the policy.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
+from powertrip import state_dict as sd
 from powertrip.selection.base import RoundContext, RoundFeedback, SelectionPolicy
 from powertrip.selection.oort import OortConfig, OortUtility, participants, site_round_times
 
@@ -170,6 +172,17 @@ class FedZero(SelectionPolicy):
 
     def observe(self, feedback: RoundFeedback) -> None:
         self.state.observe(feedback)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Oort's utility (sigma_i) and the last round's length; the forecast is configuration."""
+        return {"utility": self.state.state_dict(), "last_duration_s": self.last_duration_s}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        where = f"policy {self.name} state"
+        d = sd.fields(state, where, {"utility", "last_duration_s"})
+        last = sd.number(d["last_duration_s"], f"{where}.last_duration_s", optional=True)
+        self.state.load_state_dict(d["utility"], f"{where}.utility")
+        self.last_duration_s = last
 
 
 __all__ = ["FedZero", "FedZeroConfig", "Forecast", "persistence_forecast", "solve_selection"]

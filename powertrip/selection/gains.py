@@ -21,14 +21,15 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 from numpy.typing import NDArray
 
+from powertrip import state_dict as sd
 from powertrip.selection.base import RoundFeedback
 
 
@@ -58,6 +59,29 @@ class ProjectedGain(ABC):
     def observe(self, feedback: RoundFeedback) -> None:  # noqa: B027 - optional hook
         """Default: a fixed-shape gain learns nothing beyond the trend."""
 
+    #: the ``SmoothedPair`` attributes a model learns (its whole state, with ``_numbers``)
+    _pairs: ClassVar[tuple[str, ...]] = ()
+    #: the float attributes a model learns
+    _numbers: ClassVar[tuple[str, ...]] = ()
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the model learnt (``SelectionPolicy.state_dict``'s shape)."""
+        state: dict[str, Any] = {k: float(getattr(self, k)) for k in self._numbers}
+        for k in self._pairs:
+            value = getattr(self, k).value
+            state[k] = None if value is None else [float(value[0]), float(value[1])]
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        where = f"gain {type(self).__name__} state"
+        d = sd.fields(state, where, {*self._numbers, *self._pairs})
+        numbers = {k: sd.number(d[k], f"{where}.{k}") for k in self._numbers}
+        pairs = {k: sd.pair(d[k], f"{where}.{k}") for k in self._pairs}
+        for k, v in numbers.items():
+            setattr(self, k, v)
+        for k, p in pairs.items():
+            getattr(self, k).value = p
+
     @abstractmethod
     def project(self, trend: float, candidates: NDArray[np.int64], k: int) -> NDArray[np.float64]:
         """The gain of each candidate count, relative to the current count k (whose gain is the
@@ -77,6 +101,8 @@ class KappaHeadroomGain(ProjectedGain):
     While rounds gain as much as they ever did, more sites project nothing extra; as the gains
     flatten, the headroom h lets extra sites promise more.
     """
+
+    _numbers = ("best_gain",)
 
     def __init__(self, kappa: float) -> None:
         self.kappa = kappa
@@ -141,6 +167,8 @@ class NoiseScaleGain(ProjectedGain):
     """trend * (k'/(k'+B)) / (k/(k+B)): averaging k updates keeps k/(k+B) of the noise-free
     progress (the gradient-noise-scale model of large-batch training), B = tr(Sigma)/|G|^2."""
 
+    _pairs: ClassVar[tuple[str, ...]] = ("isotropic",)
+
     def __init__(self, smoothing: float) -> None:
         self.isotropic = SmoothedPair(smoothing)  # (tr(Sigma), |G|^2) of the site updates
 
@@ -164,6 +192,7 @@ class DirectionalNoiseGain(NoiseScaleGain):
     H ~ lambda u u'). Falls back to the isotropic B before the first projection."""
 
     wants_direction = True
+    _pairs = ("isotropic", "along_direction")
 
     def __init__(self, smoothing: float) -> None:
         super().__init__(smoothing)
@@ -197,6 +226,7 @@ class SplitHalfGain(ProjectedGain):
     """
 
     wants_split_half = True
+    _pairs = ("fit",)
 
     def __init__(self, smoothing: float) -> None:
         self.fit = SmoothedPair(smoothing)  # (c, noise-free progress per round)

@@ -16,18 +16,23 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
+from powertrip import state_dict as sd
 from powertrip.selection.base import (
     RankingConfig,
     RoundContext,
     RoundFeedback,
     SelectionPolicy,
     SiteRanking,
+    feedback_from,
+    feedback_state,
 )
 from powertrip.selection.gains import GainModel, ProjectedGain, build_gain
 from powertrip.selection.scoring import Estimator, prefix_round_times
@@ -147,6 +152,36 @@ class PowerTripGreedy(SelectionPolicy):
     def prefix_times(self, ctx: RoundContext, order: NDArray[np.int64]) -> NDArray[np.float64]:
         """T_hat(k) for the first k sites of ``order``; a subclass may model rounds otherwise."""
         return prefix_round_times(ctx.profile, order, ctx.ideal_compute_s, self.config.estimator)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The count k, the shrink votes, the accuracy trend, the last round's feedback (read
+        by the next decision), the decisions behind the budget and the gain model's state. The
+        ranking memo (``RankedPrefix``) is rebuilt on demand: it never changes a selection."""
+        return {
+            "k": self.k,
+            "shrink_votes": self._shrink_votes,
+            "accuracy": [float(a) for a in self._accuracy],
+            "feedback": feedback_state(self._feedback),
+            "behind": self._behind,
+            "gain": self.gain.state_dict(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        where = f"policy {self.name} state"
+        keys = {"k", "shrink_votes", "accuracy", "feedback", "behind", "gain"}
+        d = sd.fields(state, where, keys)
+        k = sd.integer(d["k"], f"{where}.k", optional=True)
+        votes = sd.integer(d["shrink_votes"], f"{where}.shrink_votes")
+        behind = sd.integer(d["behind"], f"{where}.behind")
+        accuracy = sd.numbers(d["accuracy"], f"{where}.accuracy")
+        if len(accuracy) > self.config.trend_rounds + 1:
+            raise ValueError(f"{where}.accuracy holds more rounds than the trend's")
+        if (k is not None and k < 1) or votes < 0 or behind < 0:  # type: ignore[operator]
+            raise ValueError(f"{where}: a negative count")
+        feedback = feedback_from(d["feedback"], f"{where}.feedback")
+        self.gain.load_state_dict(d["gain"])  # checked first: nothing is set when it fails
+        self.k, self._shrink_votes, self._behind, self._feedback = k, votes, behind, feedback
+        self._accuracy = deque(accuracy, maxlen=self.config.trend_rounds + 1)
 
     def observe(self, feedback: RoundFeedback) -> None:
         if not self._accuracy:

@@ -20,11 +20,14 @@ utility; eps K unexplored sites are explored, sampled by speed 1/t_i; eps decays
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
+from powertrip import state_dict as sd
 from powertrip.selection.base import RoundContext, RoundFeedback, SelectionPolicy
 
 #: the participants K per round when none is given: this share of the sites (at least one)
@@ -73,7 +76,10 @@ class OortUtility:
         self.cfg = cfg
         self.utility: dict[int, float] = {}  # U_i of explored sites
         self.last_round: dict[int, int] = {}  # L_i
-        self.round_utility: list[float] = []  # sum of U_i of each round's participants
+        # the sum of U_i of each of the last 2 W rounds' participants (all the pacer reads),
+        # and how many rounds were observed in all
+        self.round_utility: list[float] = []
+        self.rounds_observed = 0
         self.threshold = cfg.round_threshold
         self.exploration = cfg.exploration
 
@@ -86,12 +92,14 @@ class OortUtility:
             self.utility[site], self.last_round[site] = u, fb.round
             total += u
         self.round_utility.append(total)
+        del self.round_utility[: -2 * self.cfg.pacer_step]
+        self.rounds_observed += 1
         self._pace()
 
     def _pace(self) -> None:
         """Pacer: relax T by Delta percentile points when the last W rounds' utility stalls."""
         w, hist = self.cfg.pacer_step, self.round_utility
-        full = len(hist) >= 2 * w and len(hist) % w == 0
+        full = self.rounds_observed >= 2 * w and self.rounds_observed % w == 0
         if full and sum(hist[-2 * w : -w]) > sum(hist[-w:]):
             self.threshold = min(100.0, self.threshold + self.cfg.pacer_delta)
 
@@ -117,6 +125,40 @@ class OortUtility:
         slow = t > t_pref
         u[slow] *= (t_pref / t[slow]) ** cfg.alpha
         return dict(zip(sites.tolist(), u.tolist(), strict=True))
+
+    def state_dict(self) -> dict[str, Any]:
+        """The explored sites (in the order they were first explored) with U_i and L_i, the
+        pacer's recent round utilities and count, T's percentile and eps."""
+        sites = list(self.utility)
+        return {
+            "sites": np.asarray(sites, dtype=np.int64),
+            "utility": np.asarray([self.utility[s] for s in sites], dtype=np.float64),
+            "last_round": np.asarray([self.last_round[s] for s in sites], dtype=np.int64),
+            "round_utility": [float(u) for u in self.round_utility],
+            "rounds_observed": self.rounds_observed,
+            "threshold": float(self.threshold),
+            "exploration": float(self.exploration),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any], where: str) -> None:
+        keys = {"sites", "utility", "last_round", "round_utility", "rounds_observed"}
+        d = sd.fields(state, where, keys | {"threshold", "exploration"})
+        sites = sd.array(d["sites"], f"{where}.sites", np.int64).tolist()
+        utility = sd.array(d["utility"], f"{where}.utility", np.float64).tolist()
+        last = sd.array(d["last_round"], f"{where}.last_round", np.int64).tolist()
+        if not len(sites) == len(utility) == len(last) or len(set(sites)) != len(sites):
+            raise ValueError(f"{where}: sites, utility and last_round do not pair up")
+        recent = sd.numbers(d["round_utility"], f"{where}.round_utility")
+        observed = sd.integer(d["rounds_observed"], f"{where}.rounds_observed")
+        assert observed is not None
+        if len(recent) != min(observed, 2 * self.cfg.pacer_step):
+            raise ValueError(f"{where}.round_utility is not the last rounds' of {observed}")
+        threshold = sd.number(d["threshold"], f"{where}.threshold")
+        exploration = sd.number(d["exploration"], f"{where}.exploration")
+        self.utility = dict(zip(sites, utility, strict=True))
+        self.last_round = dict(zip(sites, last, strict=True))
+        self.round_utility, self.rounds_observed = recent, observed
+        self.threshold, self.exploration = threshold, exploration  # type: ignore[assignment]
 
     def decay(self) -> None:
         self.exploration = max(
@@ -186,3 +228,11 @@ class Oort(SelectionPolicy):
 
     def observe(self, feedback: RoundFeedback) -> None:
         self.state.observe(feedback)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"utility": self.state.state_dict()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        where = f"policy {self.name} state"
+        d = sd.fields(state, where, {"utility"})
+        self.state.load_state_dict(d["utility"], f"{where}.utility")
