@@ -38,7 +38,6 @@ import torch
 from torch.func import functional_call
 
 from powertrip.emulate import site_seed
-from powertrip.fedavg import StreamingFedAvg
 from powertrip.learning.batches import LocalTrainingConfig
 from powertrip.learning.datasets.text import load_text, read_corpus
 from powertrip.learning.device import to_numpy, to_torch
@@ -50,6 +49,7 @@ from powertrip.learning.site_optim import SiteState
 from powertrip.learning.trainer import SiteTrainer, get_params
 from powertrip.outcome import round_outcome
 from powertrip.outer_step import make_outer
+from powertrip.robust import Aggregation
 
 # the plain-loop reference's corpus, model shape and budget (run as a script: its folder is on
 # the path)
@@ -108,6 +108,8 @@ def run_row(row: Row, args: argparse.Namespace, data, val: torch.Tensor) -> tupl
     outer = make_outer(row.outer, args.outer_lr, args.outer_momentum)
     params = to_numpy(get_params(model), copy=True)
     states: dict[int, SiteState] = {}
+    aggregation = Aggregation(args.aggregation)  # robust: its bound goes on round to round
+    bound = None
     rounds = steps // inner  # the budget's steps, to a whole number of rounds
     checkpoints = {round(rounds * q / 8) for q in range(1, 9)}
     curve, last = [], None
@@ -126,9 +128,10 @@ def run_row(row: Row, args: argparse.Namespace, data, val: torch.Tensor) -> tupl
             [states[s].for_round(recipe) if s in states else None for s in sites],
         )  # fmt: skip
         states.update(zip(sites, upd.opt_state, strict=True))
-        agg = StreamingFedAvg(params)
+        agg = aggregation.make(params, bound=bound)
         agg.add_rows(to_numpy(upd.deltas), upd.num_samples.astype(np.float64))
-        params = round_outcome(agg, params, _unscored, selected=len(sites), outer=outer).params
+        outcome = round_outcome(agg, params, _unscored, selected=len(sites), outer=outer)
+        params, bound = outcome.params, outcome.aggregation_state
         if r + 1 in checkpoints:
             last = score(params)
             seen = int(states[0].step) * row.batch * row.sites * SHAPE.context_length
@@ -149,6 +152,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--outer-lr", type=float, default=0.7, help="Nesterov rows (DiLoCo: 0.7)")
     p.add_argument("--outer-momentum", type=float, default=0.9, help="Nesterov rows (DiLoCo: 0.9)")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument(
+        "--aggregation",
+        default="fedavg",
+        choices=("fedavg", "robust"),
+        help="the fold: plain FedAvg (the table's rows) or the library's default robust rule",
+    )
     p.add_argument("--json", type=Path, help="write the rows and their curves here")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
