@@ -2,14 +2,16 @@
 (POWERTRIP_WORKER_STATE_DIR) rejoins the run so that the run ends with the same final model,
 bit for bit, as an uninterrupted one, with a stateful local optimizer (AdamW, kept moments).
 
-Between rounds: a pace (POWERTRIP_PACE) holds the aggregator a moment after each round; the
-test freezes it (SIGSTOP) in that hold, kills the worker, starts it again on its port, waits
-until it has rebuilt its sites from the saved run and resumed their optimizer states, and
-thaws the aggregator (SIGCONT): no round is dispatched while the worker is down. The leases
-outlast the restart (a long heartbeat patience), so the restarted worker's sites stay in the
-selection; it registers as ready at once. The negative control restarts the worker the same
-way after deleting its saved optimizer states: its sites start from zero moments and the
-final model differs, so the comparison can fail.
+Between rounds: a pace (POWERTRIP_PACE) holds the aggregator a moment after each round of the
+restarted runs (the uninterrupted one runs unpaced: the emulated clock, and so the result, does
+not depend on the pace, only the wall time does); the test freezes it (SIGSTOP) in that hold,
+kills the worker, starts it again on its port, waits until it has rebuilt its sites from the
+saved run and resumed their optimizer states, and thaws the aggregator (SIGCONT): no round is
+dispatched while the worker is down. The leases outlast the restart (a long heartbeat
+patience), so the restarted worker's sites stay in the selection; it registers as ready at
+once. The negative control restarts the worker the same way after deleting its saved optimizer
+states: its sites start from zero moments and the final model differs, so the comparison can
+fail.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ def plan(out: Path) -> ClusterPlan:
         sites=SITES,
         policy="powertrip",
         clock="emulated",
-        pace=PACE,
+        pace=0.0,  # the uninterrupted run: as fast as it goes; ``run`` paces the others
         preset="quick",
         num_samples=1000,
         target=0.99,  # unreachable: every run goes through its whole round budget
@@ -135,7 +137,8 @@ def run(c: LocalCluster, out: Path, kill: tuple[str, int, bool] | None = None):
     for w in c.plan.worker_ids:  # first: no old worker may join the new run
         service(c, w).process.kill()
     since = log_sizes(c)
-    started = [respawn(c, "aggregator", POWERTRIP_CHECKPOINT_DIR=str(out / "ckpt"))]
+    agg_env = {"POWERTRIP_CHECKPOINT_DIR": str(out / "ckpt"), "POWERTRIP_PACE": str(PACE)}
+    started = [respawn(c, "aggregator", **agg_env)]
     state = str(out / "worker-state")
     started += [respawn(c, w, POWERTRIP_WORKER_STATE_DIR=state) for w in c.plan.worker_ids]
     for s in started:
