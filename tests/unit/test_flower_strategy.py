@@ -98,16 +98,25 @@ class SmallGrid(Grid):
             ctx = Context(1, node, self.node_config[node], RecordDict(), {})
             return properties_reply(msg, ctx)
         sent = msg.content["arrays"]
-        step = 0.01 * (1 + NODE_IDS.index(node))
-        arrays = {k: a.numpy() + step for k, a in sent.items()}
-        n = 10 * (1 + NODE_IDS.index(node))
+        i = NODE_IDS.index(node)
+        step = 0.01 * (1 + i)
+        # a floating tensor takes the node's step, an integer one (a counter) counts the round
+        arrays = {
+            k: a.numpy() + (step if a.numpy().dtype.kind == "f" else 1) for k, a in sent.items()
+        }
+        arrays = self.tamper(node, arrays)
+        n = 10 * (1 + i)
         content = RecordDict(
             {
                 "arrays": ArrayRecord({k: Array(a) for k, a in arrays.items()}),
-                "metrics": MetricRecord({"num-examples": n}),
+                "metrics": MetricRecord({"num-examples": n, "train-loss": 1.0 / (1 + i)}),
             }
         )
         return Message(content, reply_to=msg)
+
+    def tamper(self, node: int, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """An honest node's arrays are its step; ``HostileGrid`` overrides this."""
+        return arrays
 
     def send_and_receive(self, messages, *, timeout=None):
         messages = list(messages)
@@ -118,10 +127,10 @@ class SmallGrid(Grid):
         return sum(m.metadata.message_type.startswith(message_type) for m in self.sent)
 
 
-def sites_and_grid(seed: int = 3):
+def sites_and_grid(seed: int = 3, grid: type[SmallGrid] = SmallGrid):
     sites = generate_sites(len(NODE_IDS), np.random.default_rng(seed))
     config = {n: site_properties(sites, i) | {"partition-id": i} for i, n in enumerate(NODE_IDS)}
-    return sites, SmallGrid(config)
+    return sites, grid(config)
 
 
 def model() -> ArrayRecord:
@@ -382,3 +391,190 @@ def test_missing_flower_says_how_to_install_it(monkeypatch):
     monkeypatch.delitem(sys.modules, "powertrip.integrations.flower")
     with pytest.raises(ImportError, match=r"pip install 'powertrip\[flower\]'"):
         importlib.import_module("powertrip.integrations.flower")
+
+
+# -- aggregation: the library's rule, robust by default ----------------------------------------
+HOSTILE = 77  # one of the eight nodes, weight 50 of 360: well inside any weight check
+
+
+class HostileGrid(SmallGrid):
+    """``HOSTILE`` answers with every float set to ``poison`` (a finite value), or its honest
+    step times ``scale``."""
+
+    poison: float | None = 1e30
+    scale = 1.0
+
+    def tamper(self, node: int, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if node != HOSTILE:
+            return arrays
+        if self.poison is not None:
+            return {k: np.full_like(a, self.poison) for k, a in arrays.items()}
+        w = model()
+        return {k: (w[k].numpy() + (a - w[k].numpy()) * self.scale) for k, a in arrays.items()}
+
+
+def every_node(kind: str, **kw) -> TimedFedAvg:
+    """A strategy that trains all eight nodes (the hostile one among them)."""
+    if kind == "powertrip":
+        return strategy(StaticTopK(len(NODE_IDS)), **kw)
+    s = TimedFedAvg(profiles=ReportedProperties(), ideal_compute_s=TAU, fraction_train=1.0, **kw)
+    s.fraction_evaluate = 0.0
+    return s
+
+
+def one_round(s: TimedFedAvg, grid: SmallGrid, arrays: ArrayRecord | None = None, rnd: int = 1):
+    messages = list(s.configure_train(rnd, arrays or model(), ConfigRecord(), grid))
+    assert len(messages) == len(NODE_IDS)
+    replies = grid.send_and_receive(messages)
+    return replies, s.aggregate_train(rnd, replies)
+
+
+def flower_fedavg(replies) -> tuple[ArrayRecord, MetricRecord]:
+    from flwr.serverapp.strategy import FedAvg
+
+    return FedAvg().aggregate_train(1, replies)
+
+
+def move_norm(new: ArrayRecord, old: ArrayRecord) -> float:
+    return float(np.sqrt(sum(np.sum((new[k].numpy() - old[k].numpy()) ** 2.0) for k in old)))
+
+
+@pytest.mark.parametrize("kind", ["powertrip", "fedavg-sampling"])
+def test_one_node_answering_1e30_cannot_move_the_default_strategys_model(kind):
+    """The default (robust) rule drops the 1e30 update (above 21 |w| in a first round) and
+    moves the model by the honest nodes' mean; Flower's FedAvg, and ``aggregation="fedavg"``
+    with it, takes the 1e30 into the model (the control)."""
+    _, grid = sites_and_grid(grid=HostileGrid)
+    s = every_node(kind)
+    assert s.aggregation.rule == "robust"
+    replies, (arrays, metrics) = one_round(s, grid)
+    clip = s.fold.clip_norm  # type: ignore[union-attr]  # 1.0 x |w| in the first round
+    assert clip == pytest.approx(
+        float(np.sqrt(sum(np.sum(a**2) for a in model().to_numpy_ndarrays())))
+    )
+    assert all(np.isfinite(a).all() for a in arrays.to_numpy_ndarrays())
+    assert move_norm(arrays, model()) <= clip
+    done = s.last_aggregation
+    assert (done.accepted, done.dropped, done.skipped) == (7, 1, 0)
+    honest = [r for r in replies if r.metadata.src_node_id != HOSTILE]
+    want, want_metrics = flower_fedavg(honest)  # what the seven honest nodes alone give
+    for k in want:
+        np.testing.assert_allclose(arrays[k].numpy(), want[k].numpy(), rtol=1e-6, atol=1e-6)
+    assert dict(metrics) == pytest.approx(dict(want_metrics))  # the dropped loss is left out
+
+    control = every_node(kind, aggregation="fedavg")
+    _, (poisoned, _) = one_round(control, grid)
+    flower, _ = flower_fedavg(replies)
+    assert np.abs(flower["w"].numpy()).max() > 1e28  # Flower's FedAvg: poisoned
+    assert np.abs(poisoned["w"].numpy()).max() > 1e28
+    np.testing.assert_allclose(poisoned["w"].numpy(), flower["w"].numpy(), rtol=1e-5)
+
+
+def test_a_large_update_below_the_zeroing_norm_is_clipped_to_the_clip_norm():
+    """A hostile step 100x an honest one (|d| ~ 1.9 |w|) is clipped to |w|: it keeps its weight
+    and pulls the model, but the model moves at most the clip norm."""
+    _, grid = sites_and_grid(grid=HostileGrid)
+    grid.poison, grid.scale = None, 100.0
+    s = every_node("powertrip")
+    replies, (arrays, _) = one_round(s, grid)
+    done = s.last_aggregation
+    assert (done.accepted, done.clipped, done.dropped) == (8, 1, 0)
+    assert move_norm(arrays, model()) <= s.fold.clip_norm  # type: ignore[union-attr]
+    flower, _ = flower_fedavg(replies)
+    assert move_norm(arrays, model()) < move_norm(flower, model())  # FedAvg: unclipped
+
+
+@pytest.mark.parametrize("rule", ["fedavg", "trimmed-mean", "median"])
+def test_every_rule_is_selectable_and_the_order_statistics_absorb_one_hostile_node(rule):
+    _, grid = sites_and_grid(grid=HostileGrid)
+    s = every_node("powertrip", aggregation=rule)
+    _, (arrays, _) = one_round(s, grid)
+    finite = all(np.isfinite(a).all() and np.abs(a).max() < 1e3 for a in arrays.to_numpy_ndarrays())
+    assert finite == (rule != "fedavg")
+
+
+def test_an_unknown_rule_is_refused_naming_the_choices():
+    with pytest.raises(ValueError, match="aggregation must be one of robust, fedavg"):
+        every_node("powertrip", aggregation="krum")
+
+
+@pytest.mark.parametrize("rule", ["robust", "fedavg"])
+def test_honest_rounds_give_flowers_fedavg_up_to_float32_rounding(rule):
+    """Nothing is clipped or dropped: robust is FedAvg, and both are Flower's FedAvg (sent +
+    weighted mean delta against Flower's weighted mean of the replies), the same record
+    keys, dtypes and MetricRecord."""
+    _, grid = sites_and_grid()
+    s = every_node("powertrip", aggregation=rule)
+    replies, (arrays, metrics) = one_round(s, grid)
+    assert (s.last_aggregation.clipped, s.last_aggregation.dropped) == (0, 0)
+    flower, flower_metrics = flower_fedavg(replies)
+    assert list(arrays.keys()) == list(flower.keys())
+    for k in flower:
+        got, want = arrays[k].numpy(), flower[k].numpy()
+        assert got.dtype == want.dtype == np.float32
+        np.testing.assert_allclose(got, want, rtol=2e-7, atol=2e-7)
+    assert dict(metrics) == pytest.approx(dict(flower_metrics))
+
+
+def test_the_robust_bound_is_carried_from_round_to_round():
+    """Each round is judged by what the earlier ones left: honest norms below the clip shrink
+    it by exp(-0.2 * (1 - 0.8)) per round (quantile matching, ``powertrip.robust``)."""
+    from powertrip.robust import AdaptiveBound
+
+    _, grid = sites_and_grid()
+    s = every_node("powertrip")
+    assert s.aggregation_bound == AdaptiveBound()
+    arrays = model()
+    for rnd in (1, 2, 3):
+        fold_bound = None
+        _, (arrays, _) = one_round(s, grid, arrays, rnd)
+        fold_bound = s.fold.bound  # type: ignore[union-attr]
+        assert fold_bound.clip_norm == pytest.approx(np.exp(-0.2 * 0.2) ** (rnd - 1))
+        assert s.aggregation_bound == s.fold.bound_after()  # type: ignore[union-attr]
+        s.record_accuracy(rnd, 0.1 * rnd)
+
+
+def test_a_malformed_reply_is_skipped_and_counted_not_the_round():
+    """Flower's FedAvg raises InconsistentMessageReplies over one reply with a wrong shape or
+    no weight (the whole round is lost); here that reply is skipped and named."""
+    _, grid = sites_and_grid()
+    s = every_node("powertrip")
+    messages = list(s.configure_train(1, model(), ConfigRecord(), grid))
+    replies = grid.send_and_receive(messages)
+    bad = {
+        5: ArrayRecord(
+            {"w": Array(np.zeros((3, 2), np.float32)), "b": Array(np.zeros(2, np.float32))}
+        )
+    }
+    for i, r in enumerate(replies):
+        node = r.metadata.src_node_id
+        if node in bad:
+            content = RecordDict({"arrays": bad[node], "metrics": r.content["metrics"]})
+            replies[i] = Message(content, reply_to=messages[i])
+        if node == 31:
+            content = RecordDict({"arrays": r.content["arrays"], "metrics": MetricRecord({"x": 1})})
+            replies[i] = Message(content, reply_to=messages[i])
+    arrays, _ = s.aggregate_train(1, replies)
+    done = s.last_aggregation
+    assert (done.accepted, done.skipped) == (6, 2)
+    assert "'w'" in done.problems[5] and "(2, 3)" in done.problems[5]
+    assert "'num-examples'" in done.problems[31]
+    assert s._pending.contributions == 6  # type: ignore[union-attr]
+    honest = [r for r in replies if r.metadata.src_node_id not in (5, 31)]
+    want, _ = flower_fedavg(honest)
+    np.testing.assert_allclose(arrays["w"].numpy(), want["w"].numpy(), rtol=1e-6)
+
+
+@pytest.mark.parametrize("rule", ["robust", "fedavg"])
+def test_integer_buffers_are_aggregated_in_their_dtype(rule):
+    """A counter (BatchNorm's num_batches_tracked) stays an integer tensor, so the next round's
+    replies still match the model."""
+    _, grid = sites_and_grid()
+    s = every_node("powertrip", aggregation=rule)
+    start = ArrayRecord(
+        {**{k: model()[k] for k in model()}, "seen": Array(np.array([4], np.int64))}
+    )
+    _, (arrays, _) = one_round(s, grid, start)
+    assert arrays["seen"].numpy().dtype == np.int64 and arrays["seen"].numpy().tolist() == [5]
+    _, (again, _) = one_round(s, grid, arrays, 2)
+    assert s.last_aggregation.accepted == len(NODE_IDS) and again["seen"].numpy().tolist() == [6]

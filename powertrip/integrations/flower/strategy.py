@@ -1,14 +1,16 @@
-"""``PowerTripStrategy``: PowerTrip chooses which Flower nodes train; Flower's FedAvg averages.
+"""``PowerTripStrategy``: PowerTrip chooses which Flower nodes train; the library's rule averages.
 
 Built on Flower 1.41's Message API (``flwr.serverapp.strategy.FedAvg``: ``configure_train`` /
 ``aggregate_train`` over a ``Grid``), the current strategy API; the ``flwr.server.strategy``
 classes (``configure_fit`` over a ClientManager) are Flower's legacy compatibility layer.
 
 Each round the strategy builds the nodes' SiteProfile (``profiles``), asks a PowerTrip
-``SelectionPolicy`` for the nodes, sends the global model to those nodes only, and lets
-Flower's FedAvg aggregate their replies. After the evaluation the policy ``observe``s the round
-(``powertrip.rounds.round_feedback``): its emulated duration, its accuracy and the dispersion of
-the updates, which the noise-scale gain models need.
+``SelectionPolicy`` for the nodes, sends the global model to those nodes only, and folds their
+replies with the library's aggregation rule (``TimedFedAvg``: robust by default,
+``aggregation="fedavg"`` for Flower's FedAvg). After the evaluation the policy ``observe``s the
+round (``powertrip.rounds.round_feedback``): its emulated duration, its accuracy and the
+dispersion of the updates (from the same fold, so it describes the updates the model took),
+which the noise-scale gain models need.
 
 The policy is any ``build_policy`` name or instance. The default, ``powertrip-noise``, is
 Algorithm 1's greedy count over a ranking by each site's own round time, with gains from the
@@ -30,13 +32,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from powertrip.fedavg import (
-    NumpyParams,
-    StreamingFedAvg,
-    UpdateRejected,
-    delta_sketch,
-    sketch_stride,
-)
+from powertrip.fedavg import NumpyParams, delta_sketch, sketch_stride
 from powertrip.integrations.flower.profiles import NodeProfiles
 from powertrip.integrations.flower.timed import PendingRound, TimedFedAvg
 from powertrip.rounds import RoundOutcome, policy_rng, round_feedback
@@ -48,23 +44,15 @@ from powertrip.timing import RoundTimeModel
 DEFAULT_POLICY = "powertrip-noise"
 
 
-def _float_arrays(record: ArrayRecord) -> NumpyParams:
-    """The floating-point tensors of a model record by name (integer buffers are bookkeeping).
-
-    Flower's records hold host numpy arrays already, so no device is crossed here.
-    """
-    arrays = zip(record.keys(), record.to_numpy_ndarrays(), strict=True)
-    return {k: a for k, a in arrays if np.issubdtype(a.dtype, np.floating)}
-
-
 class PowerTripStrategy(TimedFedAvg):
-    """Flower FedAvg whose training nodes are chosen by a PowerTrip policy.
+    """Flower strategy whose training nodes are chosen by a PowerTrip policy.
 
     ``policy``: a ``build_policy`` name or a fresh ``SelectionPolicy`` (policies keep per-run
     state: one instance per run). ``seed`` fixes the policy's own random stream. Flower's
     ``fraction_train`` / ``min_train_nodes`` are not used: the policy decides how many nodes
     train. See ``TimedFedAvg`` for the clock, ``profiles`` and the other arguments, among them
-    ``local_optimizer``, the recipe sent in every training message's config.
+    ``local_optimizer``, the recipe sent in every training message's config, and
+    ``aggregation`` (robust by default).
     """
 
     def __init__(
@@ -100,8 +88,6 @@ class PowerTripStrategy(TimedFedAvg):
         self.policy = policy
         self.rng = policy_rng(seed, policy)
         self.k_history: list[int] = []  # nodes selected per round
-        self._global: NumpyParams | None = None  # the model sent this round
-        self._previous: NumpyParams | None = None  # the model sent last round
         self._measured: tuple[tuple[float, float, float], tuple[float, float] | None] | None = None
 
     def summary(self) -> None:
@@ -127,7 +113,6 @@ class PowerTripStrategy(TimedFedAvg):
             name = self.policy.name
             raise RuntimeError(f"policy {name} selected no node in round {server_round}")
         self.k_history.append(int(rows.size))
-        self._previous, self._global = self._global, _float_arrays(arrays)
         config["server-round"] = server_round
         record = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config})
         return [
@@ -138,41 +123,24 @@ class PowerTripStrategy(TimedFedAvg):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Flower's FedAvg, plus the updates' dispersion for the policy's gain model."""
-        replies = list(replies)
+        """``TimedFedAvg``'s aggregation, plus the fold's dispersion for the policy's gain model
+        (the weighted mean of |delta_i|^2, |mean delta|^2, the effective number of nodes and
+        the projections on the last global delta, ``powertrip.fedavg``)."""
         arrays, metrics = super().aggregate_train(server_round, replies)
-        self._measured = self._dispersion(replies) if arrays is not None else None
+        fold = self.fold
+        self._measured = None
+        if arrays is not None and fold is not None:
+            self._measured = fold.dispersion(), fold.projection()
         return arrays, metrics
 
-    def _dispersion(
-        self, replies: list[Message]
-    ) -> tuple[tuple[float, float, float], tuple[float, float] | None] | None:
-        """Fold the updates (reply - sent model) into a StreamingFedAvg for its statistics only
-        (its average is Flower's, up to rounding, and is not used): the weighted mean of
-        |delta_i|^2, |mean delta|^2, the effective number of nodes and the projections on the
-        last global delta (``powertrip.fedavg``)."""
-        sent = self._global
-        if sent is None:
+    def fold_direction(self, sent: NumpyParams) -> NumpyParams | None:
+        """The last global delta's sketch, for the projections ``powertrip`` needs."""
+        previous = self._previous
+        if previous is None or previous.keys() != sent.keys():
             return None
-        direction = None
-        if self._previous is not None and self._previous.keys() == sent.keys():
-            direction = delta_sketch(sent, self._previous, sketch_stride(sent))
-        agg = StreamingFedAvg(sent, direction=direction)
-        for reply in replies:
-            if reply.has_error() or len(reply.content.array_records) != 1:
-                continue
-            record = next(iter(reply.content.array_records.values()))
-            metrics = next(iter(reply.content.metric_records.values()), None)
-            weight = metrics.get(self.weighted_by_key) if metrics is not None else None
-            try:
-                got = _float_arrays(record)
-                delta = {k: got[k] - v for k, v in sent.items()}
-                agg.add(delta, float(weight))  # type: ignore[arg-type]
-            except (KeyError, TypeError, ValueError, UpdateRejected):
-                continue  # Flower's aggregation already judged the reply; the stats skip it
-        if agg.count == 0:
+        if any(previous[k].shape != v.shape for k, v in sent.items()):
             return None
-        return agg.dispersion(), agg.projection()
+        return delta_sketch(sent, previous, sketch_stride(sent))
 
     def on_round_scored(
         self, pending: PendingRound, previous_accuracy: float, previous_loss: float
