@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from powertrip.experiment import build_config
 from powertrip.learning.local_optim import LocalOptimizer
@@ -128,3 +129,25 @@ def test_a_restarted_worker_resumes_the_sites_saved_optimizer_state(distributed,
         again.close()
     for name, d in want.delta.items():
         np.testing.assert_allclose(got.delta[name], d, rtol=1e-3, atol=2e-5, err_msg=name)
+
+
+def test_a_state_trained_to_nan_is_neither_kept_nor_saved(distributed, store, caplog):
+    """NaN parameters give NaN moments: the ranks start the next round with fresh moments at
+    the same schedule position, and the saved file never holds a NaN."""
+    poisoned = {k: np.full_like(v, np.nan) for k, v in distributed.template.items()}
+    with caplog.at_level("WARNING"):
+        distributed.run_round(RoundJob(round=6, sites=[SITE], params=poisoned, deadline_s=120.0))
+    assert "site-001: its optimizer state after round 6 is not kept nor saved (non-finite" in (
+        caplog.text
+    )
+    kept = distributed.group.site_state
+    assert kept.step > 0 and all(not t.any() for m in kept.moments.values() for t in m.values())
+    saved = torch.load(store.path, weights_only=True)["states"][SITE]
+    assert saved["step"] == kept.step and finite(saved["moments"])
+    job = RoundJob(round=7, sites=[SITE], params=distributed.template, deadline_s=120.0)
+    (update,) = distributed.run_round(job)
+    assert all(np.isfinite(v).all() for v in update.delta.values())
+
+
+def finite(moments: dict[str, dict[str, torch.Tensor]]) -> bool:
+    return all(bool(torch.isfinite(t).all()) for m in moments.values() for t in m.values())
