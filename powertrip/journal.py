@@ -1,5 +1,7 @@
-"""The round journal: what a restarted aggregator replays through the round loop so that the
-policy (and its random stream) resumes in exactly the state it had at the checkpoint."""
+"""The round journal: the run's history, one entry per round (the sites chosen and down, what
+the round measured, the clock), for ``GetStatus``, plots and audits. Nothing resumes from it: a
+checkpoint holds every state a resume needs (``state_dict``), so a damaged journal costs
+history, never a round (R34)."""
 
 from __future__ import annotations
 
@@ -9,26 +11,31 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from powertrip.rounds import RoundExecutor, RoundOutcome
+from powertrip.rounds import RoundExecutor, RoundOutcome, RoundRecord
 from powertrip.sites import SiteProfile
 
 
 @dataclass(frozen=True)
 class JournalEntry:
-    """One round as the policy saw it: enough to replay the policy's state after a restart."""
+    """One round as the policy saw it and as the status reports it."""
 
     round: int
     selected: tuple[int, ...]
     outcome: RoundOutcome | None  # params dropped: the checkpoint holds the model
     unavailable: tuple[int, ...] = ()  # the sites that were down (the mask the policy saw)
+    time_s: float | None = None  # the run's clock at the end of the round (None: not recorded)
+    duration_s: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         o = self.outcome
         down = {"unavailable": list(self.unavailable)} if self.unavailable else {}
+        clock = {} if self.time_s is None else {"time_s": self.time_s}
+        clock |= {} if self.duration_s is None else {"duration_s": self.duration_s}
         return {
             "round": self.round,
             "selected": list(self.selected),
             **down,
+            **clock,
             "outcome": None
             if o is None
             else {
@@ -49,7 +56,9 @@ class JournalEntry:
         must feed the policy exactly what it saw): TypeError naming the field (``where``, e.g.
         ``journal.jsonl line 7``) when one is not what ``to_json`` writes, so a damaged or
         forged checkpoint is refused at load instead of crashing the run when replayed."""
-        d = _fields(data, where, {"round", "selected", "outcome", "unavailable"})
+        d = _fields(
+            data, where, {"round", "selected", "outcome", "unavailable", "time_s", "duration_s"}
+        )
         for key in ("round", "selected", "outcome"):
             if key not in d:
                 raise TypeError(f"{where} has no {key}")
@@ -59,9 +68,13 @@ class JournalEntry:
         for key, sites in (("selected", sel), ("unavailable", down)):
             if not isinstance(sites, list) or not all(_is_int(s) for s in sites):
                 raise TypeError(f"{where}: {key} is {_kind(sites)}, not a list of site integers")
+        for key in ("time_s", "duration_s"):
+            if key in d and not _is_number(d[key]):
+                raise TypeError(f"{where}: {key} is {_kind(d[key])}, not a number")
+        clock = (d.get("time_s"), d.get("duration_s"))
         o = d["outcome"]
         if o is None:
-            return cls(r, tuple(sel), None, tuple(down))
+            return cls(r, tuple(sel), None, tuple(down), *clock)
         where = f"{where}: outcome"
         o = _fields(o, where, set(_NUMBERS) | {"dispersion", "contributions"})
         for key, optional in _NUMBERS.items():
@@ -90,7 +103,24 @@ class JournalEntry:
             projection=tuple(projection) if projection else None,
             half_accuracy=o.get("half_accuracy"),
         )
-        return cls(r, tuple(sel), outcome, tuple(down))
+        return cls(r, tuple(sel), outcome, tuple(down), *clock)
+
+    def record(self, previous: tuple[float, float]) -> RoundRecord:
+        """The round as the status reports it; ``previous``: (accuracy, loss) before it, which
+        a failed round keeps."""
+        o = self.outcome
+        accuracy, loss = previous if o is None else (o.accuracy, o.loss)
+        return RoundRecord(
+            self.round,
+            self.time_s or 0.0,
+            self.duration_s or 0.0,
+            len(self.selected),
+            accuracy,
+            loss,
+            self.selected,
+            0 if o is None else o.contributions,
+            "failed" if o is None else "completed",
+        )
 
 
 #: the outcome's number fields, and whether each may be null
@@ -127,39 +157,21 @@ def _numbers(value: object, where: str, length: int) -> None:
 
 
 class JournaledExecutor:
-    """Wraps an executor: records every round, and replays recorded rounds without training.
+    """Wraps an executor and records every round it runs (params dropped), for the journal
+    file: ``take_new`` hands over the rounds recorded since its last call, so memory does not
+    grow with the run."""
 
-    Restarting from a checkpoint replays the journal through the same loop, so the policy (and
-    its random stream) reaches exactly the state it had when the checkpoint was written; with
-    deterministic training the resumed run then equals an uninterrupted one. Only what is still
-    to replay and the rounds not yet taken (``take_new``, for the journal file) are held, so
-    its memory does not grow with the run.
-    """
-
-    def __init__(
-        self,
-        live: RoundExecutor,
-        journal: list[JournalEntry] | None = None,
-        initial: tuple[float, float] | None = None,
-    ) -> None:
+    def __init__(self, live: RoundExecutor) -> None:
         self.live = live
-        self._to_replay = list(journal or [])
-        self._replay = len(self._to_replay)
         self._new: list[JournalEntry] = []
-        self.initial = initial
-
-    def replaying(self, round_index: int) -> bool:
-        return round_index <= self._replay
 
     def take_new(self) -> list[JournalEntry]:
-        """The rounds executed live since the last call, in order; forgotten here."""
+        """The rounds executed since the last call, in order; forgotten here."""
         new, self._new = self._new, []
         return new
 
     def evaluate_initial(self) -> tuple[float, float]:
-        if self.initial is None:
-            self.initial = self.live.evaluate_initial()
-        return self.initial
+        return self.live.evaluate_initial()
 
     def execute(
         self,
@@ -168,18 +180,7 @@ class JournaledExecutor:
         profile: SiteProfile,
         split_half: bool,
     ) -> RoundOutcome | None:
-        ids = tuple(int(s) for s in selected)
-        if self.replaying(round_index):
-            entry = self._to_replay[round_index - 1]
-            if entry.selected != ids:
-                raise RuntimeError(
-                    f"cannot resume: round {round_index} selects {list(ids)} now but "
-                    f"{list(entry.selected)} before the restart (configuration changed?)"
-                )
-            if round_index == self._replay:
-                self._to_replay = []  # replayed: not needed any more
-            return entry.outcome
         outcome = self.live.execute(round_index, selected, profile, split_half)
         kept = None if outcome is None else replace(outcome, params=None)
-        self._new.append(JournalEntry(round_index, ids, kept))
+        self._new.append(JournalEntry(round_index, tuple(int(s) for s in selected), kept))
         return outcome

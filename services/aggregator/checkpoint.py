@@ -1,29 +1,36 @@
-"""Checkpoints after every round: the global model (npz, never pickle) plus a JSON manifest.
+"""Checkpoints after every round: the global model and every run state a resume needs (npz,
+never pickle) plus a JSON manifest.
+
+A checkpoint stands on its own: its state names the run it belongs to (``run``: a digest of the
+configuration and seed) and holds each component's ``state_dict()`` (the policy, the round
+loop, the robust rule, ...; ``run.checkpoint_state`` assembles them), the numbers in the
+manifest and the numpy arrays in the npz beside the model (``pack``/``unpack``). A resume loads
+them and replays nothing: the round journal beside the checkpoints (``journal_file``) is the
+run's history only, and its damage never rejects a checkpoint (R34).
 
 Every byte of a checkpoint is covered by a checksum: the manifest holds the model's SHA-256
-(``model_sha256``) and the SHA-256 of a canonical serialisation of its own content (``sha256``:
-format, round, model name and hash, the run state). The round journal is appended to
-``journal.jsonl`` beside it (``journal_file``), the state holding a constant-size reference to
-the hash-chained prefix it commits to: a checkpoint costs the same at round 10,000 as at 10.
-Writes are durable and atomic (fsync; temporary file, ``os.replace``, directory fsync), the
-journal first and the manifest last: its rename commits the round, so a crash (SIGKILL)
-anywhere in ``save`` leaves the previous checkpoint loadable (``test_crash_recovery.py`` kills
-the aggregator there); what it leaves half-done (a model without a manifest, a ``*.tmp``,
-journal lines past the prefix) the next save or start removes. A disk refusing a write
-(``save_or_report``) costs a warning, not the run.
+(``model_sha256``; the npz holds the state's arrays too) and the SHA-256 of a canonical
+serialisation of its own content (``sha256``: format, round, model name and hash, the run
+state). Writes are durable and atomic (fsync; temporary file, ``os.replace``, directory fsync),
+the journal's append first (a disk refusing it costs a warning, not the checkpoint) and the
+manifest last: its rename commits the round, so a crash (SIGKILL) anywhere in ``save`` leaves
+the previous checkpoint loadable (``test_crash_recovery.py`` kills the aggregator there); what
+it leaves half-done (a model without a manifest, a ``*.tmp``, journal lines past the round) the
+next save or start removes. A disk refusing a write (``save_or_report``) costs a warning, not
+the run.
 
 At load a checkpoint is *rejected* — one warning naming the file and the reason, one increment of
 ``powertrip_checkpoint_rejected_total{reason}`` — when its manifest is unreadable, not JSON, not
-an object of the expected shape (keys and types), written before manifests checksummed
-themselves (``old-format``: start fresh with ``POWERTRIP_START_FRESH=1``), when a checksum or
-its journal prefix does not verify, when the npz does not load with ``allow_pickle=False``, or
-when the caller's ``validate`` refuses it: a state field of the wrong type (TypeError:
-``malformed``), arrays or a journal that do not fit the run (``incompatible``). Format 2
-manifests (the journal inside) still load; the next save moves the journal to the file. The
-next older one is then tried. A directory with checkpoints none of which loads raises
-``NoUsableCheckpoint`` (the aggregator refuses to start) unless ``start_fresh``; an empty one is
-a first start. Once another starting point is chosen, rejected checkpoints are renamed
-``*.rejected``: kept for the operator, never tried again nor pruned in place of good ones.
+an object of the expected shape (keys and types), written by an older version (``old-format``:
+no self-checksum, or a format 2/3 checkpoint, resumed by replaying a journal; start fresh with
+``POWERTRIP_START_FRESH=1``), when a checksum does not verify, when the npz does not load with
+``allow_pickle=False``, or when the caller's ``validate`` refuses it: a state field of the wrong
+type (TypeError: ``malformed``), arrays or states that do not fit the run (``incompatible``), a
+checkpoint of another run (``OtherRun``: ``other-run``). The next older one is then tried. A
+directory with checkpoints none of which loads raises ``NoUsableCheckpoint`` (the aggregator
+refuses to start, in one line) unless ``start_fresh``; an empty one is a first start. Once
+another starting point is chosen, rejected checkpoints are renamed ``*.rejected``: kept for the
+operator, never tried again nor pruned in place of good ones.
 """
 
 from __future__ import annotations
@@ -40,7 +47,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from powertrip.services.aggregator import journal_file, metrics
+from powertrip.services.aggregator import metrics
 from powertrip.services.aggregator.checkpoint_verify import (
     FORMAT,
     Rejected,
@@ -55,7 +62,7 @@ from powertrip.services.aggregator.durable_files import (
     sha256_file,
     write_temp,
 )
-from powertrip.services.aggregator.journal_file import JournalError, JournalFile, JournalRef
+from powertrip.services.aggregator.journal_file import JournalFile
 from powertrip.services.common.fault_points import fault_point
 
 logger = logging.getLogger(__name__)
@@ -63,7 +70,15 @@ KEEP = 2  # the newest and one fallback
 #: npz entries under this prefix are the outer optimizer's momentum (``powertrip.outer_step``),
 #: not model arrays: in the same file, so the model's SHA-256 covers them too
 MOMENTUM = "__outer_momentum__."
+#: npz entries under this prefix are the arrays of the run's component states (``pack``)
+STATE = "__state__."
+#: how a state refers to one of its arrays in the manifest
+ARRAY_REF = "__array__"
 _MODEL = re.compile(r"round-(\d{6,})\.npz")
+
+
+class OtherRun(ValueError):
+    """A verified checkpoint written by a run of another configuration or seed."""
 
 
 class NoUsableCheckpoint(RuntimeError):
@@ -75,16 +90,67 @@ class NoUsableCheckpoint(RuntimeError):
 class Checkpoint:
     round: int
     params: dict[str, NDArray]
-    state: dict[str, Any]  # clock, accuracy, journal (its entries, read from the file)...
-    journal: JournalRef | None = None  # the journal prefix it commits to (None: format 2)
+    state: dict[str, Any]  # the run's identity, clock, components (their arrays in place)...
     momentum: dict[str, NDArray] | None = None  # the outer step's (None: FedAvg, or none yet)
 
 
-def _split(arrays: dict[str, NDArray]) -> tuple[dict[str, NDArray], dict[str, NDArray] | None]:
-    """A checkpoint's npz entries as (model, outer momentum or None)."""
-    model = {k: v for k, v in arrays.items() if not k.startswith(MOMENTUM)}
+def _split(
+    arrays: dict[str, NDArray],
+) -> tuple[dict[str, NDArray], dict[str, NDArray] | None, dict[str, NDArray]]:
+    """A checkpoint's npz entries as (model, outer momentum or None, state arrays)."""
+    model = {k: v for k, v in arrays.items() if not k.startswith((MOMENTUM, STATE))}
     momentum = {k[len(MOMENTUM) :]: v for k, v in arrays.items() if k.startswith(MOMENTUM)}
-    return model, momentum or None
+    state = {k[len(STATE) :]: v for k, v in arrays.items() if k.startswith(STATE)}
+    return model, momentum or None, state
+
+
+def pack(state: Any) -> tuple[Any, dict[str, NDArray]]:
+    """A state of plain values and numpy arrays as (JSON-able state, arrays): each array is
+    replaced by ``{ARRAY_REF: i}`` and stored as array ``str(i)``; tuples become lists (as JSON
+    gives them back). TypeError for anything else (a state is never pickled)."""
+    arrays: dict[str, NDArray] = {}
+
+    def walk(value: Any, where: str) -> Any:
+        if isinstance(value, np.ndarray):
+            key = str(len(arrays))
+            arrays[key] = value
+            return {ARRAY_REF: int(key)}
+        if isinstance(value, Mapping):
+            if not all(isinstance(k, str) for k in value) or ARRAY_REF in value:
+                raise TypeError(f"state {where} has a key that is not a plain string")
+            return {k: walk(v, f"{where}.{k}") for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [walk(v, f"{where}[{i}]") for i, v in enumerate(value)]
+        if isinstance(value, np.generic):
+            return value.item()
+        if value is None or isinstance(value, bool | int | float | str):
+            return value
+        raise TypeError(f"state {where} is a {type(value).__name__}, not a plain value")
+
+    return walk(state, "state"), arrays
+
+
+def unpack(state: Any, arrays: Mapping[str, NDArray]) -> Any:
+    """``pack``'s inverse; TypeError when a reference names no array or an array is unused."""
+    used: set[str] = set()
+
+    def walk(value: Any) -> Any:
+        if isinstance(value, dict):
+            if set(value) == {ARRAY_REF}:
+                key = str(value[ARRAY_REF])
+                if type(value[ARRAY_REF]) is not int or key not in arrays:
+                    raise TypeError(f"state refers to array {value[ARRAY_REF]!r}, not in the npz")
+                used.add(key)
+                return arrays[key]
+            return {k: walk(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [walk(v) for v in value]
+        return value
+
+    out = walk(state)
+    if set(arrays) - used:
+        raise TypeError(f"the npz holds state arrays no state refers to: {sorted(set(arrays))}")
+    return out
 
 
 def _prune(directory: Path, newest: int) -> None:
@@ -110,18 +176,24 @@ def save(
     journal: JournalFile | None = None,
     momentum: Mapping[str, NDArray] | None = None,
 ) -> Path:
-    """Commit round ``round_index``: the journal's staged entries appended and fsynced (its
-    reference goes in ``state``), then the model and its manifest, each written to a temporary
-    file, fsynced and renamed into place; the manifest's rename is the commit. A crash at any
-    point leaves the previous round loadable and at worst files the next save overwrites or
-    prunes or the next start deletes. OSError (disk full, fsync failing) leaves the same.
-    ``momentum`` (the outer step's state) goes into the model's npz under ``MOMENTUM``."""
-    if any(k.startswith(MOMENTUM) for k in params):
-        raise ValueError(f"a model array name starts with the reserved {MOMENTUM!r}")
-    arrays = {**params, **{MOMENTUM + k: v for k, v in (momentum or {}).items()}}
+    """Commit round ``round_index``: the journal's staged entries appended and fsynced (history:
+    a disk refusing it is reported, the checkpoint is still written), then the model and its
+    manifest, each written to a temporary file, fsynced and renamed into place; the manifest's
+    rename is the commit. A crash at any point leaves the previous round loadable and at worst
+    files the next save overwrites or prunes or the next start deletes. OSError (disk full,
+    fsync failing) leaves the same. ``state``'s numpy arrays (``pack``) go into the npz under
+    ``STATE``, ``momentum`` (the outer step's state) under ``MOMENTUM``."""
+    if any(k.startswith((MOMENTUM, STATE)) for k in params):
+        raise ValueError(f"a model array name starts with a reserved {MOMENTUM!r} or {STATE!r}")
+    state, state_arrays = pack(state)
+    arrays = {
+        **params,
+        **{MOMENTUM + k: v for k, v in (momentum or {}).items()},
+        **{STATE + k: v for k, v in state_arrays.items()},
+    }
     directory.mkdir(parents=True, exist_ok=True)
     if journal is not None:
-        state = {**state, "journal": journal.sync().to_json()}
+        journal.sync_or_report()
     model = directory / f"round-{round_index:06d}.npz"
     commit_rename(write_temp(model, lambda f: np.savez(f, **arrays)), model)
     body = {
@@ -184,18 +256,17 @@ def _load(manifest_path: Path, validate: Callable[[Checkpoint], None] | None) ->
     """The checkpoint of ``manifest_path``, or ``Rejected`` naming the file at fault."""
     manifest = verified_manifest(manifest_path)
     arrays = verified_params(manifest_path.parent / manifest["model"], manifest["model_sha256"])
-    params, momentum = _split(arrays)
-    state, ref = manifest["state"], None
-    if manifest["format"] != 2 and "journal" in state:  # format 2: the journal is inside
-        try:
-            state, ref = journal_file.resolve(manifest_path.parent, state)
-        except JournalError as exc:
-            culprit = exc.path or manifest_path
-            raise Rejected(exc.reason, culprit, f"{exc} (for {manifest_path.name})") from None
-    ckpt = Checkpoint(manifest["round"], params, state, ref, momentum)
+    params, momentum, state_arrays = _split(arrays)
+    try:
+        state = unpack(manifest["state"], state_arrays)
+    except TypeError as exc:
+        raise Rejected("malformed", manifest_path, str(exc)) from None
+    ckpt = Checkpoint(manifest["round"], params, state, momentum)
     if validate is not None:
         try:
             validate(ckpt)
+        except OtherRun as exc:
+            raise Rejected("other-run", manifest_path, str(exc)) from None
         except TypeError as exc:  # a field of the wrong type: not what a writer of ours writes
             raise Rejected("malformed", manifest_path, str(exc) or repr(exc)) from None
         except (ValueError, KeyError, IndexError, AttributeError) as exc:
@@ -203,11 +274,18 @@ def _load(manifest_path: Path, validate: Callable[[Checkpoint], None] | None) ->
     return ckpt
 
 
-def _try(manifest_path: Path, validate: Callable[[Checkpoint], None] | None) -> Checkpoint | None:
-    """``_load`` with a rejection logged (one line) and counted."""
+def _try(
+    manifest_path: Path,
+    validate: Callable[[Checkpoint], None] | None,
+    reasons: set[str] | None = None,
+) -> Checkpoint | None:
+    """``_load`` with a rejection logged (one line) and counted (its reason added to
+    ``reasons``)."""
     try:
         return _load(manifest_path, validate)
     except Rejected as r:
+        if reasons is not None:
+            reasons.add(r.reason)
         metrics.CHECKPOINT_REJECTED.labels(r.reason).inc()
         logger.warning("checkpoint rejected: %s: %s (%s)", r.path, r.reason, r.detail)
         return None
@@ -228,15 +306,22 @@ def load_latest(
     a field of the wrong type, ValueError or KeyError for what does not fit the run); None when
     there is none at all (a first start) or, with ``start_fresh``, when none verifies.
     Checkpoints exist but none verifies, without ``start_fresh``: ``NoUsableCheckpoint``."""
-    rejected = []
+    rejected: list[Path] = []
+    reasons: set[str] = set()
     found = None
     if directory.is_dir():
         remove_leftovers(directory)
     for manifest_path in sorted(directory.glob("round-*.json"), reverse=True):
-        found = _try(manifest_path, validate)
+        found = _try(manifest_path, validate, reasons)
         if found is not None:
             break
         rejected.append(manifest_path)
+    if rejected and found is None and not start_fresh and reasons == {"other-run"}:
+        raise NoUsableCheckpoint(
+            f"refusing to start: the checkpoints in {directory} belong to another run (another "
+            "configuration or seed); point POWERTRIP_CHECKPOINT_DIR elsewhere, or set "
+            "POWERTRIP_START_FRESH=1 to set them aside and start this run from round 0"
+        )
     if rejected and found is None and not start_fresh:
         raise NoUsableCheckpoint(
             f"refusing to start: none of the {len(rejected)} checkpoints in {directory} "

@@ -15,18 +15,21 @@ from numpy.typing import NDArray
 from powertrip.services.aggregator import metrics
 from powertrip.services.aggregator.durable_files import canonical_sha256, sha256_file
 
-FORMAT = 3  # 1: model hash only, state at the top level; 2: the journal in the state
-LOADS = (2, FORMAT)  # 2 still loads: its journal is moved to the file at the next save
+#: 1: model hash only, state at the top level; 2: the journal in the state; 3: a reference to
+#: the journal file (all three resumed by replaying the journal); 4: the run's identity and every
+#: component's ``state_dict`` (policy, loop, ...), so a resume replays nothing
+FORMAT = 4
+LOADS = (FORMAT,)
 #: the values of the ``reason`` label (bounded: one series each)
 REASONS = (
     "unreadable",  # a file cannot be read (missing model, permissions)
     "malformed",  # not JSON, or not the expected keys and types
-    "old-format",  # written before manifests checksummed themselves
+    "old-format",  # written by an older version (no self-checksum, or no run state)
     "manifest-checksum",  # the manifest's content does not match its own SHA-256
-    "journal-checksum",  # the journal file does not hold the prefix the manifest commits to
     "model-checksum",  # the npz does not match the SHA-256 in the manifest
     "model-format",  # the npz does not load without pickle
-    "incompatible",  # verified, but refused by the run (arrays or journal do not fit)
+    "incompatible",  # verified, but refused by the run (arrays or a state do not fit)
+    "other-run",  # verified, but written by a run of another configuration or seed
 )
 _NAME = re.compile(r"round-(\d{6,})\.json")
 for _reason in REASONS:  # every series exported from the start, at 0
@@ -62,6 +65,13 @@ def verified_manifest(path: Path) -> dict[str, Any]:
             raise Rejected("malformed", path, f"{key!r} is not a {kind.__name__}")
     if set(manifest) != {*types, "sha256"}:
         raise Rejected("malformed", path, f"unexpected keys {sorted(set(manifest) - {*types})}")
+    if manifest["format"] in (2, 3):
+        raise Rejected(
+            "old-format",
+            path,
+            f"format {manifest['format']}, written by an older version whose resume replayed "
+            "the round journal (it holds no policy state)",
+        )
     if manifest["format"] not in LOADS:
         raise Rejected("malformed", path, f"unknown format {manifest['format']}")
     body = {k: manifest[k] for k in types}

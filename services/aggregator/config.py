@@ -7,6 +7,7 @@ one definition.
 
 from __future__ import annotations
 
+import os
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -15,6 +16,15 @@ from powertrip.curtailment.config import CurtailmentConfig
 from powertrip.services.aggregator.config_run import RunSettings
 from powertrip.services.common.config import DeviceSettings, ServiceConfig
 from powertrip.services.common.settings import CurtailSettings
+
+
+def default_checkpoint_dir() -> str:
+    """The per-user state directory (XDG base directory spec): a start from any working
+    directory, a checkout's included, never resumes checkpoints it happens to find there."""
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(
+        os.path.expanduser("~"), ".local", "state"
+    )
+    return os.path.join(state, "powertrip", "checkpoints")
 
 
 class AggregatorConfig(ServiceConfig, RunSettings, CurtailSettings, DeviceSettings):
@@ -87,7 +97,13 @@ class AggregatorConfig(ServiceConfig, RunSettings, CurtailSettings, DeviceSettin
         "profile older than profiler_stale_s holds new rounds until the profiler answers.",
     )
     profiler_stale_s: float = Field(600.0, gt=0, description="see POWERTRIP_PROFILER_RETRY_S")
-    checkpoint_dir: str = Field("checkpoints", description='"" disables checkpoints')
+    checkpoint_dir: str = Field(
+        default_factory=default_checkpoint_dir,
+        description="where the run's checkpoints and round journal live (default: the user's "
+        "state directory, $XDG_STATE_HOME/powertrip/checkpoints or "
+        '~/.local/state/powertrip/checkpoints, never the working directory\'s); "" disables '
+        "checkpoints",
+    )
     start_fresh: bool = Field(
         False,
         description="When checkpoints exist but none verifies (checksum, format), start over "

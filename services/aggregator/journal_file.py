@@ -1,144 +1,193 @@
-"""The round journal on disk: one hash-chained line per round, appended beside the checkpoints.
+"""The round journal on disk: the run's history, one self-checking, hash-chained line per round,
+appended beside the checkpoints. History only: no checkpoint refers to it and nothing resumes
+from it (a checkpoint holds every state a resume needs), so damage costs history, never a round.
 
-Why a file of its own: a restarted run replays every round (exact resume), so the journal grows
-with the run. Embedded in each manifest it made every checkpoint O(rounds) to write and fsync
-(859 KB after 1,818 rounds). Here a round costs one appended line and one fsync, and a manifest
-holds a reference of constant size, ``JournalRef``: how many lines it covers, their length in
-bytes, and the SHA-256 of the last one.
+Line i (from 1) is the canonical JSON ``{"entry": ..., "n": i, "prev": P, "sha256": H}``, with
+H the SHA-256 of the canonical JSON of ``{"entry", "n", "prev"}`` and P line i-1's H (line 1's:
+64 zeros). A changed digit, an inserted or deleted byte anywhere in a line fails that line's own
+check (its bytes are not the canonical text of its content, or H does not match), so the report
+names the line that was damaged, the last one included; a deleted or reordered line fails the
+chain. ``recover`` reads the journal at start: the intact lines up to the resumed checkpoint's
+round are the history; from the first damaged line on, the file is quarantined (renamed aside
+whole, ``journal.jsonl.damaged-N``, and the intact prefix written back), reported in one line
+and counted (``powertrip_journal_damaged_total{reason}``). A missing file, or one that ends
+before the checkpoint's round, is reported the same way. Lines past the checkpoint's round (a
+crash between the append and the manifest's commit, the rounds of a rejected newer checkpoint)
+are rounds the resumed run redoes: cut off by the first append, not damage.
 
-Line i (from 1; in PowerTrip mode line i is round i) is the canonical JSON
-``{"entry": ..., "n": i, "prev": <SHA-256 of line i-1>}`` (line 1's ``prev``: 64 zeros), so
-the hash in a manifest covers every line before it, and a line that does not chain names
-where the file was edited. The kept fallback checkpoint references a shorter prefix of the
-same file. Whatever lies past a manifest's prefix (a crash between the append and the
-manifest's commit, a failed append, the rounds of a rejected newer checkpoint) is ignored at
-load and cut off by the first append after the resume (``JournalFile``). Segment files sealed
-every N rounds would bound each file too, but add a second commit protocol for nothing: the
-replay reads the whole history at every start either way.
+Why a hash-chained JSON-lines file and not SQLite (stdlib ``sqlite3``, WAL), the usual choice for
+a queryable embedded history: SQLite keeps no checksum of a record's bytes (only with the
+``cksumvfs`` extension, not in the standard library), so a changed digit in a stored round would
+be read back as the truth, unreported; the R34 attacks (a digit changed, the file cut or
+deleted, a byte inserted) are each detected here at the exact line. The history's queries are
+few (the status pages rounds by number from memory, plots read every round once), an append is
+one ``pwrite`` and one fsync, and the file reads with ``jq`` or a text editor.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from powertrip.services.aggregator.durable_files import fsync_dir
+from powertrip.journal import JournalEntry
+from powertrip.services.aggregator import metrics
+from powertrip.services.aggregator.durable_files import commit_rename, fsync_dir, write_temp
 
+logger = logging.getLogger(__name__)
 NAME = "journal.jsonl"
 GENESIS = "0" * 64
-_HEX = frozenset("0123456789abcdef")
-
-
-class JournalError(Exception):
-    """The journal does not hold what a manifest says: ``reason`` is a checkpoint rejection
-    reason (``unreadable``, ``journal-checksum``, ``malformed``), ``path`` the file at fault
-    (None: the manifest's reference)."""
-
-    def __init__(self, reason: str, path: Path | None, detail: str) -> None:
-        super().__init__(detail)
-        self.reason, self.path = reason, path
+#: the values of ``powertrip_journal_damaged_total``'s ``reason`` label
+REASONS = ("missing", "cut", "edited", "unreadable")
+for _reason in REASONS:  # every series exported from the start, at 0
+    metrics.JOURNAL_DAMAGED.labels(_reason)
 
 
 @dataclass(frozen=True)
 class JournalRef:
-    """The prefix of the journal file a checkpoint commits to."""
+    """The journal's intact prefix: how many lines, their length in bytes, the last line's
+    hash (what the next line chains to)."""
 
     entries: int
     bytes: int
     sha256: str
 
-    def to_json(self) -> dict[str, Any]:
-        return {"entries": self.entries, "bytes": self.bytes, "sha256": self.sha256}
-
-    @classmethod
-    def from_json(cls, data: object) -> JournalRef:
-        """TypeError or ValueError naming the field that is not as ``to_json`` writes it."""
-        if not isinstance(data, dict) or set(data) != {"entries", "bytes", "sha256"}:
-            raise TypeError("state.journal is not {entries, bytes, sha256}")
-        for key in ("entries", "bytes"):
-            if type(data[key]) is not int or data[key] < 0:
-                raise TypeError(f"state.journal.{key} is not a count")
-        digest = data["sha256"]
-        if not isinstance(digest, str) or len(digest) != 64 or not set(digest) <= _HEX:
-            raise TypeError("state.journal.sha256 is not a SHA-256")
-        if (data["entries"] == 0) != (data["bytes"] == 0 and digest == GENESIS):
-            raise ValueError("state.journal: entries, bytes and sha256 disagree on emptiness")
-        return cls(data["entries"], data["bytes"], digest)
-
 
 EMPTY = JournalRef(0, 0, GENESIS)
 
 
-def _line(n: int, prev: str, entry: Mapping[str, Any]) -> bytes:
-    body = {"entry": entry, "n": n, "prev": prev}
-    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode() + b"\n"
+def _body_sha(entry: Mapping[str, Any], n: int, prev: str) -> str:
+    body = json.dumps({"entry": entry, "n": n, "prev": prev}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(body.encode()).hexdigest()
 
 
-def resolve(directory: Path, state: Mapping[str, Any]) -> tuple[dict[str, Any], JournalRef]:
-    """A manifest's ``state`` with the entries of the prefix its ``journal`` references in
-    place of the reference, and the reference; ``JournalError`` naming what does not verify."""
+def _line(n: int, prev: str, entry: Mapping[str, Any]) -> tuple[bytes, str]:
+    """Line ``n`` and its hash."""
+    sha = _body_sha(entry, n, prev)
+    line = {"entry": entry, "n": n, "prev": prev, "sha256": sha}
+    return json.dumps(line, sort_keys=True, separators=(",", ":")).encode() + b"\n", sha
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """What ``recover`` found: the history (rounds up to the checkpoint's), the writer that
+    appends after it, and the one-line report of damage (None: intact)."""
+
+    entries: list[JournalEntry]
+    writer: JournalFile
+    damage: str | None = None
+
+
+def _check(raw: bytes, n: int, prev: str, last_round: int) -> tuple[JournalEntry, str] | str:
+    """Line ``n``'s entry and hash, or why it is damaged (a short phrase)."""
     try:
-        ref = JournalRef.from_json(state["journal"])
-    except (TypeError, ValueError) as exc:
-        raise JournalError("malformed", None, str(exc)) from None
-    return {**state, "journal": read(directory, ref)}, ref
+        line = json.loads(raw)
+    except (ValueError, RecursionError):
+        return "is not JSON"
+    if not isinstance(line, dict) or set(line) != {"entry", "n", "prev", "sha256"}:
+        return "is not a journal line {entry, n, prev, sha256}"
+    if not isinstance(line["entry"], dict) or not isinstance(line["sha256"], str):
+        return "is not a journal line {entry, n, prev, sha256}"
+    try:
+        canonical, sha = _line(line["n"], line["prev"], line["entry"])
+    except (TypeError, ValueError):
+        return "is not a journal line {entry, n, prev, sha256}"
+    if sha != line["sha256"] or canonical != raw + b"\n":
+        return "does not match its own SHA-256 (edited)"
+    if line["n"] != n or line["prev"] != prev:
+        return f"does not chain to line {n - 1} (a line deleted, moved or inserted)"
+    try:
+        entry = JournalEntry.from_json(line["entry"], f"{NAME} line {n}")
+    except TypeError as exc:
+        return f"is not a round entry ({exc})"
+    if entry.round <= last_round:
+        return f"repeats round {entry.round}"
+    return entry, sha
 
 
-def read(directory: Path, ref: JournalRef) -> list[dict[str, Any]]:
-    """The entries of the prefix ``ref`` commits to, verified line by line; ``JournalError``
-    when the file is missing, shorter, edited or not what the journal writes."""
-    if ref.entries == 0:
-        return []
+def recover(directory: Path, upto_round: int) -> Recovery:
+    """The history of a run resumed after round ``upto_round`` (0: a fresh start), the damaged
+    part quarantined and reported (one warning, one count); never raises for the journal's
+    content (an OSError of the directory itself still does)."""
     path = directory / NAME
     try:
-        with path.open("rb") as f:
-            data = f.read(ref.bytes)
+        data = path.read_bytes()
+    except FileNotFoundError:
+        if upto_round == 0:
+            return Recovery([], JournalFile(directory))
+        why = f"{NAME} is missing: the history of rounds 1..{upto_round} is lost"
+        return Recovery([], JournalFile(directory), _report("missing", why, None, upto_round))
     except OSError as exc:
-        raise JournalError("unreadable", path, f"{NAME}: {exc}") from None
-    if len(data) < ref.bytes or not data.endswith(b"\n"):
-        raise JournalError(
-            "journal-checksum", path, f"{NAME} is shorter than its {ref.bytes} bytes"
+        aside = _set_aside(path)
+        why = f"{NAME} is unreadable ({exc.strerror or exc})"
+        return Recovery([], JournalFile(directory), _report("unreadable", why, aside, upto_round))
+    entries: list[JournalEntry] = []
+    prev, offset, n, last_round = GENESIS, 0, 0, 0
+    problem: tuple[str, str] | None = None  # (reason, why)
+    while offset < len(data):
+        end = data.find(b"\n", offset)
+        if end < 0:  # no newline: the file ends inside this line
+            if last_round < upto_round:
+                problem = ("cut", f"{NAME} ends inside line {n + 1} (the file was cut)")
+            break
+        checked = _check(data[offset:end], n + 1, prev, last_round)
+        if isinstance(checked, str):
+            problem = ("edited", f"{NAME} line {n + 1} {checked}")
+            break
+        entry, sha = checked
+        if entry.round > upto_round:
+            break  # a round the resumed run redoes: the next append cuts it off
+        entries.append(entry)
+        prev, offset, n, last_round = sha, end + 1, n + 1, entry.round
+    writer = JournalFile(directory, JournalRef(n, offset, prev))
+    if problem is None and last_round < upto_round:
+        after = f"after round {last_round}" if entries else "before round 1"
+        problem = (
+            "cut",
+            f"{NAME} ends {after}, the checkpoint is at round {upto_round} (the file was cut, "
+            "or an append failed): the history of the rounds between is lost",
         )
-    raws = data.split(b"\n")[:-1]
-    if len(raws) != ref.entries:
-        raise JournalError(
-            "journal-checksum", path, f"{NAME} has {len(raws)} lines, not {ref.entries}"
-        )
-    links = [hashlib.sha256(raw + b"\n").hexdigest() for raw in raws]
-    if links[-1] != ref.sha256:
-        raise JournalError(
-            "journal-checksum", path, f"{NAME} line {len(raws)} does not match its hash"
-        )
-    entries, prev = [], GENESIS
-    for n, (raw, link) in enumerate(zip(raws, links, strict=True), start=1):
-        try:
-            line = json.loads(raw)
-        except (ValueError, RecursionError):
-            raise JournalError("malformed", path, f"{NAME} line {n} is not JSON") from None
-        if not isinstance(line, dict) or set(line) != {"entry", "n", "prev"}:
-            raise JournalError("malformed", path, f"{NAME} line {n} is not {{entry, n, prev}}")
-        if line["prev"] != prev:
-            raise JournalError(
-                "journal-checksum", path, f"{NAME} line {n} does not chain to line {n - 1}"
-            )
-        if line["n"] != n or type(line["n"]) is not int:
-            raise JournalError("malformed", path, f"{NAME} line {n} is numbered {line['n']!r}")
-        entries.append(line["entry"])
-        prev = link
-    return entries
+    if problem is None:
+        return Recovery(entries, writer)
+    aside = None
+    if offset < len(data):  # damaged bytes: the whole file aside, the intact prefix back
+        aside = _set_aside(path)
+        commit_rename(write_temp(path, lambda f: f.write(data[:offset])), path)
+        fsync_dir(directory)
+    return Recovery(entries, writer, _report(*problem, aside, upto_round))
+
+
+def _set_aside(path: Path) -> Path:
+    """Rename ``path`` to the first free ``<name>.damaged-N``; the new name."""
+    i = 1
+    while (aside := path.with_name(f"{path.name}.damaged-{i}")).exists():
+        i += 1
+    os.replace(path, aside)
+    fsync_dir(path.parent)
+    return aside
+
+
+def _report(reason: str, why: str, aside: Path | None, upto_round: int) -> str:
+    metrics.JOURNAL_DAMAGED.labels(reason).inc()
+    kept = f"; quarantined as {aside.name}" if aside is not None else ""
+    line = (
+        f"round journal damaged: {why}{kept}; no checkpoint is affected, the run resumes from "
+        f"round {upto_round}"
+    )
+    logger.warning("%s", line)
+    return line
 
 
 class JournalFile:
-    """The writer: entries staged by ``extend`` are appended and fsynced by ``sync``, whose
-    reference the checkpoint's manifest then commits. One writer per directory (as for the
-    checkpoints). The file is cut to the committed prefix before every append, so the lines a
-    crash or a failed append left past it never precede new ones; a failed ``sync`` keeps the
-    entries staged for the next."""
+    """The writer: entries staged by ``extend`` are appended and fsynced by ``sync``. One
+    writer per directory (as for the checkpoints). The file is cut to the intact prefix before
+    every append, so lines a crash or a failed append left past it never precede new ones; a
+    failed ``sync`` keeps the entries staged for the next."""
 
     def __init__(self, directory: Path, ref: JournalRef = EMPTY) -> None:
         self.directory = directory
@@ -156,8 +205,8 @@ class JournalFile:
             return self.ref
         ref, prev, lines = self.ref, self.ref.sha256, []
         for n, entry in enumerate(self._staged, start=ref.entries + 1):
-            lines.append(_line(n, prev, entry))
-            prev = hashlib.sha256(lines[-1]).hexdigest()
+            line, prev = _line(n, prev, entry)
+            lines.append(line)
         blob = b"".join(lines)
         self.directory.mkdir(parents=True, exist_ok=True)
         created = not self.path.exists()
@@ -174,3 +223,18 @@ class JournalFile:
         self.ref = JournalRef(ref.entries + len(lines), ref.bytes + len(blob), prev)
         self._staged.clear()
         return self.ref
+
+    def sync_or_report(self) -> bool:
+        """``sync``; a disk that refuses it costs a warning and a count, never the checkpoint
+        being written (the entries stay staged for the next round's append)."""
+        try:
+            self.sync()
+        except OSError as exc:
+            metrics.JOURNAL_WRITE_FAILURES.inc()
+            logger.warning(
+                "round journal not appended (retried with the next round): %s: %s",
+                type(exc).__name__,
+                " ".join(str(exc).split()),
+            )
+            return False
+        return True

@@ -201,16 +201,25 @@ class RunLifecycle:
             self.status.state = RunState.TRAINING
         self._pacer.restart()
 
-    def _pace(self, clock_s: float, replayed: bool = False) -> None:
+    def _pace(self, clock_s: float) -> None:
         """Wait, once a round is fully recorded, until the run clock ``clock_s`` is due at
-        POWERTRIP_PACE (``stop`` cuts the wait short); a replayed round is not waited for, and
-        the pace counts on from it."""
-        if replayed:
-            self._pacer.restart(clock_s)
-            return
+        POWERTRIP_PACE (``stop`` cuts the wait short)."""
         hold = self._pacer.hold_s(clock_s)
         if hold > 0:
             self._stop.wait(hold)
+
+    def _restore_status(
+        self, rows: list[StatusRound], round_index: int, accuracy: float, clock_s: float
+    ) -> None:
+        """A resumed run's status: the rounds its history holds, its progress at the
+        checkpoint (``time_to_accuracy_s``, a checkpointed state, is set by the mode)."""
+        with self._lock:
+            st = self.status
+            st.rounds.extend(rows)
+            st.round, st.accuracy, st.clock_s = round_index, accuracy, clock_s
+            st.total_rounds = len(rows)
+            if st.time_to_accuracy_s is not None:
+                metrics.TIME_TO_ACCURACY.set(st.time_to_accuracy_s)
 
     def _record_round(
         self,

@@ -48,6 +48,16 @@ CHECKPOINT_REJECTED = Counter(
     "Checkpoints rejected at load (checksum, format, or not fitting the run), by reason.",
     ["reason"],
 )
+JOURNAL_DAMAGED = Counter(
+    "powertrip_journal_damaged_total",
+    "Round journals found damaged at start (the history quarantined from the damaged record "
+    "on; no checkpoint is affected), by reason: missing, cut, edited, unreadable.",
+    ["reason"],
+)
+JOURNAL_WRITE_FAILURES = Counter(
+    "powertrip_journal_write_failures_total",
+    "Journal appends the disk refused (the checkpoint was still written; retried next round).",
+)
 
 # Curtailment mode: priced by powertrip.curtailment.emissions, as `powertrip curtail` does;
 # PowerTrip mode: by powertrip.footprint on the reported power (footprint_metrics.py).

@@ -2,16 +2,22 @@
 services, so the run makes the emulator's decisions (Algorithm 1) for the same seed.
 
 Owns the clock (emulated or wall), the policy, the site profiles (``ProfileFeed``), checkpoints
-(written while the next round runs: ``checkpoint_writer``) and the journal a restart replays, and
-the round metrics; the lifecycle and status are shared with curtailment mode
+(written while the next round runs: ``checkpoint_writer``; each holds every state a resume needs,
+assembled by ``AggregatorRun.checkpoint_components``), the round journal (the run's history, for
+the status) and the round metrics; the lifecycle and status are shared with curtailment mode
 (``lifecycle.RunLifecycle``).
 """
 
 from __future__ import annotations
 
+import json
 import logging
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from powertrip.clock import Clock, EmulatedClock, WallClock
 from powertrip.fedavg import NumpyParams
@@ -20,9 +26,10 @@ from powertrip.learning.device import to_numpy, to_torch
 from powertrip.learning.federation import build_federation, load_workload
 from powertrip.learning.tokenizer_settings import with_tokenizer_hash
 from powertrip.robust import AdaptiveBound, Aggregation
-from powertrip.rounds import RoundRecord, TimeModel, run_rounds
+from powertrip.rounds import RoundLoop, RoundRecord, TimeModel
+from powertrip.selection.base import SelectionPolicy
 from powertrip.selection.registry import build_policy
-from powertrip.services.aggregator import checkpoint, metrics
+from powertrip.services.aggregator import checkpoint, journal_file, metrics
 from powertrip.services.aggregator.checkpoint_writer import CheckpointWriter
 from powertrip.services.aggregator.config import AggregatorConfig
 from powertrip.services.aggregator.executor import GrpcRoundExecutor
@@ -31,11 +38,10 @@ from powertrip.services.aggregator.lifecycle import Registration, RunLifecycle
 from powertrip.services.aggregator.observed_power import ObservedPower, observed_forecaster
 from powertrip.services.aggregator.profile_feed import ProfileFeed
 from powertrip.services.aggregator.registry import LivenessLog
-from powertrip.services.aggregator.resume import Resume, journal_writer
-from powertrip.services.aggregator.resume import fits_run as _fits_run
-from powertrip.services.aggregator.resume import resume_state as _resume_state
+from powertrip.services.aggregator.resume import fits_run, run_digest
 from powertrip.services.aggregator.run_status import StatusRound
 from powertrip.sites import SiteProfile, site_id
+from powertrip.state_dict import fields, number
 
 logger = logging.getLogger(__name__)
 
@@ -63,24 +69,31 @@ class AggregatorRun(RunLifecycle):
         params = to_numpy(fed.initial_params, copy=True)
         self.clock: Clock = EmulatedClock() if cfg.clock == "emulated" else WallClock()
         self._checkpoints = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
-        resume = Resume([], None)
+        self.run_id = run_digest(
+            {
+                "experiment": json.loads(exp.model_dump_json()),
+                "policy": cfg.policy,
+                "k_star": cfg.k_star,
+                "clock": cfg.clock,
+            }
+        )
+        self.policy = self._build_policy()
         ckpt: checkpoint.Checkpoint | None = None
-        self._resumed_round: int | None = None
         outer = exp.make_outer()  # None for FedAvg; its momentum is checkpointed (R6)
         keeps_momentum = outer is not None and outer.momentum > 0
-        self._fits = _fits_run(params, exp.num_sites, keeps_momentum)
+        self._fits = fits_run(params, self.run_id, self._check_components, keeps_momentum)
         self._writer: CheckpointWriter | None = None  # checkpoints, in the background
+        history = journal_file.Recovery([], journal_file.JournalFile(Path()))
         if self._checkpoints is not None:
             # NoUsableCheckpoint (all bad, no POWERTRIP_START_FRESH) stops the service
             ckpt = checkpoint.load_latest(self._checkpoints, self._fits, cfg.start_fresh)
-            self._writer = CheckpointWriter(journal_writer(self._checkpoints, ckpt))
+            # the history up to the checkpoint; its damage is reported, never a rejection
+            history = journal_file.recover(self._checkpoints, 0 if ckpt is None else ckpt.round)
+            self._writer = CheckpointWriter(history.writer)
             if ckpt is not None:
                 params = ckpt.params
                 if outer is not None:
                     outer.restore(ckpt.momentum)
-                self._resumed_round = ckpt.round
-                resume = _resume_state(ckpt, exp.num_sites)
-                logger.info("resuming after round %d: replaying %d rounds", ckpt.round, ckpt.round)
         self.model_bytes = sum(int(v.nbytes) for v in params.values())
         self.executor = GrpcRoundExecutor(
             self.registry,
@@ -95,16 +108,122 @@ class AggregatorRun(RunLifecycle):
             site_weights=[len(p) for p in fed.partitions],
             outer=outer,
         )
-        if ckpt is not None:  # the robust rule goes on from the checkpoint's bound
-            self.executor.restore_bound(_checkpointed_bound(ckpt.state))
-        # Restarts replay the journal through the round loop, so the policy resumes exactly.
-        self.journaled = JournaledExecutor(self.executor, resume.journal, resume.initial)
+        # Keep the last global delta (a strided sketch) only for a policy that uses it.
+        self.executor.track_direction = self.policy.wants_direction
+        self.journaled = JournaledExecutor(self.executor)  # the rounds, for the journal
         self.feed = ProfileFeed(cfg, exp.num_sites, stop=self._stop)
-        self.liveness = LivenessLog(self.registry, self._stop, cfg.round_deadline_s, resume.down)
+        self.liveness = LivenessLog(self.registry, self._stop, cfg.round_deadline_s)
         tau = self.time_model.ideal_compute_s  # the wall tau on a wall clock
         self.footprint = FootprintMeter(exp, self.power_history, tau)
+        self.loop = RoundLoop(
+            self.policy,
+            self.journaled,
+            self.profile_at,
+            self.time_model,
+            self.clock,
+            self.run_seed,
+            self.target,
+            exp.max_rounds,
+            on_round=self._on_round,
+            should_stop=self._stop.is_set,
+            forecast=self.forecast,
+        )
+        if ckpt is not None:  # checked by ``_fits`` at load: this cannot fail half-way
+            self._restore(ckpt.state["components"], self.policy, self.loop, self.executor)
+            self._resume_status(ckpt.round, history.entries)
+            logger.info("resuming after round %d from its checkpoint (no replay)", ckpt.round)
         if self.target is not None:
             metrics.TARGET.set(self.target)
+
+    # -- the checkpoint's state ------------------------------------------------------------
+    def _build_policy(self) -> SelectionPolicy:
+        exp = self.experiment
+        return build_policy(
+            self.cfg.policy,
+            k_star=self.cfg.k_star,
+            greedy_overrides=exp.greedy.overrides(),
+            round_time_model=exp.ground_truth,
+        )
+
+    def checkpoint_components(self) -> dict[str, Any]:
+        """THE one place a checkpoint's run state is assembled: every component's
+        ``state_dict()`` by name (numbers, lists, dicts and numpy arrays, copies taken now: the
+        checkpoint is written while the next round runs). ``_restore`` is its inverse; a new
+        piece of state that is carried between rounds goes in both, under a name of its own.
+        (The model and the outer step's momentum are the checkpoint's arrays, not components.)
+        """
+        bound = self.executor.bound
+        direction = self.executor._direction if self.executor.track_direction else None
+        return {
+            "policy": self.policy.state_dict(),  # what Algorithm 1 / the baseline learnt
+            "loop": self.loop.state_dict(),  # round, accuracy, loss, random stream, clock
+            # the robust rule's bound for the next round (None: a rule without one)
+            "aggregation": None if bound is None else bound.state_dict(),
+            # the last global delta's sketch the next round projects on (directional gain)
+            "direction": None if direction is None else dict(direction),
+            "status": {"time_to_accuracy_s": self.status.time_to_accuracy_s},
+        }
+
+    def _restore(
+        self,
+        components: Mapping[str, Any],
+        policy: SelectionPolicy,
+        loop: RoundLoop,
+        executor: GrpcRoundExecutor | None,
+    ) -> None:
+        """Put ``checkpoint_components``' value into ``policy``, ``loop`` and ``executor``
+        (None: only check it). TypeError or ValueError naming the field that does not fit."""
+        keys = {"policy", "loop", "aggregation", "direction", "status"}
+        c = fields(components, "state.components", keys)
+        status = fields(c["status"], "state.components.status", {"time_to_accuracy_s"})
+        reached = number(status["time_to_accuracy_s"], "state.components.status", optional=True)
+        bound = (
+            None if c["aggregation"] is None else AdaptiveBound.from_state_dict(c["aggregation"])
+        )
+        direction = c["direction"]
+        if direction is not None:
+            if not isinstance(direction, dict):
+                raise TypeError("state.components.direction is not a mapping of arrays")
+            if not all(isinstance(v, np.ndarray) for v in direction.values()):
+                raise TypeError("state.components.direction holds a value that is not an array")
+        policy.load_state_dict(c["policy"])
+        loop.load_state_dict(c["loop"])
+        if executor is not None:
+            executor.restore_bound(bound)
+            if executor.track_direction and direction is not None:
+                executor._direction = direction
+            self.status.time_to_accuracy_s = reached
+
+    def _check_components(self, components: Mapping[str, Any]) -> None:
+        """``_restore`` into a throwaway policy and loop of this run's configuration."""
+        policy = self._build_policy()
+        loop = RoundLoop(
+            policy,
+            None,  # type: ignore[arg-type]  # never run
+            self.profile_at,
+            TimeModel(1.0, 1.0),
+            EmulatedClock(),
+            self.run_seed,
+            self.target,
+            self.experiment.max_rounds,
+        )
+        self._restore(components, policy, loop, None)
+
+    def _resume_status(self, round_index: int, history: list) -> None:
+        """The status of a run resumed after ``round_index``: its rounds from the journal (as
+        far as it is intact), its progress from the checkpoint."""
+        loop = self.loop
+        previous = loop.initial or (0.0, 0.0)
+        rows = []
+        for entry in history:
+            rec = entry.record(previous)
+            previous = (rec.accuracy, rec.loss)
+            rows.append(StatusRound(rec))
+        self._restore_status(rows, round_index, loop.accuracy, self.clock.now())
+        metrics.ROUND_CURRENT.set(round_index)
+        metrics.ACCURACY.set(loop.accuracy)
+        metrics.LOSS.set(loop.loss)
+        metrics.CLOCK.set(self.clock.now())
 
     # -- pieces the round loop calls -------------------------------------------------------
     def _evaluate(self, params: NumpyParams) -> tuple[float, float]:
@@ -125,15 +244,12 @@ class AggregatorRun(RunLifecycle):
 
     def profile_at(self, t_s: float) -> SiteProfile:
         """Site profiles from the profiler (or its cache, ``ProfileFeed``), masked by the
-        workers' leases: sites of a dead or frozen worker are not selected. A replayed round
-        gets the mask it had, so a restarted run selects as before."""
-        r = self.status.round + 1  # the round this profile is for (written by this thread)
-        replaying = self.journaled.replaying(r)
-        if not replaying:
-            self.liveness.wait_for_a_site()
+        workers' leases: sites of a dead or frozen worker are not selected."""
+        r = self.loop.round + 1  # the round this profile is for
+        self.liveness.wait_for_a_site()
         profile = self.feed.site_profiles(t_s, self.time_model)
         self.power_history.record(t_s, profile.power)  # what the forecast is fitted on
-        return self.liveness.mask(r, profile, replaying)
+        return self.liveness.mask(r, profile, False)
 
     def _on_round(self, rec: RoundRecord) -> None:
         strategy = self.cfg.policy
@@ -151,59 +267,56 @@ class AggregatorRun(RunLifecycle):
             failure = self.executor.failure
             reason = failure[1] if failure and failure[0] == rec.round else "no_update"
             self._last_failure = reason
-            if not self.journaled.replaying(rec.round):
-                metrics.ROUND_FAILURES.labels(reason).inc()
+            metrics.ROUND_FAILURES.labels(reason).inc()
         if self._failed_in_a_row >= self.cfg.max_failed_rounds:
             self._quorum_lost = True
             self._stop.set()
         reached = self.target is not None and rec.accuracy >= self.target
         self._record_round(StatusRound(rec), rec.time_s if reached else None)
-        replayed = self.journaled.replaying(rec.round)
-        if not replayed:  # a replayed round was counted before the restart
-            self.footprint.count(rec)
-        self._stage_journal(rec.round)
-        if self._writer is not None and rec.outcome == "completed" and not replayed:
+        self.footprint.count(rec)
+        self._stage_journal(rec)
+        if self._writer is not None and rec.outcome == "completed":
             # written while the next round runs; durable before the next one is started
             self._writer.submit(
                 rec.round,
                 self.executor.params,
                 {
+                    "run": self.run_id,
                     "clock_s": rec.time_s,
                     "accuracy": rec.accuracy,
                     "policy": strategy,
-                    "initial": list(self.journaled.evaluate_initial()),
-                    # the robust rule's bound for the next round (absent for other rules)
-                    **(
-                        {}
-                        if self.executor.bound is None
-                        else {"aggregation": self.executor.bound.state_dict()}
-                    ),
+                    "components": self.checkpoint_components(),
                 },
                 None if self.executor.outer is None else self.executor.outer.state,
             )
         logger.info(
-            "round %d: %d sites, %d updates, accuracy %.4f, clock %.1f s (%s%s)",
+            "round %d: %d sites, %d updates, accuracy %.4f, clock %.1f s (%s)",
             rec.round,
             rec.sites,
             rec.contributions,
             rec.accuracy,
             rec.time_s,
             rec.outcome,
-            ", replayed" if replayed else "",
         )
-        self._pace(rec.time_s, replayed)
+        self._pace(rec.time_s)
 
-    def _stage_journal(self, round_index: int) -> None:
-        """Hand the rounds run live so far, with their availability masks, to the checkpoint
-        writer (the next checkpoint appends them to the journal file); the masks up to this
-        round are not needed again (a replayed round's mask was used before it ran)."""
+    def _stage_journal(self, rec: RoundRecord) -> None:
+        """Hand the round just run, with its availability mask and clock, to the checkpoint
+        writer (the next checkpoint appends it to the journal file); the masks up to this round
+        are not needed again."""
         down = self.liveness.down
         new = [
-            replace(e, unavailable=tuple(down.get(e.round, ()))) for e in self.journaled.take_new()
+            replace(
+                e,
+                unavailable=tuple(down.get(e.round, ())),
+                time_s=rec.time_s if e.round == rec.round else None,
+                duration_s=rec.duration_s if e.round == rec.round else None,
+            )
+            for e in self.journaled.take_new()
         ]
         if self._writer is not None:
             self._writer.stage(e.to_json() for e in new)
-        for r in [r for r in down if r <= round_index]:
+        for r in [r for r in down if r <= rec.round]:
             del down[r]
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -218,36 +331,9 @@ class AggregatorRun(RunLifecycle):
 
     def _train(self) -> None:
         self._begin_training()
-        exp = self.experiment
-        policy = build_policy(
-            self.cfg.policy,
-            k_star=self.cfg.k_star,
-            greedy_overrides=exp.greedy.overrides(),
-            round_time_model=exp.ground_truth,
-        )
-        # Keep the last global delta (a strided sketch) only for a policy that uses it.
-        self.executor.track_direction = policy.wants_direction
-        if self.executor.track_direction and self._resumed_round is not None:
-            assert self._checkpoints is not None
-            before = checkpoint.load_round(self._checkpoints, self._resumed_round - 1, self._fits)
-            if before is not None:
-                self.executor.resume_direction(before.params)
-            else:
-                logger.warning("no checkpoint before the resumed one: next round unprojected")
+        self._pacer.restart(self.clock.now())  # a resumed run paces on from its clock
         try:
-            run_rounds(
-                policy,
-                self.journaled,
-                self.profile_at,
-                self.time_model,
-                self.clock,
-                self.run_seed,
-                self.target,
-                exp.max_rounds,
-                on_round=self._on_round,
-                should_stop=self._stop.is_set,
-                forecast=self.forecast,
-            )
+            self.loop.run()
         finally:  # the last checkpoint is durable before the run ends, however it ends
             if self._writer is not None:
                 self._writer.wait()
@@ -268,11 +354,3 @@ class AggregatorRun(RunLifecycle):
             if self._stopping
             else "round budget exhausted before the target"
         )
-
-
-def _checkpointed_bound(state: dict) -> AdaptiveBound | None:
-    """The robust rule's bound a checkpoint holds (None: written by another rule's run, which
-    the configuration digest refuses anyway); ValueError naming a damaged field."""
-    if "aggregation" not in state:
-        return None
-    return AdaptiveBound.from_state_dict(state["aggregation"])

@@ -17,12 +17,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from powertrip.services.aggregator import checkpoint, metrics
+from powertrip.services.aggregator import checkpoint, journal_file, metrics
 from powertrip.services.aggregator.durable_files import canonical_sha256, sha256_file
 from powertrip.services.aggregator.journal_file import JournalFile
-from powertrip.services.aggregator.run import _fits_run
 from powertrip.services.common.config import ConfigError
 from powertrip.services.common.fault_points import armed_faults, parse
+from tests.unit.test_checkpoint import fits, state
 
 LOGGER = "powertrip.services.aggregator.checkpoint"
 REPO = Path(__file__).resolve().parents[2]
@@ -42,7 +42,7 @@ def two_rounds(directory: Path) -> JournalFile:
     """Rounds 1 and 2 committed; the run's journal writer."""
     journal = JournalFile(directory)
     for r in (1, 2):
-        checkpoint.save(directory, r, params(float(r)), {}, step(journal, r))
+        checkpoint.save(directory, r, params(float(r)), state(r), step(journal, r))
     return journal
 
 
@@ -93,7 +93,7 @@ def test_a_planted_pickle_is_never_executed_and_the_previous_round_loads(tmp_pat
     two_rounds(ckpts)
     plant(ckpts, make(marker))
     before = metrics.CHECKPOINT_REJECTED.labels("model-format")._value.get()
-    ckpt = checkpoint.load_latest(ckpts, _fits_run(params(0.0)))
+    ckpt = checkpoint.load_latest(ckpts, fits())
     assert not marker.exists()
     assert ckpt is not None and ckpt.round == 1
     np.testing.assert_array_equal(ckpt.params["w"], params(1.0)["w"])
@@ -102,8 +102,8 @@ def test_a_planted_pickle_is_never_executed_and_the_previous_round_loads(tmp_pat
 
 
 def failing_fsync(monkeypatch, fail_call: int) -> None:
-    """``os.fsync`` raises EIO on its ``fail_call``-th call (1: the journal, 2: the model
-    file, 3: the manifest, 4: the directory) and works otherwise."""
+    """``os.fsync`` raises EIO on its ``fail_call``-th call (with a journal to append, 1: the
+    journal, 2: the model file, 3: the manifest, 4: the directory) and works otherwise."""
     real, calls = os.fsync, []
 
     def fsync(fd: int) -> None:
@@ -116,9 +116,7 @@ def failing_fsync(monkeypatch, fail_call: int) -> None:
 
 
 @pytest.mark.reliability("R7")
-@pytest.mark.parametrize(
-    "fail_call", [1, 2, 3, 4], ids=["journal", "model", "manifest", "directory"]
-)
+@pytest.mark.parametrize("fail_call", [2, 3, 4], ids=["model", "manifest", "directory"])
 def test_an_fsync_error_keeps_the_previous_round_and_costs_one_warning_not_the_run(
     tmp_path, monkeypatch, caplog, fail_call
 ):
@@ -126,25 +124,45 @@ def test_an_fsync_error_keeps_the_previous_round_and_costs_one_warning_not_the_r
     before = metrics.CHECKPOINT_WRITE_FAILURES._value.get()
     caplog.set_level(logging.WARNING, logger=LOGGER)
     failing_fsync(monkeypatch, fail_call)
-    assert checkpoint.save_or_report(tmp_path, 3, params(3.0), {}, step(journal, 3)) is False
+    assert checkpoint.save_or_report(tmp_path, 3, params(3.0), state(3), step(journal, 3)) is False
     monkeypatch.undo()
     lines = [r.getMessage() for r in caplog.records if r.name == LOGGER]
     assert len(lines) == 1 and "round 3 not written" in lines[0] and "\n" not in lines[0]
     assert metrics.CHECKPOINT_WRITE_FAILURES._value.get() == before + 1
     assert not list(tmp_path.glob("*.tmp"))
-    previous = checkpoint.load_round(tmp_path, 2, _fits_run(params(0.0)))
+    previous = checkpoint.load_round(tmp_path, 2, fits())
     assert previous is not None
     np.testing.assert_array_equal(previous.params["w"], params(2.0)["w"])
     # the run goes on: the next round's checkpoint is written and is the newest, its journal
     # whole (round 3's line appended with it when the journal's own fsync failed)
-    assert checkpoint.save_or_report(tmp_path, 4, params(4.0), {}, step(journal, 4)) is True
-    latest = checkpoint.load_latest(tmp_path, _fits_run(params(0.0)))
-    assert latest.round == 4 and [e["round"] for e in latest.state["journal"]] == [1, 2, 3, 4]
+    assert checkpoint.save_or_report(tmp_path, 4, params(4.0), state(4), step(journal, 4)) is True
+    latest = checkpoint.load_latest(tmp_path, fits())
+    assert latest.round == 4
+    assert [e.round for e in journal_file.recover(tmp_path, 4).entries] == [1, 2, 3, 4]
     # round 3 counts as written only when its manifest was committed before the failure (the
     # directory's fsync); otherwise round 2 was the fallback until round 4, and round 3's
     # orphaned model (if any) went with the prune
     kept = (3, 4) if fail_call == 4 else (2, 4)
     assert sorted(p.name for p in tmp_path.iterdir()) == files(kept)
+
+
+@pytest.mark.reliability("R7", "R34")
+def test_a_journal_append_the_disk_refuses_costs_a_warning_not_the_checkpoint(
+    tmp_path, monkeypatch, caplog
+):
+    journal = two_rounds(tmp_path)
+    before = metrics.JOURNAL_WRITE_FAILURES._value.get()
+    caplog.set_level(logging.WARNING)
+    failing_fsync(monkeypatch, 1)  # the journal's fsync
+    assert checkpoint.save_or_report(tmp_path, 3, params(3.0), state(3), step(journal, 3))
+    monkeypatch.undo()
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "round journal not appended" in line and "\n" not in line
+    assert metrics.JOURNAL_WRITE_FAILURES._value.get() == before + 1
+    assert checkpoint.load_latest(tmp_path, fits()).round == 3
+    # the round stays staged: the next append writes it before round 4's
+    assert checkpoint.save_or_report(tmp_path, 4, params(4.0), state(4), step(journal, 4))
+    assert [e.round for e in journal_file.recover(tmp_path, 4).entries] == [1, 2, 3, 4]
 
 
 @pytest.mark.reliability("R7")
@@ -154,26 +172,26 @@ def test_a_crash_between_model_and_manifest_leaves_the_previous_round_and_no_las
     """What ``checkpoint-write`` leaves (the model of round 3 in place, its manifest only as a
     temporary file): the loader takes round 2, the start deletes the temporary file, and the
     next save does not trip over the orphaned model."""
-    checkpoint.save(tmp_path, 3, params(3.0), {}, step(two_rounds(tmp_path), 3))
+    checkpoint.save(tmp_path, 3, params(3.0), state(3), step(two_rounds(tmp_path), 3))
     (tmp_path / "round-000003.json").rename(tmp_path / "round-000003.json.tmp")
     (tmp_path / "round-000002.npz.tmp").write_bytes(b"half a model")
-    ckpt = checkpoint.load_latest(tmp_path, _fits_run(params(0.0)))
+    ckpt = checkpoint.load_latest(tmp_path, fits())
     assert ckpt is not None and ckpt.round == 2
     assert not list(tmp_path.glob("*.tmp"))
     # the restarted run's writer continues from round 2's prefix: round 3's line from before
     # the crash is cut off, not doubled
-    resumed = JournalFile(tmp_path, ckpt.journal)
-    checkpoint.save(tmp_path, 3, params(3.5), {}, step(resumed, 3))
-    again = checkpoint.load_latest(tmp_path, _fits_run(params(0.0)))
+    resumed = journal_file.recover(tmp_path, ckpt.round).writer
+    checkpoint.save(tmp_path, 3, params(3.5), state(3), step(resumed, 3))
+    again = checkpoint.load_latest(tmp_path, fits())
     assert again.round == 3 and again.params["w"][0] == np.float32(3.5)
-    assert [e["round"] for e in again.state["journal"]] == [1, 2, 3]
+    assert [e.round for e in journal_file.recover(tmp_path, 3).entries] == [1, 2, 3]
     assert len((tmp_path / "journal.jsonl").read_text().splitlines()) == 3
 
 
 def test_a_model_left_without_its_manifest_is_pruned_by_a_later_save(tmp_path):
     journal = two_rounds(tmp_path)
     (tmp_path / "round-000000.npz").write_bytes(b"orphan of a crash during a prune")
-    checkpoint.save(tmp_path, 3, params(3.0), {}, step(journal, 3))
+    checkpoint.save(tmp_path, 3, params(3.0), state(3), step(journal, 3))
     assert sorted(p.name for p in tmp_path.iterdir()) == files((2, 3))
 
 

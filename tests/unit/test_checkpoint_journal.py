@@ -1,7 +1,9 @@
-"""The round journal beside the checkpoints: a manifest stays the same size however long the
-run, the journal file is appended one hash-chained line per round and read back whole; a
-checkpoint that verifies but carries a field of the wrong type is rejected with one line naming
-the file and the field, and the previous good one loads instead of a crash loop."""
+"""The round journal beside the checkpoints is the run's history, nothing more: a manifest stays
+the same size however long the run, the journal is appended one self-checking, hash-chained line
+per round, and any damage to it (a digit changed, a byte inserted, a line deleted, the file cut
+or deleted) is reported in one line naming where, counted, and quarantined from the damaged line
+on, while the newest checkpoint still loads (R34). The aggregator itself resumes its newest
+checkpoint over a damaged journal, and refuses another run's checkpoints in one line."""
 
 from __future__ import annotations
 
@@ -14,19 +16,14 @@ import pytest
 
 from powertrip.journal import JournalEntry
 from powertrip.rounds import RoundOutcome
-from powertrip.services.aggregator import checkpoint, checkpoint_verify
+from powertrip.services.aggregator import checkpoint, journal_file, metrics
 from powertrip.services.aggregator.config import AggregatorConfig
-from powertrip.services.aggregator.durable_files import canonical_sha256
 from powertrip.services.aggregator.journal_file import NAME, JournalFile
-from powertrip.services.aggregator.resume import fits_run, journal_writer, resume_state
 from powertrip.services.common.config import load_config
+from tests.unit.test_checkpoint import fits, params, state
 
-LOGGER = "powertrip.services.aggregator.checkpoint"
+LOGGER = "powertrip.services.aggregator.journal_file"
 SITES = 50
-
-
-def params(value: float) -> dict[str, np.ndarray]:
-    return {"w": np.full(8, value, np.float32), "b": np.full(1, value, np.float32)}
 
 
 def entry(r: int) -> dict:
@@ -35,16 +32,13 @@ def entry(r: int) -> dict:
     f = [float(x) for x in rng.random(8)]
     selected = tuple(sorted(int(s) for s in rng.choice(SITES, 20, replace=False)))
     outcome = RoundOutcome(f[0], f[1], (f[2], f[3], 20.0), 20, f[4], f[5], projection=(f[6], f[7]))
-    return JournalEntry(r, selected, outcome, unavailable=(4, 7) if r == 2 else ()).to_json()
-
-
-def state(r: int) -> dict:
-    return {"clock_s": 60.5 * r, "accuracy": 0.5, "policy": "powertrip", "initial": [0.1, 2.3]}
+    down = (4, 7) if r == 2 else ()
+    return JournalEntry(r, selected, outcome, down, 60.5 * r, 60.5).to_json()
 
 
 def run_rounds(directory: Path, rounds: int, save_at: set[int]) -> JournalFile:
-    """Journal ``rounds`` rounds, checkpointing (the real save path) at the rounds ``save_at``
-    and appending the journal every round in between, as the run does."""
+    """Journal ``rounds`` rounds, checkpointing (the real save path) at the rounds ``save_at``,
+    which appends the journal's staged rounds first, as the run does."""
     journal = JournalFile(directory)
     for r in range(1, rounds + 1):
         journal.extend([entry(r)])
@@ -58,204 +52,191 @@ def test_the_manifest_is_the_same_size_after_10000_rounds_as_after_10(tmp_path):
     saves = set(range(1, 11)) | set(range(100, 10_001, 100))
     run_rounds(tmp_path, 10_000, saves)
     manifest = (tmp_path / "round-010000.json").stat().st_size
-    journal = (tmp_path / NAME).stat().st_size
-    ckpt = checkpoint.load_latest(tmp_path, fits_run(params(0.0), SITES))
+    ckpt = checkpoint.load_latest(tmp_path, fits())
     assert ckpt is not None and ckpt.round == 10_000
-    assert [e.round for e in resume_state(ckpt, SITES).journal] == list(range(1, 10_001))
-    assert resume_state(ckpt, SITES).down == {2: [4, 7]}
-    # rounds: a few more digits in the journal reference and the state, nothing per round
     small = tmp_path / "small"
     run_rounds(small, 10, set(range(1, 11)))
     assert abs(manifest - (small / "round-000010.json").stat().st_size) <= 16
-    assert manifest < 600
-    # the history is in the journal file instead: one line per round
-    assert len((tmp_path / NAME).read_bytes().splitlines()) == 10_000
-    assert journal > 1000 * (small / NAME).stat().st_size * 0.9
+    # the history is in the journal file instead: one line per round, all of it intact
+    history = journal_file.recover(tmp_path, 10_000)
+    assert history.damage is None and [e.round for e in history.entries] == [*range(1, 10_001)]
+    assert history.entries[1].unavailable == (4, 7) and history.entries[1].time_s == 121.0
 
 
-@pytest.mark.reliability("R30")
-def test_a_save_writes_as_many_bytes_at_round_10000_as_at_round_10(tmp_path):
-    """The per-round cost: what one save appends and rewrites does not depend on the round."""
-    journal = run_rounds(tmp_path, 9_999, {10, 9_999})
-
-    def written(r: int) -> int:
-        before = (tmp_path / NAME).stat().st_size
-        journal.extend([entry(r)])
-        checkpoint.save(tmp_path, r, params(float(r)), state(r), journal)
-        return (
-            (tmp_path / NAME).stat().st_size
-            - before
-            + (tmp_path / f"round-{r:06d}.json").stat().st_size
-        )
-
-    late = written(10_000)
-    early_dir = tmp_path / "early"
-    journal = run_rounds(early_dir, 10, {10})
-    before = (early_dir / NAME).stat().st_size
-    journal.extend([entry(11)])
-    checkpoint.save(early_dir, 11, params(11.0), state(11), journal)
-    early = (
-        (early_dir / NAME).stat().st_size
-        - before
-        + (early_dir / "round-000011.json").stat().st_size
-    )
-    assert abs(late - early) <= 24, (early, late)
-
-
-def test_lines_a_crash_left_past_the_committed_prefix_are_ignored_then_cut_off(tmp_path):
+def test_lines_a_crash_left_past_the_checkpoint_are_not_damage_and_are_cut_off(tmp_path, caplog):
     run_rounds(tmp_path, 3, {1, 2, 3})
     with (tmp_path / NAME).open("ab") as f:
         f.write(b'{"entry":{"round":4,"sel')  # a crash in the middle of round 4's append
-    ckpt = checkpoint.load_latest(tmp_path, fits_run(params(0.0), SITES))
-    assert ckpt is not None and ckpt.round == 3
-    writer = journal_writer(tmp_path, ckpt)
-    writer.extend([entry(4)])
-    checkpoint.save(tmp_path, 4, params(4.0), state(4), writer)
-    again = checkpoint.load_latest(tmp_path, fits_run(params(0.0), SITES))
-    assert [e["round"] for e in again.state["journal"]] == [1, 2, 3, 4]
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    history = journal_file.recover(tmp_path, 3)
+    assert history.damage is None and [r for r in caplog.records if r.name == LOGGER] == []
+    history.writer.extend([entry(4)])
+    history.writer.sync()
+    assert [e.round for e in journal_file.recover(tmp_path, 4).entries] == [1, 2, 3, 4]
     assert len((tmp_path / NAME).read_bytes().splitlines()) == 4
 
 
-def test_a_format_2_checkpoint_still_loads_and_the_next_save_moves_its_journal_out(tmp_path):
-    journal = [entry(1), entry(2)]
-    for e in journal:
-        e.pop("unavailable", None)  # format 2 kept the masks beside the journal
-    st = {**state(2), "journal": journal, "unavailable": {"2": [4, 7]}}
-    checkpoint.save(tmp_path, 2, params(2.0), st)
-    manifest = tmp_path / "round-000002.json"
-    data = json.loads(manifest.read_text())
-    data["format"] = 2
-    data["sha256"] = canonical_sha256({k: v for k, v in data.items() if k != "sha256"})
-    manifest.write_text(json.dumps(data))
-    ckpt = checkpoint.load_latest(tmp_path, fits_run(params(0.0), SITES))
-    assert ckpt is not None and ckpt.round == 2 and ckpt.journal is None
-    assert resume_state(ckpt, SITES).down == {2: [4, 7]}
-    writer = journal_writer(tmp_path, ckpt)
-    writer.extend([entry(3)])
-    checkpoint.save(tmp_path, 3, params(3.0), state(3), writer)
-    latest = json.loads((tmp_path / "round-000003.json").read_text())
-    assert latest["format"] == checkpoint_verify.FORMAT
-    assert latest["state"]["journal"]["entries"] == 3
-    resumed = resume_state(checkpoint.load_latest(tmp_path, fits_run(params(0.0), SITES)), SITES)
-    assert [e.round for e in resumed.journal] == [1, 2, 3] and resumed.down == {2: [4, 7]}
+# -- damage: reported in one line, quarantined, and never a checkpoint's concern ----------------
+def lines(directory: Path) -> list[bytes]:
+    return (directory / NAME).read_bytes().splitlines(keepends=True)
 
 
-# -- a checksum-valid checkpoint with a field of the wrong type ---------------------------------
-def resign(manifest: Path, edit) -> None:
-    """Edit the manifest's JSON and recompute its self-checksum, as a buggy writer or someone
-    with write access to the directory would leave it."""
-    data = json.loads(manifest.read_text())
-    edit(data)
-    data["sha256"] = canonical_sha256({k: v for k, v in data.items() if k != "sha256"})
-    manifest.write_text(json.dumps(data))
+def write(directory: Path, parts: list[bytes]) -> None:
+    (directory / NAME).write_bytes(b"".join(parts))
 
 
-def forge_entry(directory: Path, r: int, edit) -> None:
-    """Edit round ``r``'s journal entry, rewrite the file with its hash chain redone, and
-    re-sign the newest manifest's reference to it: every checksum agrees."""
-    lines = (directory / NAME).read_bytes().splitlines()
-    entries = [json.loads(line)["entry"] for line in lines]
-    edit(entries[r - 1])
-    (directory / NAME).unlink()
-    writer = JournalFile(directory)
-    writer.extend(entries)
-    ref = writer.sync().to_json()
-    resign(directory / "round-000003.json", lambda d: d["state"].__setitem__("journal", ref))
+def digit_changed(d: Path) -> None:  # line 5: its accuracy's first digit after "0."
+    ls = lines(d)
+    i = ls[4].index(b'"accuracy":0.') + len(b'"accuracy":0.')
+    ls[4] = ls[4][:i] + (b"1" if ls[4][i : i + 1] != b"1" else b"2") + ls[4][i + 1 :]
+    write(d, ls)
 
 
-def set_state(key: str, value: object):
-    return lambda d: resign(d / "round-000003.json", lambda m: m["state"].__setitem__(key, value))
+def byte_inserted(d: Path) -> None:  # a space inside line 5
+    ls = lines(d)
+    ls[4] = ls[4][:20] + b" " + ls[4][20:]
+    write(d, ls)
 
 
-def set_field(key: str, value: object, r: int = 3):
-    return lambda d: forge_entry(d, r, lambda e: e.__setitem__(key, value))
+def newline_inserted(d: Path) -> None:  # line 5 split in two
+    ls = lines(d)
+    ls[4] = ls[4][:20] + b"\n" + ls[4][20:]
+    write(d, ls)
 
 
-def set_outcome(key: str, value: object):
-    return lambda d: forge_entry(d, 3, lambda e: e["outcome"].__setitem__(key, value))
+def line_deleted(d: Path) -> None:  # line 5 gone: line 6 becomes line 5
+    ls = lines(d)
+    write(d, ls[:4] + ls[5:])
 
 
-FORGED = [
-    ("round-string", set_field("round", "x"), "malformed", "round is a str"),
-    ("selected-number", set_field("selected", 5), "malformed", "selected"),
-    ("selected-bool", set_field("selected", [True, 2]), "malformed", "selected"),
-    ("selected-out-of-run", set_field("selected", [3, SITES]), "incompatible", "selects a site"),
-    ("accuracy-string", set_outcome("accuracy", "0.9"), "malformed", "accuracy"),
-    ("dispersion-short", set_outcome("dispersion", [1.0]), "malformed", "dispersion"),
-    ("contributions-float", set_outcome("contributions", 2.5), "malformed", "contributions"),
-    ("outcome-list", set_field("outcome", [0.5]), "malformed", "outcome"),
-    ("unavailable-string", set_field("unavailable", "4"), "malformed", "unavailable"),
-    ("unavailable-out-of-run", set_field("unavailable", [-1]), "incompatible", "unavailable"),
-    ("unknown-field", set_field("surprise", 1), "malformed", "surprise"),
-    ("clock-string", set_state("clock_s", "181.5"), "malformed", "clock_s"),
-    ("accuracy-state-null", set_state("accuracy", None), "malformed", "accuracy"),
-    ("initial-strings", set_state("initial", ["0.1", "2.3"]), "malformed", "initial"),
-    ("policy-number", set_state("policy", 3), "malformed", "policy"),
-    ("masks-map-broken", set_state("unavailable", {"3": "x"}), "malformed", "unavailable"),
-    ("masks-map-round", set_state("unavailable", {"x": [1]}), "incompatible", "unavailable"),
-    ("journal-ref-string", set_state("journal", "journal.jsonl"), "malformed", "journal"),
-    ("journal-ref-count", set_state("journal", {"entries": "3", "bytes": 1, "sha256": "0" * 64}),
-     "malformed", "entries"),
-]  # fmt: skip
+def cut_mid_line(d: Path) -> None:  # the file ends inside line 5
+    data = (d / NAME).read_bytes()
+    (d / NAME).write_bytes(data[: sum(map(len, lines(d)[:4])) + 30])
 
 
-@pytest.mark.reliability("R30")
+def cut_at_a_line(d: Path) -> None:  # rounds 5..8 gone, on a line boundary
+    write(d, lines(d)[:4])
+
+
+def deleted(d: Path) -> None:
+    (d / NAME).unlink()
+
+
+def last_line_edited(d: Path) -> None:  # the newest round's line: no later line chains to it
+    ls = lines(d)
+    ls[7] = ls[7].replace(b'"round":8', b'"round":9')
+    write(d, ls)
+
+
+DAMAGE = [
+    # (damage, reason, the phrase naming where, rounds still in the history, quarantined)
+    (digit_changed, "edited", "line 5 does not match its own SHA-256", 4, True),
+    (byte_inserted, "edited", "line 5", 4, True),
+    (newline_inserted, "edited", "line 5 is not JSON", 4, True),
+    (line_deleted, "edited", "line 5 does not chain to line 4", 4, True),
+    (cut_mid_line, "cut", "ends inside line 5", 4, True),
+    (cut_at_a_line, "cut", "ends after round 4", 4, False),
+    (deleted, "missing", "is missing", 0, False),
+    (last_line_edited, "edited", "line 8 does not match its own SHA-256", 7, True),
+]
+
+
+def damaged(reason: str) -> float:
+    return metrics.JOURNAL_DAMAGED.labels(reason)._value.get()
+
+
+@pytest.mark.reliability("R34")
 @pytest.mark.parametrize(
-    ("forge", "reason", "field"), [f[1:] for f in FORGED], ids=[f[0] for f in FORGED]
+    ("damage", "reason", "where", "kept", "aside"), DAMAGE, ids=[d[0].__name__ for d in DAMAGE]
 )
-def test_a_signed_checkpoint_with_a_field_of_the_wrong_type_falls_back_to_the_one_before(
-    tmp_path, caplog, forge, reason, field
+def test_journal_damage_is_reported_once_quarantined_and_the_newest_checkpoint_still_loads(
+    tmp_path, caplog, damage, reason, where, kept, aside
 ):
-    run_rounds(tmp_path, 3, {2, 3})
-    forge(tmp_path)
-    caplog.set_level(logging.WARNING, logger=LOGGER)
-    ckpt = checkpoint.load_latest(tmp_path, fits_run(params(0.0), SITES))  # does not raise
-    assert ckpt is not None and ckpt.round == 2
-    resumed = resume_state(ckpt, SITES)  # what the aggregator then replays: well-typed
-    assert [e.round for e in resumed.journal] == [1, 2] and resumed.initial == (0.1, 2.3)
-    (line,) = [r.getMessage() for r in caplog.records if r.name == LOGGER]
-    assert "round-000003.json" in line and reason in line and field in line and "\n" not in line
-    assert (tmp_path / "round-000003.json.rejected").exists()
+    run_rounds(tmp_path, 8, {7, 8})
+    original = (tmp_path / NAME).read_bytes()
+    damage(tmp_path)
+    after_damage = (tmp_path / NAME).read_bytes() if (tmp_path / NAME).exists() else None
+    before = damaged(reason)
+    caplog.set_level(logging.WARNING)
+    ckpt = checkpoint.load_latest(tmp_path, fits())
+    assert ckpt is not None and ckpt.round == 8  # no checkpoint pays for the journal
+    history = journal_file.recover(tmp_path, ckpt.round)
+    (line,) = [r.getMessage() for r in caplog.records]  # one line, from the journal only
+    assert r"\n" not in line and NAME in line and where in line, line
+    assert "no checkpoint is affected" in line and "round 8" in line
+    assert history.damage == line and damaged(reason) == before + 1
+    assert [e.round for e in history.entries] == list(range(1, kept + 1))
+    quarantined = sorted(p.name for p in tmp_path.glob(f"{NAME}.damaged-*"))
+    assert quarantined == ([f"{NAME}.damaged-1"] if aside else [])
+    if aside:  # the damaged file kept whole; the intact prefix is the journal again
+        assert (tmp_path / f"{NAME}.damaged-1").read_bytes() == after_damage
+    assert original.startswith((tmp_path / NAME).read_bytes() if kept else b"")
+    # the history goes on after the intact prefix, and reads back clean
+    history.writer.extend([entry(9)])
+    history.writer.sync()
+    again = journal_file.recover(tmp_path, 9)
+    assert again.damage is None
+    assert [e.round for e in again.entries] == [*range(1, kept + 1), 9]
 
 
-@pytest.mark.reliability("R30")
-def test_the_aggregator_starts_from_the_round_before_a_signed_checkpoint_it_cannot_use(
-    tmp_path, caplog
-):
-    """The real aggregator run, built as its entry point builds it: no crash loop."""
-    from powertrip.services.aggregator.run import AggregatorRun
-
+# -- the aggregator: its newest checkpoint over a damaged journal; another run's refused --------
+def aggregator_config(directory: Path, seed: int = 0) -> AggregatorConfig:
     env = {
         "POWERTRIP_PROFILER_ADDR": "127.0.0.1:1",  # never reached while the run is built
         "POWERTRIP_INSECURE": "1",
         "POWERTRIP_NUM_SITES": "3",
         "POWERTRIP_NUM_SAMPLES": "400",
-        "POWERTRIP_CHECKPOINT_DIR": str(tmp_path),
+        "POWERTRIP_SEED": str(seed),
+        "POWERTRIP_CHECKPOINT_DIR": str(directory),
     }
-    cfg = load_config(AggregatorConfig, env)
-    first = AggregatorRun(cfg)  # nothing to resume: the run's own model, for its checkpoints
-    model = first.executor.params
+    return load_config(AggregatorConfig, env)
+
+
+def checkpoint_rounds(run, rounds: int) -> None:
+    """Checkpoints of ``rounds`` rounds as the run writes them (its components' states)."""
+    journal = JournalFile(run._checkpoints)
+    for r in range(1, rounds + 1):
+        run.loop.round, run.loop.accuracy = r, 0.2 + 0.1 * r
+        run.clock.advance(60.0)
+        rec = JournalEntry(r, (0, 1, 2), None, (), run.clock.now(), 60.0)
+        journal.extend([rec.to_json()])
+        st = {"run": run.run_id, "clock_s": run.clock.now(), "accuracy": run.loop.accuracy}
+        st |= {"policy": "powertrip", "components": run.checkpoint_components()}
+        checkpoint.save(run._checkpoints, r, run.executor.params, st, journal)
+
+
+@pytest.mark.reliability("R34")
+def test_the_aggregator_resumes_its_newest_checkpoint_over_a_damaged_journal(tmp_path, caplog):
+    from powertrip.services.aggregator.run import AggregatorRun
+
+    first = AggregatorRun(aggregator_config(tmp_path))
     first.executor.close()
-    journal = JournalFile(tmp_path)
-    for r in (1, 2):
-        journal.extend([{"round": r, "selected": [0, 1, 2], "outcome": None}])
-        checkpoint.save(tmp_path, r, model, state(r), journal)
-    resign(tmp_path / "round-000002.json", lambda m: m["state"].__setitem__("accuracy", "0.9"))
-    caplog.set_level(logging.WARNING, logger=LOGGER)
-    run = AggregatorRun(cfg)
+    checkpoint_rounds(first, 3)
+    digit_changed_in_line_2(tmp_path)
+    caplog.set_level(logging.WARNING)
+    run = AggregatorRun(aggregator_config(tmp_path))
     run.executor.close()
-    assert run._resumed_round == 1 and run.journaled.replaying(1) and not run.journaled.replaying(2)
-    (line,) = [r.getMessage() for r in caplog.records if r.name == LOGGER]
-    assert "round-000002.json" in line and "malformed" in line and "state.accuracy" in line
-    # its next round goes to the journal with the availability mask it ran under, after
-    # round 1's line (round 2's forged line cut off), and the masks held in memory are let go
-    run.liveness.down[2] = [1]
-    run.journaled._new.append(JournalEntry(2, (0, 2), None))
-    run._stage_journal(2)
-    assert run._writer is not None
-    run._writer.submit(2, model, state(2))
-    assert run._writer.wait() is True
-    assert run.liveness.down == {}
-    resumed = resume_state(checkpoint.load_latest(tmp_path, run._fits), 3)
-    assert [(e.round, e.selected) for e in resumed.journal] == [(1, (0, 1, 2)), (2, (0, 2))]
-    assert resumed.down == {2: [1]}
+    assert run.loop.round == 3 and run.status.round == 3 and run.clock.now() == 180.0
+    assert run.loop.state_dict() == first.loop.state_dict()
+    assert run.policy.state_dict() == first.policy.state_dict()
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert line.startswith("round journal damaged") and "line 2" in line
+    assert [r.record.round for r in run.status.rounds] == [1]  # history up to the damage
+
+
+def digit_changed_in_line_2(d: Path) -> None:
+    ls = lines(d)
+    ls[1] = ls[1].replace(b'"time_s":120.0', b'"time_s":121.0')
+    write(d, ls)
+
+
+def test_the_aggregator_refuses_another_runs_checkpoints_in_one_line(tmp_path):
+    from powertrip.services.aggregator.run import AggregatorRun
+
+    first = AggregatorRun(aggregator_config(tmp_path, seed=0))
+    first.executor.close()
+    checkpoint_rounds(first, 2)
+    with pytest.raises(checkpoint.NoUsableCheckpoint) as refused:
+        AggregatorRun(aggregator_config(tmp_path, seed=1))
+    assert "belong to another run" in str(refused.value) and "\n" not in str(refused.value)
+    assert json.loads((tmp_path / "round-000002.json").read_text())["state"]["run"] == first.run_id

@@ -12,37 +12,28 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from powertrip.rounds import RoundRecord
-from powertrip.services.aggregator import checkpoint, metrics
+from powertrip.services.aggregator import checkpoint, journal_file, metrics
 from powertrip.services.aggregator.checkpoint_writer import CheckpointWriter
 from powertrip.services.aggregator.config import AggregatorConfig
 from powertrip.services.aggregator.journal_file import JournalFile
-from powertrip.services.aggregator.resume import fits_run
 from powertrip.services.aggregator.run_status import RunState
 from powertrip.services.common.config import load_config
+from tests.unit.test_checkpoint import fits, params, state
 
 LOGGER = "powertrip.services.aggregator.checkpoint"
 GLIMPSE_S = 0.3  # how long a wait that must not end is watched
 
 
-def params(value: float) -> dict[str, np.ndarray]:
-    return {"w": np.full(3, value, np.float32), "b": np.full(1, value, np.float32)}
-
-
-def fits() -> Callable[[checkpoint.Checkpoint], None]:
-    return fits_run(params(0.0))
-
-
 def submit(writer: CheckpointWriter, r: int) -> None:
     """Round ``r`` staged and its checkpoint submitted, as the run does after each round."""
     writer.stage([{"round": r, "selected": [0, 1], "outcome": None}])
-    writer.submit(r, params(float(r)), {"accuracy": 0.5})
+    writer.submit(r, params(float(r)), state(r))
 
 
 def held_saves(monkeypatch) -> tuple[threading.Event, list[int], dict[int, int | None]]:
@@ -75,7 +66,8 @@ def test_a_checkpoint_is_durable_before_the_next_one_starts(tmp_path, monkeypatc
     assert writer.wait() is True
     assert began == [1, 2] and durable_then == {1: None, 2: 1}  # round 1 loaded when 2 began
     latest = checkpoint.load_latest(tmp_path, fits())
-    assert latest.round == 2 and [e["round"] for e in latest.state["journal"]] == [1, 2]
+    assert latest.round == 2
+    assert [e.round for e in journal_file.recover(tmp_path, 2).entries] == [1, 2]
     assert metrics.CHECKPOINT_ROUND._value.get() == 2
 
 
@@ -106,7 +98,8 @@ def test_a_save_the_disk_refuses_is_reported_as_before_and_the_run_goes_on(
     submit(writer, 4)
     assert writer.wait() is True
     latest = checkpoint.load_latest(tmp_path, fits())
-    assert latest.round == 4 and [e["round"] for e in latest.state["journal"]] == [1, 2, 3, 4]
+    assert latest.round == 4
+    assert [e.round for e in journal_file.recover(tmp_path, 4).entries] == [1, 2, 3, 4]
     assert metrics.CHECKPOINT_ROUND._value.get() == 4
 
 
@@ -130,10 +123,11 @@ def test_the_run_reports_done_only_once_its_last_checkpoint_is_durable(tmp_path,
     }
     run = run_module.AggregatorRun(load_config(AggregatorConfig, env))
 
-    def one_round(*_args, on_round: Callable[[RoundRecord], None], **_kwargs) -> None:
-        on_round(RoundRecord(1, 60.0, 60.0, 3, 0.5, 1.0, (0, 1, 2), 3))
+    def one_round() -> None:
+        run.loop.round = 1
+        run._on_round(RoundRecord(1, 60.0, 60.0, 3, 0.5, 1.0, (0, 1, 2), 3))
 
-    monkeypatch.setattr(run_module, "run_rounds", one_round)
+    monkeypatch.setattr(run.loop, "run", one_round)
     release, began, _ = held_saves(monkeypatch)
     training = threading.Thread(target=run._train)
     try:
@@ -146,4 +140,4 @@ def test_the_run_reports_done_only_once_its_last_checkpoint_is_durable(tmp_path,
         release.set()
         run.executor.close()
     assert began == [1] and run.status.state is RunState.DONE
-    assert checkpoint.load_round(tmp_path, 1) is not None
+    assert checkpoint.load_round(tmp_path, 1, run._fits) is not None
