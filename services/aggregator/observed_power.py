@@ -41,6 +41,30 @@ class ObservedPower:
             self._times.append(float(t_s))
             self._power.append(p)
 
+    def state_dict(self) -> dict[str, NDArray[np.float64]]:
+        """The reports so far as arrays (times (R,), power (R, N)): a forecast that reads the
+        past (ewma) is fitted on all of them, so a resumed run needs them to forecast as an
+        uninterrupted one."""
+        with self._lock:
+            n = self._power[0].size if self._power else 0
+            power = np.array(self._power, dtype=np.float64).reshape(len(self._power), n)
+            return {"times": np.array(self._times, dtype=np.float64), "power": power}
+
+    def load_state_dict(self, state: object) -> None:
+        """``state_dict``'s value back; TypeError or ValueError naming what does not fit."""
+        if not isinstance(state, dict) or set(state) != {"times", "power"}:
+            raise TypeError("power history state is not {times, power}")
+        times, power = state["times"], state["power"]
+        if not isinstance(times, np.ndarray) or not isinstance(power, np.ndarray):
+            raise TypeError("power history state holds a value that is not an array")
+        if times.ndim != 1 or power.ndim != 2 or power.shape[0] != times.size:
+            raise ValueError("power history: times and power do not pair up")
+        if times.size > 1 and not bool(np.all(np.diff(times) > 0)):
+            raise ValueError("power history: times are not increasing")
+        with self._lock:
+            self._times = [float(t) for t in times]
+            self._power = [np.array(p, dtype=np.float64) for p in power]
+
     def power_at(self, t_s: float) -> NDArray[np.float64]:
         with self._lock:
             if not self._power:

@@ -162,6 +162,11 @@ class AggregatorRun(RunLifecycle):
             # the last global delta's sketch the next round projects on (directional gain)
             "direction": None if direction is None else dict(direction),
             "status": {"time_to_accuracy_s": self.status.time_to_accuracy_s},
+            # the profiler's reports, for a forecast fitted on the past (ewma; None otherwise:
+            # persistence reads only the report of the round itself)
+            "power_history": (
+                self.power_history.state_dict() if self.experiment.forecast == "ewma" else None
+            ),
         }
 
     def _restore(
@@ -173,7 +178,7 @@ class AggregatorRun(RunLifecycle):
     ) -> None:
         """Put ``checkpoint_components``' value into ``policy``, ``loop`` and ``executor``
         (None: only check it). TypeError or ValueError naming the field that does not fit."""
-        keys = {"policy", "loop", "aggregation", "direction", "status"}
+        keys = {"policy", "loop", "aggregation", "direction", "status", "power_history"}
         c = fields(components, "state.components", keys)
         status = fields(c["status"], "state.components.status", {"time_to_accuracy_s"})
         reached = number(status["time_to_accuracy_s"], "state.components.status", optional=True)
@@ -186,9 +191,13 @@ class AggregatorRun(RunLifecycle):
                 raise TypeError("state.components.direction is not a mapping of arrays")
             if not all(isinstance(v, np.ndarray) for v in direction.values()):
                 raise TypeError("state.components.direction holds a value that is not an array")
+        history = ObservedPower()
+        if c["power_history"] is not None:
+            history.load_state_dict(c["power_history"])
         policy.load_state_dict(c["policy"])
         loop.load_state_dict(c["loop"])
         if executor is not None:
+            self.power_history.load_state_dict(history.state_dict())
             executor.restore_bound(bound)
             if executor.track_direction and direction is not None:
                 executor._direction = direction

@@ -180,8 +180,8 @@ def test_journal_damage_is_reported_once_quarantined_and_the_newest_checkpoint_s
 
 
 # -- the aggregator: its newest checkpoint over a damaged journal; another run's refused --------
-def aggregator_config(directory: Path, seed: int = 0) -> AggregatorConfig:
-    env = {
+def aggregator_config(directory: Path, seed: int = 0, **more: str) -> AggregatorConfig:
+    env = more | {
         "POWERTRIP_PROFILER_ADDR": "127.0.0.1:1",  # never reached while the run is built
         "POWERTRIP_INSECURE": "1",
         "POWERTRIP_NUM_SITES": "3",
@@ -240,3 +240,22 @@ def test_the_aggregator_refuses_another_runs_checkpoints_in_one_line(tmp_path):
         AggregatorRun(aggregator_config(tmp_path, seed=1))
     assert "belong to another run" in str(refused.value) and "\n" not in str(refused.value)
     assert json.loads((tmp_path / "round-000002.json").read_text())["state"]["run"] == first.run_id
+
+
+def test_an_ewma_forecasts_power_history_is_resumed_from_the_checkpoint(tmp_path):
+    """The ewma forecast is fitted on every report since the start: a resumed run gets them
+    from the checkpoint (a replay used to re-ask the profiler), so it forecasts as before."""
+    from powertrip.services.aggregator.run import AggregatorRun
+
+    first = AggregatorRun(aggregator_config(tmp_path, POWERTRIP_FORECAST="ewma"))
+    first.executor.close()
+    for t in (0.0, 60.0, 120.0):
+        first.power_history.record(t, np.array([0.2, 0.5, 0.9]) + t / 1000)
+    checkpoint_rounds(first, 2)
+    run = AggregatorRun(aggregator_config(tmp_path, POWERTRIP_FORECAST="ewma"))
+    run.executor.close()
+    assert run.forecast is not None and first.forecast is not None
+    np.testing.assert_array_equal(
+        run.forecast.mean_power(150.0, 300.0), first.forecast.mean_power(150.0, 300.0)
+    )
+    np.testing.assert_array_equal(run.power_history.power_at(61.0), [0.26, 0.56, 0.96])
