@@ -13,12 +13,38 @@ from __future__ import annotations
 import math
 from typing import Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-__all__ = ["LocalOptimizer", "LocalOptimizerSettings", "OptimizerName", "ScheduleName", "decays"]
+__all__ = [
+    "MAX_LR",
+    "MAX_WEIGHT_DECAY",
+    "MIN_EPS",
+    "LocalOptimizer",
+    "LocalOptimizerSettings",
+    "OptimizerName",
+    "RecipeTooLong",
+    "ScheduleName",
+    "decays",
+]
 
 OptimizerName = Literal["sgd", "momentum", "nesterov", "adamw"]
 ScheduleName = Literal["constant", "cosine", "wsd"]
+
+# Bounds on absurd values, not on good ones: each value past them makes every update NaN or
+# destroys the model at the first step, so the run is refused at start instead of reporting
+# READY and then failing every round with no word of the optimizer.
+#: Far above any lr that trains here (the workloads' SGD rates are 0.01-0.8; AdamW's ~1e-3).
+MAX_LR = 10.0
+#: With ``lr * weight_decay >= 1`` a step scales a weight by ``1 - lr * wd <= 0`` (see below).
+MAX_WEIGHT_DECAY = 1.0
+#: Above the smallest normal float32 (1.2e-38): a smaller eps rounds to 0 in the moments'
+#: dtype, and AdamW's ``m / (sqrt(v) + eps)`` is then 0/0 = NaN wherever a gradient is 0.
+MIN_EPS = 1e-30
+
+
+class RecipeTooLong(ValueError):
+    """A schedule that cannot end within the run (``LocalOptimizer.check_fits``): a
+    configuration error, reported by the entry points in one line naming their setting."""
 
 
 class LocalOptimizer(BaseModel):
@@ -28,13 +54,13 @@ class LocalOptimizer(BaseModel):
 
     name: OptimizerName = "sgd"
     #: the peak lr; None: the workload's learning rate (``with_lr`` fills it in)
-    lr: float | None = Field(None, gt=0, allow_inf_nan=False)
+    lr: float | None = Field(None, gt=0, le=MAX_LR, allow_inf_nan=False)
     momentum: float = Field(0.9, ge=0, lt=1)
     betas: tuple[float, float] = (0.9, 0.95)
-    eps: float = Field(1e-8, gt=0, allow_inf_nan=False)
+    eps: float = Field(1e-8, gt=0, le=1, allow_inf_nan=False)
     #: AdamW: decoupled; sgd/momentum/nesterov: added to the gradient (L2). Never on 1-D
     #: parameters (biases, norm weights) nor tensors named as embeddings (``decays``).
-    weight_decay: float = Field(0.0, ge=0, allow_inf_nan=False)
+    weight_decay: float = Field(0.0, ge=0, le=MAX_WEIGHT_DECAY, allow_inf_nan=False)
     schedule: ScheduleName = "constant"
     warmup_steps: int = Field(0, ge=0)
     total_steps: int | None = Field(None, ge=1)
@@ -46,6 +72,16 @@ class LocalOptimizer(BaseModel):
     #: correction) each round. The step count, and so the schedule's position, always persists.
     keep_state: bool = True
 
+    @field_validator("eps")
+    @classmethod
+    def _eps_survives_float32(cls, v: float) -> float:
+        if v < MIN_EPS:
+            raise ValueError(
+                f"must be at least {MIN_EPS:g}, got {v:g}: a smaller eps rounds to 0 in "
+                "float32, and m / (sqrt(v) + eps) is then 0/0 = NaN wherever a gradient is 0"
+            )
+        return v
+
     @model_validator(mode="after")
     def _consistent(self) -> Self:
         if not all(0 <= b < 1 for b in self.betas):
@@ -56,21 +92,34 @@ class LocalOptimizer(BaseModel):
             raise ValueError(
                 f"warmup_steps ({self.warmup_steps}) exceeds total_steps ({self.total_steps})"
             )
+        # Both decays scale a weight by (1 - lr * weight_decay) per step (AdamW directly, L2
+        # through the gradient): at 1 or more every decayed weight is zeroed or flips sign.
+        if self.lr is not None and self.lr * self.weight_decay >= 1:
+            raise ValueError(
+                f"lr x weight_decay must be below 1 (each step scales a weight by 1 - lr x "
+                f"weight_decay), got {self.lr} x {self.weight_decay}"
+            )
         return self
 
     def with_lr(self, lr: float) -> LocalOptimizer:
-        """This recipe with ``lr`` as its peak lr when it has none of its own."""
+        """This recipe with ``lr`` as its peak lr when it has none of its own, validated as
+        if it had been given (a workload's or a flag's lr meets the same bounds)."""
         if self.lr is not None:
             return self
         if not (math.isfinite(lr) and lr > 0):
             raise ValueError(f"lr must be a positive finite number, got {lr}")
-        return self.model_copy(update={"lr": float(lr)})
+        given = {**self.model_dump(exclude_unset=True), "lr": float(lr)}
+        try:
+            return type(self).model_validate(given)
+        except ValidationError as exc:  # one line, as the flag's or the setting's own would be
+            msg = str(exc.errors()[0]["msg"]).removeprefix("Value error, ")
+            raise ValueError(f"lr {lr}: {msg}") from None
 
     def check_fits(self, max_site_steps: int, why: str) -> None:
         """A schedule must end within the run: past the most local steps any site can take
         (``max_site_steps``, explained by ``why``) its decay would never finish."""
         if self.total_steps is not None and self.total_steps > max_site_steps:
-            raise ValueError(
+            raise RecipeTooLong(
                 f"local_optimizer.total_steps ({self.total_steps}) is longer than the run: a "
                 f"site takes at most {max_site_steps} local steps ({why})"
             )

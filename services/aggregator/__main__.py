@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 import time
 from collections.abc import Callable
 
+from powertrip.learning.local_optim import RecipeTooLong
 from powertrip.services.aggregator.checkpoint import NoUsableCheckpoint
 from powertrip.services.aggregator.config import AggregatorConfig
 from powertrip.services.aggregator.curtail_run import CurtailmentRun
@@ -18,10 +20,11 @@ from powertrip.services.aggregator.service_handlers import add_to_server
 from powertrip.services.aggregator.servicer import AggregatorServicer
 from powertrip.services.aggregator.worker_tracker import WorkerTracker
 from powertrip.services.common.command_line import parse_service_args
-from powertrip.services.common.config import ConfigError, load_config
+from powertrip.services.common.config import ConfigError, env_name, load_config
+from powertrip.services.common.env_names import warn_unknown_names
 from powertrip.services.common.fault_points import armed_faults
 from powertrip.services.common.grpc_client import make_channel, retry_idempotent
-from powertrip.services.common.grpc_server import build_server, serve
+from powertrip.services.common.grpc_server import build_server, exit_process, serve
 from powertrip.services.common.identity import PROFILER
 from powertrip.services.common.logging import configure
 from powertrip.services.common.memory import pin_mmap_threshold
@@ -39,6 +42,16 @@ RUNS: dict[str, Callable[[AggregatorConfig], Run]] = {
 }
 
 
+def recipe_source(cfg: AggregatorConfig) -> str:
+    """Where the run's local optimizer came from: the variable as given, or the preset's."""
+    var = env_name("local_optimizer")
+    if given := os.environ.get(var):
+        return f"{var}={given!r}"
+    if cfg.mode == "curtailment":
+        return f"the local optimizer of {env_name('curtail_preset')}={cfg.curtail_preset}"
+    return f"the local optimizer of {env_name('preset')}={cfg.preset}"
+
+
 def main() -> int:
     parse_service_args("powertrip-aggregator", AggregatorConfig, __doc__)
     try:
@@ -50,16 +63,20 @@ def main() -> int:
         print(f"powertrip-aggregator: {exc}", file=sys.stderr)
         return 2
     configure("aggregator", cfg.log_level)
+    warn_unknown_names("aggregator")
     pin_mmap_threshold()  # bounded RSS under many concurrent large uploads
     import torch
 
     torch.set_num_threads(1)
-    metrics_port = start_metrics_server(cfg.metrics_port, cfg.bind_host)
+    metrics_port = start_metrics_server(cfg.metrics_port, cfg.metrics_addr)
     try:
         run = RUNS[cfg.mode](cfg)
     except NoUsableCheckpoint as exc:  # a crash loop would not fix it: say so once, exit
         logger.error("%s", exc)
         return 3
+    except RecipeTooLong as exc:  # a config error known once the data is split: still pre-READY
+        print(f"powertrip-aggregator: {recipe_source(cfg)}: {exc}", file=sys.stderr)
+        return 2
     profiler = profiler_pb2_grpc.ProfilerServiceStub(make_channel(cfg.profiler_addr, cfg, PROFILER))
 
     @retry_idempotent(max_seconds=60)
@@ -106,18 +123,33 @@ def main() -> int:
         if thread.is_alive():
             logger.warning("stopping: the run's thread did not end within the grace period")
 
+    def exit_code(signalled: bool) -> int:
+        """0 when told to stop; otherwise the run's end: EXIT_RUN_FAILED, 0 when DONE."""
+        if signalled:
+            return 0
+        state = run.status_snapshot().status.state
+        if state is RunState.FAILED:
+            return EXIT_RUN_FAILED
+        return 0 if state is RunState.DONE else 1
+
     grpc_addr = f"{cfg.bind_host}:{port}"
     signalled = serve(
-        "aggregator", server, health, [SERVICE], grpc_addr, metrics_port,
-        on_stop=stop, grace_s=cfg.shutdown_grace_s, wake=wake,
-    )  # fmt: skip
-    status = run.status_snapshot().status
-    if signalled:
-        return 0
-    if status.state is RunState.FAILED:
+        "aggregator",
+        server,
+        health,
+        [SERVICE],
+        grpc_addr,
+        metrics_port,
+        on_stop=stop,
+        grace_s=cfg.shutdown_grace_s,
+        wake=wake,
+        exit_code=exit_code,
+    )
+    code = exit_code(signalled)
+    if code == EXIT_RUN_FAILED:
+        status = run.status_snapshot().status
         logger.error("exit %d: the run failed: %s", EXIT_RUN_FAILED, status.message)
-        return EXIT_RUN_FAILED
-    return 0 if status.state is RunState.DONE else 1
+    exit_process(code)
 
 
 if __name__ == "__main__":

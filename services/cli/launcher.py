@@ -149,7 +149,8 @@ class LocalCluster:
                 self.topology.hub_mgmt_ip,
                 self.topology.sites,
             )
-        bind = {"bind_host": "0.0.0.0"} if hub_ns else {}
+        # across namespaces: gRPC and /metrics on the links (metrics is loopback by default)
+        bind = {"bind_host": "0.0.0.0", "metrics_addr": "0.0.0.0"} if hub_ns else {}
         if p.tls_path is not None:  # peers are verified by identity name, not by address
             mint_cluster(p.tls_path, p.worker_ids)
         prof = self._spawn(

@@ -41,9 +41,15 @@ class ServiceConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    bind_host: str = Field("0.0.0.0", description="address the gRPC and metrics ports bind")
+    bind_host: str = Field("0.0.0.0", description="address the gRPC port binds")
     grpc_port: int = Field(50051, description="the service's gRPC port")
     metrics_port: int = Field(8000, description="Prometheus /metrics port")
+    metrics_addr: str = Field(
+        "127.0.0.1",
+        description="Address /metrics binds. It answers anyone who reaches it, without TLS or "
+        "a login, so by default only this machine; a deployment whose Prometheus scrapes over "
+        "the pod or container network sets 0.0.0.0 (the shipped k8s and compose deploys do).",
+    )
     log_level: str = Field("INFO", description="DEBUG, INFO, WARNING or ERROR")
     keepalive_s: float = Field(
         10.0, description="HTTP/2 ping period; a frozen peer is noticed after this ..."

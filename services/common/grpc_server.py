@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent import futures
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -26,6 +29,9 @@ logger = logging.getLogger(__name__)
 DEFAULT_GRACE_S = 10.0
 #: how long NOT_SERVING is observable, at least, before the port closes (capped by the grace)
 DRAIN_S = 1.0
+#: kept at the end of the grace period for the exit itself (flush, os._exit, the kernel's
+#: reaping) and the signal's delivery
+EXIT_S = 0.5
 
 #: registers one servicer on a server, e.g. ``lambda s: add_XServicer_to_server(impl, s)``
 Registration = Callable[[grpc.Server], None]
@@ -140,6 +146,7 @@ def serve(
     on_stop: Callable[[float], None] = lambda _deadline: None,
     grace_s: float = DEFAULT_GRACE_S,
     wake: threading.Event | None = None,
+    exit_code: Callable[[bool], int] = lambda _signalled: 0,
 ) -> bool:
     """Report SERVING, print the READY line launchers parse, then block until SIGTERM/SIGINT
     (or until the service sets ``wake`` itself, e.g. its run ended).
@@ -147,7 +154,10 @@ def serve(
     Then, all within ``grace_s``: NOT_SERVING at once and for good, ``on_stop(deadline)`` (the
     service winds its work down by that ``time.monotonic()`` deadline, the port still open so
     in-flight work can finish), NOT_SERVING observable for at least ``min(1 s, grace_s)``, then
-    the server drains and stops. True when a signal ended it, False when ``wake`` did.
+    the server drains and stops. True when a signal ended it, False when ``wake`` did; the
+    service then ends the process with ``exit_process``. Whatever still runs when the grace
+    period ends (a handler, a checkpoint being written, the interpreter's own teardown), the
+    process exits then with ``exit_code(signalled)``: the announced figure is a bound.
     """
     set_serving(health_servicer, names, True)
     print(f"READY service={service} grpc={grpc_addr} metrics={metrics_port}", flush=True)
@@ -166,10 +176,43 @@ def serve(
     health_servicer.enter_graceful_shutdown()  # NOT_SERVING for every name; later sets ignored
     why = signal.Signals(signalled[0]).name if signalled else "its work ended"
     logger.info("%s stopping (%s): NOT_SERVING, exit within %.1f s", service, why, grace_s)
-    reserve = min(1.0, grace_s / 4)  # for the server's own drain and the exit
-    on_stop(t0 + grace_s - reserve)
+    end = t0 + grace_s - min(EXIT_S, grace_s / 8)  # the exit itself, and the signal's delivery
+    exit_by(end, lambda: exit_code(bool(signalled)), f"{service}'s {grace_s:g} s grace period")
+    reserve = min(1.0, grace_s / 4)  # for the server's own drain
+    on_stop(end - reserve)
     left = t0 + min(DRAIN_S, grace_s) - time.monotonic()
     if left > 0:  # let probes see NOT_SERVING before the port closes
         time.sleep(left)
-    server.stop(grace=max(0.1, min(reserve, t0 + grace_s - time.monotonic()))).wait()
+    server.stop(grace=max(0.1, min(reserve, end - time.monotonic()))).wait(
+        max(0.0, end - time.monotonic())
+    )
+    logger.info("%s stopped %.1f s after it began stopping", service, time.monotonic() - t0)
     return bool(signalled)
+
+
+def exit_by(deadline: float, code: Callable[[], int], what: str) -> threading.Thread:
+    """End the process at ``deadline`` (``time.monotonic()``) with ``code()`` if it is still
+    running then, from a daemon thread (so nothing the main thread waits on can hold it)."""
+
+    def watch() -> None:
+        time.sleep(max(0.0, deadline - time.monotonic()))
+        others = (t for t in threading.enumerate() if t is not threading.current_thread())
+        busy = sorted({t.name.rstrip("0123456789_-") for t in others})  # kinds, not each pool
+        logger.warning("exiting now, at the end of %s; still running: %s", what, ", ".join(busy))
+        exit_process(code())
+
+    thread = threading.Thread(target=watch, name="exit-deadline", daemon=True)
+    thread.start()
+    return thread
+
+
+def exit_process(code: int) -> NoReturn:
+    """End the process now, its output flushed. A service's last step after ``serve``: the
+    interpreter's teardown (joining gRPC's handler threads, freeing torch's and numpy's
+    modules) takes seconds on a loaded machine, past any grace period, and does nothing a
+    service needs (checkpoints are fsynced when written; the kernel closes sockets and files)."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)

@@ -34,8 +34,9 @@ GRPC_HANDLING = Histogram(
 )
 
 
-def start_metrics_server(port: int, addr: str = "0.0.0.0") -> int:
-    """Serve /metrics on ``port`` (0 = any free port) and return the bound port."""
+def start_metrics_server(port: int, addr: str = "127.0.0.1") -> int:
+    """Serve /metrics on ``addr``:``port`` (0 = any free port) and return the bound port;
+    loopback unless told otherwise (POWERTRIP_METRICS_ADDR): it has no authentication."""
     server, _thread = start_http_server(port, addr=addr)
     return int(server.server_port)
 

@@ -52,8 +52,11 @@ class LibraryValue:
             self._adapter = TypeAdapter(self.info.rebuild_annotation())
         try:
             return self._adapter.validate_python(value)
-        except ValidationError as exc:
-            raise ValueError(str(exc.errors()[0]["msg"]).removeprefix("Value error, ")) from None
+        except ValidationError as exc:  # a model's field is named: which one of its fields
+            err = exc.errors()[0]
+            msg = str(err["msg"]).removeprefix("Value error, ")
+            where = ".".join(x for x in err["loc"] if isinstance(x, str))
+            raise ValueError(f"{where}: {msg}" if where else msg) from None
 
     def _from_text(self, text: str) -> object:
         kinds = _members(self.info.annotation)

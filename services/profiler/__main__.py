@@ -8,7 +8,8 @@ import threading
 
 from powertrip.services.common.command_line import parse_service_args
 from powertrip.services.common.config import ConfigError, load_config
-from powertrip.services.common.grpc_server import build_server, serve
+from powertrip.services.common.env_names import warn_unknown_names
+from powertrip.services.common.grpc_server import build_server, exit_process, serve
 from powertrip.services.common.logging import configure
 from powertrip.services.common.metrics import start_metrics_server
 from powertrip.services.netem.latency import log_latency_path
@@ -30,7 +31,8 @@ def main() -> int:
         print(f"powertrip-profiler: {exc}", file=sys.stderr)
         return 2
     configure("profiler", cfg.log_level)
-    metrics_port = start_metrics_server(cfg.metrics_port, cfg.bind_host)
+    warn_unknown_names("profiler")
+    metrics_port = start_metrics_server(cfg.metrics_port, cfg.metrics_addr)
     try:
         catalogue = SiteCatalogue(cfg)
     except (OSError, ValueError) as exc:  # an unreadable or invalid power trace
@@ -68,9 +70,16 @@ def main() -> int:
     )
     server.start()
     threading.Thread(target=prober.run_periodically, name="prober", daemon=True).start()
-    serve("profiler", server, health, [SERVICE], f"{cfg.bind_host}:{port}", metrics_port,
-          on_stop=lambda _deadline: prober.stop())  # fmt: skip
-    return 0
+    serve(
+        "profiler",
+        server,
+        health,
+        [SERVICE],
+        f"{cfg.bind_host}:{port}",
+        metrics_port,
+        on_stop=lambda _deadline: prober.stop(),
+    )
+    exit_process(0)
 
 
 if __name__ == "__main__":

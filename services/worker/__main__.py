@@ -14,9 +14,10 @@ import grpc
 
 from powertrip.services.common.command_line import parse_service_args
 from powertrip.services.common.config import ConfigError, load_config
+from powertrip.services.common.env_names import warn_unknown_names
 from powertrip.services.common.fault_points import armed_faults
 from powertrip.services.common.grpc_client import make_channel, retry_idempotent
-from powertrip.services.common.grpc_server import build_server, serve
+from powertrip.services.common.grpc_server import build_server, exit_process, serve
 from powertrip.services.common.identity import AGGREGATOR
 from powertrip.services.common.logging import configure
 from powertrip.services.common.metrics import start_metrics_server
@@ -127,10 +128,11 @@ def main() -> int:
         print(f"powertrip-worker: {exc}", file=sys.stderr)
         return 2
     configure("worker", cfg.log_level)
+    warn_unknown_names("worker")
     import torch
 
     torch.set_num_threads(cfg.train_threads)
-    metrics_port = start_metrics_server(cfg.metrics_port, cfg.bind_host)
+    metrics_port = start_metrics_server(cfg.metrics_port, cfg.metrics_addr)
     channel = make_channel(cfg.aggregator_addr, cfg, AGGREGATOR)
     stub = aggregator_pb2_grpc.AggregatorServiceStub(channel)
     bf16 = cfg.upload_dtype == "bfloat16"
@@ -196,7 +198,7 @@ def main() -> int:
         runner.start(None)  # closes the host: a distributed site's rank processes end too
 
     serve("worker", server, health, [SERVICE], address, metrics_port, on_stop=stop)
-    return 0
+    exit_process(0)
 
 
 if __name__ == "__main__":

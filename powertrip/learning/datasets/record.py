@@ -62,6 +62,10 @@ def split_indices(n: int, test_fraction: float, seed: int) -> tuple[np.ndarray, 
     return np.sort(perm[n_test:]), np.sort(perm[:n_test])
 
 
+#: the one environment variable the library reads (services know it: common/env_names.py)
+CACHE_DIR_VARIABLE = "POWERTRIP_CACHE_DIR"
+
+
 def default_cache_dir() -> Path:
     """Where generated or trained dataset artefacts are cached (``POWERTRIP_CACHE_DIR``)."""
-    return Path(os.environ.get("POWERTRIP_CACHE_DIR", "~/.cache/powertrip")).expanduser()
+    return Path(os.environ.get(CACHE_DIR_VARIABLE, "~/.cache/powertrip")).expanduser()
