@@ -34,6 +34,12 @@ BROADCAST_BYTES = Counter(
 UPDATES = Counter(
     "powertrip_updates_total", "Updates received, by outcome (accepted or reason).", ["outcome"]
 )
+REPORTED_REFUSED = Counter(
+    "powertrip_reported_values_refused_total",
+    "Numbers workers reported that no policy saw as reported (powertrip.reported): a loss "
+    "replaced by the round's median, a sample count rounded; by field and reason.",
+    ["field", "reason"],
+)
 REGISTERED_SITES = Gauge("powertrip_registered_sites", "Sites hosted by registered workers.")
 CHECKPOINT_ROUND = Gauge("powertrip_checkpoint_round", "Round of the last checkpoint written.")
 CHECKPOINT_LOADED_ROUND = Gauge(
