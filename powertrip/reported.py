@@ -30,9 +30,11 @@ Refused, not clipped: a clipped lie sits at the top of the allowed range, and Oo
 utilities min-max, so the top of any range is the top utility: a site clipped to the ceiling
 would still be picked almost every round. A loss outside [0, ceiling] (NaN, infinite, negative,
 above the ceiling) or missing from a site whose update was folded is replaced by the round's
-neutral loss: the median of the in-range losses of the round's other folded sites (the evaluated
-loss when none is). The site counts as having trained with a typical loss, so it gains nothing;
-it is not left unexplored either, which under Oort would earn it an exploration slot each round.
+neutral loss: the median of the in-range losses of the round's other folded sites. The site
+counts as having trained with a typical loss, so it gains nothing; it is not left unexplored
+either, which under Oort would earn it an exploration slot each round. With no other loss in
+range (a site alone in its round) nothing says what is typical, and the claim is credited
+nothing (0): the evaluated loss would not do, as honest training losses mostly lie below it.
 A lie inside the range can still steer a loss-driven policy, by at most the factor: only the
 aggregator evaluating each site's update on data of its own could close that.
 
@@ -142,15 +144,11 @@ def bound_losses(
     if refused:
         bad = np.zeros(x.size, dtype=bool)
         bad[[i for i, _ in refused]] = True
-        x[bad] = neutral_loss(x[did & ~bad], reference, ceiling)
+        x[bad] = neutral_loss(x[did & ~bad])
     return BoundedLosses(x, refused)
 
 
-def neutral_loss(in_range: NDArray[np.float64], reference: float | None, ceiling: float) -> float:
-    """The loss a refused claim counts as: the median of the round's in-range losses, else the
-    evaluated loss itself (0 without one: no claim credited)."""
-    if in_range.size:
-        return float(np.median(in_range))
-    if reference is not None and math.isfinite(reference) and reference >= 0:
-        return float(min(reference, ceiling))
-    return 0.0
+def neutral_loss(in_range: NDArray[np.float64]) -> float:
+    """The loss a refused claim counts as: the median of the round's in-range losses, else 0
+    (nothing to compare with: no credit)."""
+    return float(np.median(in_range)) if in_range.size else 0.0

@@ -84,7 +84,7 @@ class SiteReports:
         trained = [s in folded for s in selected]
         claimed = [loss.get(s) for s in selected]  # None: no claim
         bounded = bound_losses(claimed, reference, trained)
-        then = "it counts as the round's median loss"
+        then = "it counts as the median of the round's other losses (none: 0)"
         for i, why in bounded.refused:
             _refused(round_index, selected[i], "train_loss", why, then)
         site_samples = np.full(len(selected), nan)

@@ -61,9 +61,11 @@ def test_nan_is_not_measured_unless_the_site_trained_and_the_rule_is_idempotent(
     assert again.refused == ()
 
 
-def test_without_a_peer_in_range_a_refused_claim_counts_as_the_evaluated_loss():
-    assert bound_losses([1e300], reference=0.8).values.tolist() == [0.8]
-    # no usable reference: nothing to bound by but the domain, and no claim is credited
+def test_without_a_peer_in_range_a_refused_claim_is_credited_nothing():
+    # alone in its round: the evaluated loss would favour it (honest losses mostly lie below)
+    assert bound_losses([1e300], reference=0.8).values.tolist() == [0.0]
+    assert bound_losses([NAN, None], 0.8, trained=[True, True]).values.tolist() == [0.0, 0.0]
+    # no usable reference: nothing to bound by but the domain
     assert bound_losses([1e300, -1.0], reference=NAN).values.tolist() == [1e300, 1e300]
     assert bound_losses([-1.0], reference=None).values.tolist() == [0.0]
     assert bound_losses(None, reference=1.0).values is None
