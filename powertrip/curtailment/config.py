@@ -82,7 +82,10 @@ class CurtailmentConfig(LocalOptimizerSettings, TokenizerSettings, RunConfig):
         description="held-out samples per evaluation (None: all); evaluation is "
         "most of a study's time",
     )
-    # aggregation: plain step-weighted FedAvg (the logged runs), or a Nesterov outer step
+    # aggregation: step-weighted FedAvg, robust by default (powertrip.robust: extreme updates
+    # dropped, the rest clipped, norms per local step); "fedavg" is the logged runs' plain mean.
+    # Then optionally a Nesterov outer step.
+    aggregation: Literal["robust", "fedavg"] = Field("robust", exclude_if=lambda v: v == "robust")
     outer: Literal["fedavg", "nesterov"] = "fedavg"
     outer_lr: float = Field(0.7, gt=0)
     outer_momentum: float = Field(0.9, ge=0, lt=1)

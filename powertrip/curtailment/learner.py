@@ -3,7 +3,8 @@ cursor gave it, in order, and updates are averaged weighted by the batches each 
 (the work-weighted FedAvg of the curtailment-window study, arXiv 2602.22760).
 
 ``FoldingLearner`` owns the round's arithmetic (who trains from which model, the checkpoint
-models of a lone site, the FedAvg and outer step); subclasses only say how a set of sites is
+models of a lone site, the FedAvg, robust by default (``powertrip.robust``, norms per local
+step), and the outer step); subclasses only say how a set of sites is
 trained: in process (``StreamLearner``) or on the workers (the aggregator's ``GrpcLearner``).
 Both then fold the same deltas in the same order, so the service reproduces the emulator.
 """
@@ -17,11 +18,12 @@ import torch
 from numpy.typing import NDArray
 
 from powertrip.curtailment.run_model import Checkpoints, LearnOutcome, SiteWork
-from powertrip.fedavg import NumpyParams, StreamingFedAvg
+from powertrip.fedavg import NumpyParams
 from powertrip.learning.device import TorchParams, to_host, to_numpy, to_torch
 from powertrip.learning.site_optim import SiteState
 from powertrip.learning.trainer import SiteTrainer, SiteUpdates
 from powertrip.outer_step import NesterovOuter
+from powertrip.robust import AdaptiveBound, Aggregation, Aggregator, RobustFedAvg
 
 Evaluate = Callable[[TorchParams], tuple[float, float]]
 
@@ -55,12 +57,19 @@ class FoldingLearner:
         evaluate: Evaluate,
         batch_size: int,
         outer: NesterovOuter | None = None,
+        aggregation: Aggregation | None = None,
     ) -> None:
         # In host memory, like the deltas and the averaged models: one device for the arithmetic.
         self.params = {k: to_host(v).clone() for k, v in params.items()}
         self._eval = evaluate
         self.batch_size = batch_size
         self.outer = outer
+        # The round's rule: robust by default, its norms per local step (an update's weight is
+        # the steps the aggregator gave the site), so a lone site's long stretch is judged by
+        # its per-step length, not cut short for being long.
+        self.aggregation = aggregation or Aggregation(per_weight=True)
+        #: the robust rule's bound from the committed rounds (None for another rule)
+        self.bound = AdaptiveBound() if self.aggregation.adaptive else None
         self._current: tuple[float, float] | None = None
 
     def train_sites(
@@ -109,22 +118,32 @@ class FoldingLearner:
                     model = self._aggregate(template, [*done, (delta, float(k1))], commit=False)
                     evals.append(self._eval(model))
             done.append((delta, float(lone.steps)))
-        agg = StreamingFedAvg(template)
-        for delta, weight in done:
-            agg.add(delta, weight)
-        dispersion = agg.dispersion()
+        agg = self._fold(template, done)
+        dispersion = agg.dispersion() if agg.count else None
         self.params = self._aggregate(template, done, commit=True)
         self._current = self._eval(self.params)
         return LearnOutcome(*self._current, dispersion, tuple(evals))
 
+    def _fold(
+        self, template: NumpyParams, updates: Sequence[tuple[NumpyParams, float]]
+    ) -> Aggregator:
+        """``updates`` folded by the run's rule, from the bound the committed rounds left."""
+        agg = self.aggregation.make(template, bound=self.bound)
+        for delta, weight in updates:
+            agg.add(delta, weight)
+        return agg
+
     def _aggregate(
         self, template: NumpyParams, updates: Sequence[tuple[NumpyParams, float]], commit: bool
     ) -> TorchParams:
-        """Work-weighted FedAvg of ``updates``, then the outer step if any; ``commit=False``
-        leaves the outer optimizer's momentum untouched (a checkpoint, not a round)."""
-        agg = StreamingFedAvg(template)
-        for delta, weight in updates:
-            agg.add(delta, weight)
+        """Work-weighted FedAvg of ``updates`` (robust by default), then the outer step if any;
+        ``commit=False`` leaves the outer momentum and the rule's bound untouched (a
+        checkpoint, not a round). Every update dropped: the model as it was."""
+        agg = self._fold(template, updates)
+        if agg.count == 0:
+            return to_torch(template)
+        if commit and isinstance(agg, RobustFedAvg):
+            self.bound = agg.bound_after()
         new = agg.apply(template)
         if self.outer is not None:
             new = self.outer.step(template, new, commit=commit)
@@ -145,6 +164,7 @@ class StreamLearner(FoldingLearner):
         order: NDArray[np.int64],
         params: TorchParams,
         outer: NesterovOuter | None = None,
+        aggregation: Aggregation | None = None,
     ) -> None:
         check_stream_trainer(trainer)
         super().__init__(
@@ -152,6 +172,7 @@ class StreamLearner(FoldingLearner):
             lambda p: trainer.evaluate(p, x_test, y_test),
             trainer.config.batch_size,
             outer,
+            aggregation,
         )
         self.trainer = trainer
         self.x, self.y = x_train, y_train

@@ -31,6 +31,7 @@ from powertrip.learning.models import build_model
 from powertrip.learning.partition import partition
 from powertrip.learning.trainer import LocalTrainingConfig, SiteTrainer, get_params
 from powertrip.outer_step import NesterovOuter
+from powertrip.robust import Aggregation
 from powertrip.workloads import custom_workload
 
 __all__ = ["StreamSetup", "build_federation", "lm_shape", "load_workload", "site_model_factory"]
@@ -204,8 +205,21 @@ class StreamSetup:
         d, outer = self.data, self.outer()
         x_test, y_test = self.eval_set
         return StreamLearner(
-            self.trainer, d.x_train, d.y_train, x_test, y_test, self.order, self.params, outer
+            self.trainer,
+            d.x_train,
+            d.y_train,
+            x_test,
+            y_test,
+            self.order,
+            self.params,
+            outer,
+            self.aggregation(),
         )
+
+    def aggregation(self) -> Aggregation:
+        """The run's averaging rule: robust unless ``aggregation: fedavg``, its norms per local
+        step (a site's weight is the steps it was given)."""
+        return Aggregation(self.cfg.aggregation, per_weight=True)
 
     @property
     def eval_set(self) -> tuple[torch.Tensor, torch.Tensor]:

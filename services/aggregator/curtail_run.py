@@ -28,6 +28,7 @@ from powertrip.learning.device import TorchParams, to_numpy, to_torch
 from powertrip.learning.federation import StreamSetup
 from powertrip.learning.tokenizer_settings import with_tokenizer_hash
 from powertrip.outer_step import NesterovOuter
+from powertrip.robust import Aggregation
 from powertrip.rounds import RoundRecord
 from powertrip.services.aggregator import metrics
 from powertrip.services.aggregator.config import AggregatorConfig
@@ -59,8 +60,9 @@ class GrpcLearner(FoldingLearner):
         run_seed: int,
         deadline_s: float,
         outer: NesterovOuter | None = None,
+        aggregation: Aggregation | None = None,
     ) -> None:
-        super().__init__(params, evaluate, batch_size, outer)
+        super().__init__(params, evaluate, batch_size, outer, aggregation)
         self.transport = transport
         self.run_seed = run_seed
         self.deadline_s = deadline_s
@@ -151,6 +153,7 @@ class CurtailmentRun(RunLifecycle):
             self.run_seed,
             cfg.round_deadline_s,
             self.setup.outer(),
+            self.setup.aggregation(),
         )
         self.feed = ProfileFeed(cfg, num_sites)
         self._reported: dict[str, tuple[float, float]] = {}  # site -> (kWh, g) already counted

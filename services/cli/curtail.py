@@ -82,6 +82,12 @@ FLAG_FOR_FIELD = {
     "--single-site-hours", type=float, help="Sizes the work: one full-power site needs this."
 )
 @click.option(
+    "--aggregation",
+    type=click.Choice(["robust", "fedavg"]),
+    help="Averaging: robust (default: extreme updates dropped, the rest clipped to an adaptive "
+    "norm per local step) or fedavg (the paper's logged run: plain work-weighted mean).",
+)
+@click.option(
     "--outer",
     type=click.Choice(["fedavg", "nesterov"]),
     help="Outer step: work-weighted FedAvg (the paper's logged run) or Nesterov momentum.",

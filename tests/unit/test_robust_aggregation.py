@@ -184,13 +184,15 @@ def test_ten_attacked_rounds_end_within_two_points_of_the_clean_run(clean, kind,
 @pytest.mark.parametrize("kind", ATTACKS)
 def test_the_default_rule_bounds_what_two_hostile_sites_of_seven_can_do(clean, kind):
     """The default (``robust``: adaptive zeroing and clipping, no order statistic) bounds each
-    hostile update by the clip norm instead of removing it: scaled updates are clipped to an
-    honest length and cost nothing; a sign flip or noise from 2 of 7 sites (28 %, beyond what a
-    clip alone is built for) still costs a few points, where FedAvg collapses (the control
-    below). The order-statistic rules above are the choice for so large a hostile share."""
+    hostile update by the clip norm instead of removing it, so 2 hostile sites of 7 (28 %,
+    more than a clip alone is built for) leave the accuracy within 2 points where FedAvg
+    collapses (the control below). The clip (this all-zero model is measured in absolute
+    units, starting at 0.25 against honest norms ~1.9) also shortens the honest updates of the
+    first rounds, so the loss after 10 rounds is higher than FedAvg's clean one; the
+    order-statistic rules above are the choice for so large a hostile share."""
     accuracy, loss = train(Aggregation(), kind)
-    assert accuracy >= clean[0] - (0.02 if kind == "scale" else 0.07)
-    assert loss < 2.5 * clean[1]
+    assert accuracy >= clean[0] - 0.02
+    assert loss < 4 * clean[1]
 
 
 @pytest.mark.reliability("R13")
