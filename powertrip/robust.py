@@ -350,7 +350,8 @@ class RobustAggregator(UpdateFold):
         short = [n for n, c in covered.items() if c != flat[self._slice[n]].size]
         if short:
             raise RuntimeError(f"update slices did not cover tensors {short} exactly once")
-        sq = float(np.dot(flat, flat))
+        with np.errstate(over="ignore"):  # finite values whose squares overflow: redone below
+            sq = float(np.dot(flat, flat))
         if not math.isfinite(sq):  # finite values whose squares overflow float32
             sq = float(np.dot(flat.astype(np.float64), flat.astype(np.float64)))
         norm = math.sqrt(sq)
