@@ -9,6 +9,7 @@ import pytest
 
 from powertrip.fedavg import StreamingFedAvg
 from powertrip.journal import JournalEntry
+from powertrip.robust import Aggregation, RobustFedAvg
 from powertrip.rounds import RoundOutcome
 from powertrip.services.aggregator.collector import RoundCollector, RoundGate
 from powertrip.services.common.errors import Duplicate, StaleRound
@@ -17,6 +18,9 @@ from powertrip.services.common.tensor_stream import encode, specs_of
 
 TEMPLATE = {"w": np.zeros((4, 3), np.float32), "b": np.zeros(3, np.float32)}
 SELECTED = [5, 2, 9]
+#: these tests pin the FedAvg fold's mechanics (order, in-place folds, undo); the default rule,
+#: robust, folds the same sums with clip factors (its own test at the end)
+FEDAVG = Aggregation("fedavg")
 
 
 def update(site: int) -> dict[str, np.ndarray]:
@@ -41,7 +45,7 @@ def deliver(col: RoundCollector, site: int) -> None:
 
 @pytest.mark.parametrize("arrival", list(itertools.permutations(SELECTED)))
 def test_the_sum_is_bit_identical_to_folding_in_selection_order(arrival):
-    col = RoundCollector(1, SELECTED, TEMPLATE)
+    col = RoundCollector(1, SELECTED, TEMPLATE, aggregation=FEDAVG)
     for s in arrival:
         deliver(col, s)
     col.close()
@@ -54,7 +58,7 @@ def test_the_sum_is_bit_identical_to_folding_in_selection_order(arrival):
 
 
 def test_a_failed_site_is_skipped_once_the_round_closes():
-    col = RoundCollector(1, SELECTED, TEMPLATE)
+    col = RoundCollector(1, SELECTED, TEMPLATE, aggregation=FEDAVG)
     deliver(col, 9)
     col.fail(5, "start_unavailable")
     deliver(col, 2)
@@ -64,7 +68,7 @@ def test_a_failed_site_is_skipped_once_the_round_closes():
 
 
 def test_missing_sites_fail_with_deadline_when_the_round_closes():
-    col = RoundCollector(1, SELECTED, TEMPLATE)
+    col = RoundCollector(1, SELECTED, TEMPLATE, aggregation=FEDAVG)
     deliver(col, 5)
     assert not col.wait(0.05)
     col.close()
@@ -72,7 +76,7 @@ def test_missing_sites_fail_with_deadline_when_the_round_closes():
 
 
 def test_stale_duplicate_and_unselected_updates_are_refused():
-    col = RoundCollector(4, SELECTED, TEMPLATE)
+    col = RoundCollector(4, SELECTED, TEMPLATE, aggregation=FEDAVG)
     with pytest.raises(StaleRound, match="not open"):
         col.admit(5, 3)
     with pytest.raises(StaleRound, match="not selected"):
@@ -86,7 +90,7 @@ def test_stale_duplicate_and_unselected_updates_are_refused():
 
 
 def test_the_split_half_sum_takes_every_other_selected_site():
-    col = RoundCollector(1, SELECTED, TEMPLATE, split_half=True)
+    col = RoundCollector(1, SELECTED, TEMPLATE, split_half=True, aggregation=FEDAVG)
     for s in SELECTED:
         deliver(col, s)
     col.close()
@@ -96,7 +100,7 @@ def test_the_split_half_sum_takes_every_other_selected_site():
 
 def test_streamed_updates_project_on_the_direction_like_whole_ones():
     direction = update(1)
-    col = RoundCollector(1, SELECTED, TEMPLATE, direction=direction)
+    col = RoundCollector(1, SELECTED, TEMPLATE, direction=direction, aggregation=FEDAVG)
     ref = StreamingFedAvg(TEMPLATE, direction=direction)
     for s in SELECTED:
         deliver(col, s)
@@ -152,7 +156,7 @@ def test_a_20000_site_gate_does_constant_work_per_update_and_wake():
 
 
 def test_a_site_that_failed_while_its_update_streamed_counts_as_delivered():
-    col = RoundCollector(1, SELECTED, TEMPLATE)
+    col = RoundCollector(1, SELECTED, TEMPLATE, aggregation=FEDAVG)
     col.admit(5, 1)
     col.fail(5, "start_deadline_exceeded")  # the start RPC gave up; the upload went on
     col.commit(5, stream(5), weight=5.0)
@@ -165,7 +169,7 @@ def test_a_site_that_failed_while_its_update_streamed_counts_as_delivered():
 
 
 def test_a_second_stream_of_a_delivered_site_is_refused_and_released():
-    col = RoundCollector(1, SELECTED, TEMPLATE)
+    col = RoundCollector(1, SELECTED, TEMPLATE, aggregation=FEDAVG)
     col.admit(5, 1)
     col.fail(5, "start_deadline_exceeded")
     col.admit(5, 1)  # resent whole while the first stream was still running
@@ -191,7 +195,7 @@ def test_the_first_fold_waits_for_the_accumulator_prefault(monkeypatch):
                 acc.fill(0)
 
     monkeypatch.setattr(StreamingFedAvg, "prefault", slow)
-    col = RoundCollector(1, SELECTED, TEMPLATE)
+    col = RoundCollector(1, SELECTED, TEMPLATE, aggregation=FEDAVG)
     for s in SELECTED:
         deliver(col, s)
     col._prefault.join()  # whatever it wrote is in the sums now
@@ -208,3 +212,21 @@ def test_a_prefault_after_an_update_is_folded_changes_nothing():
     before = {k: v.copy() for k, v in agg.mean_delta().items()}
     agg.prefault()
     assert all(np.array_equal(agg.mean_delta()[k], before[k]) for k in TEMPLATE)
+
+
+@pytest.mark.parametrize("arrival", list(itertools.permutations(SELECTED)))
+def test_the_default_robust_rule_folds_in_selection_order_as_the_library_rule(arrival):
+    """By default the collector folds with the robust rule (no in-place fold: an update is
+    judged by its whole norm), whatever the arrival order, as the library folds the same
+    updates one after the other: same decisions, same sums."""
+    col = RoundCollector(1, SELECTED, TEMPLATE)
+    for s in arrival:
+        deliver(col, s)
+    col.close()
+    assert isinstance(col.agg, RobustFedAvg) and col.direct_sink(5, 5.0) is None
+    ref = RobustFedAvg(TEMPLATE)
+    for s in SELECTED:
+        ref.add(update(s), float(s))
+    assert (col.agg.clipped, col.agg.norms) == (ref.clipped, ref.norms)
+    got, want = col.agg.apply(TEMPLATE), ref.apply(TEMPLATE)
+    assert all(np.array_equal(got[k], want[k]) for k in TEMPLATE)
