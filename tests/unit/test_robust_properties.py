@@ -27,6 +27,7 @@ from hypothesis.extra import numpy as hnp
 from powertrip.codecs import get_codec
 from powertrip.fedavg import StreamingFedAvg, UpdateRejected
 from powertrip.outcome import round_outcome
+from powertrip.robust import CLIP as CLIP_ESTIMATE
 from powertrip.robust import AdaptiveBound, RobustFedAvg
 from powertrip.services.common.tensor_stream import TensorSpec
 from powertrip.services.common.update_codec import PART, StreamError, decode_update
@@ -89,7 +90,9 @@ def test_no_drawn_update_can_end_the_round_or_move_the_model_past_the_clip(hosti
     assert change(new) <= agg.clip_norm * (1 + 1e-5)
     # the next round's bound moved by at most one geometric step per estimate
     after = agg.bound_after()
-    assert math.exp(-0.2 * 0.2) - 1e-12 <= after.clip_norm / bound.clip_norm <= math.exp(0.2 * 0.8)
+    clip = CLIP_ESTIMATE
+    lowest, highest = math.exp(-clip.lr * (1 - clip.gamma)), math.exp(clip.lr * clip.gamma)
+    assert lowest - 1e-12 <= after.clip_norm / bound.clip_norm <= highest + 1e-12
 
 
 @PROPERTY
