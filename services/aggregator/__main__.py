@@ -21,7 +21,6 @@ from powertrip.services.aggregator.servicer import AggregatorServicer
 from powertrip.services.aggregator.worker_tracker import WorkerTracker
 from powertrip.services.common.command_line import parse_service_args
 from powertrip.services.common.config import ConfigError, env_name, load_config
-from powertrip.services.common.env_names import warn_unknown_names
 from powertrip.services.common.fault_points import armed_faults
 from powertrip.services.common.grpc_client import make_channel, retry_idempotent
 from powertrip.services.common.grpc_server import build_server, exit_process, serve
@@ -29,6 +28,7 @@ from powertrip.services.common.identity import PROFILER
 from powertrip.services.common.logging import configure
 from powertrip.services.common.memory import pin_mmap_threshold
 from powertrip.services.common.metrics import start_metrics_server
+from powertrip.services.env_names import warn_unknown_names
 from powertrip.v1 import profiler_pb2, profiler_pb2_grpc
 
 logger = logging.getLogger("powertrip.services.aggregator")

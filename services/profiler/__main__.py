@@ -8,10 +8,10 @@ import threading
 
 from powertrip.services.common.command_line import parse_service_args
 from powertrip.services.common.config import ConfigError, load_config
-from powertrip.services.common.env_names import warn_unknown_names
 from powertrip.services.common.grpc_server import build_server, exit_process, serve
 from powertrip.services.common.logging import configure
 from powertrip.services.common.metrics import start_metrics_server
+from powertrip.services.env_names import warn_unknown_names
 from powertrip.services.netem.latency import log_latency_path
 from powertrip.services.profiler.catalogue import SiteCatalogue
 from powertrip.services.profiler.config import ProfilerConfig

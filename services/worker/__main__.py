@@ -14,7 +14,6 @@ import grpc
 
 from powertrip.services.common.command_line import parse_service_args
 from powertrip.services.common.config import ConfigError, load_config
-from powertrip.services.common.env_names import warn_unknown_names
 from powertrip.services.common.fault_points import armed_faults
 from powertrip.services.common.grpc_client import make_channel, retry_idempotent
 from powertrip.services.common.grpc_server import build_server, exit_process, serve
@@ -22,6 +21,7 @@ from powertrip.services.common.identity import AGGREGATOR
 from powertrip.services.common.logging import configure
 from powertrip.services.common.metrics import start_metrics_server
 from powertrip.services.common.tensor_stream import DEFAULT_CHUNK_BYTES
+from powertrip.services.env_names import warn_unknown_names
 from powertrip.services.worker.config import WorkerConfig
 from powertrip.services.worker.run_mode import UnsupportedMode, host_for_reply, partition_host
 from powertrip.services.worker.runner import RoundRunner

@@ -1,5 +1,5 @@
 """The POWERTRIP_* names some service reads are derived from the declared settings; any other
-is reported with the closest known name (services/common/env_names.py)."""
+is reported with the closest known name (services/env_names.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import logging
 
 from powertrip.learning.datasets.record import CACHE_DIR_VARIABLE
 from powertrip.services.aggregator.config import AggregatorConfig
-from powertrip.services.common.env_names import known_names, unknown_names, warn_unknown_names
 from powertrip.services.common.fault_points import VARIABLE as FAULT_INJECT
+from powertrip.services.env_names import known_names, unknown_names, warn_unknown_names
 from powertrip.services.profiler.config import ProfilerConfig
 from powertrip.services.worker.config import WorkerConfig
 

@@ -62,7 +62,7 @@ def split_indices(n: int, test_fraction: float, seed: int) -> tuple[np.ndarray, 
     return np.sort(perm[n_test:]), np.sort(perm[:n_test])
 
 
-#: the one environment variable the library reads (services know it: common/env_names.py)
+#: the one environment variable the library reads (services know it: services/env_names.py)
 CACHE_DIR_VARIABLE = "POWERTRIP_CACHE_DIR"
 
 

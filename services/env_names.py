@@ -4,7 +4,9 @@ A service ignores the names of the other services' settings (one environment fil
 all), so without this a misspelt name, e.g. ``POWERTRIP_AGREGATION=median``, would be ignored
 too and leave the default on with no word. The names are derived from the declared settings
 (every service's config model) and the few variables read directly (each named by the module
-that reads it), so a new setting is known the moment it is declared.
+that reads it), so a new setting is known the moment it is declared. It sits at the root of
+the services package, beside none of them, because it is the one place that reads all three
+services' declarations (``services/common`` belongs to no service and imports none).
 """
 
 from __future__ import annotations
