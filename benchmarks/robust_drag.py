@@ -19,7 +19,7 @@ import argparse
 
 import numpy as np
 
-from powertrip.robust import AdaptiveBound
+from powertrip.robust_fedavg import AdaptiveBound
 
 
 def replay(rounds: int, n: int, hostile: int, honest: float, seed: int) -> list[AdaptiveBound]:

@@ -26,7 +26,8 @@ from powertrip.learning.site_optim import SiteState
 from powertrip.learning.trainer import SiteTrainer
 from powertrip.outcome import evaluate_half_model, round_outcome
 from powertrip.outer_step import NesterovOuter, OuterSettings
-from powertrip.robust import AdaptiveBound, Aggregation
+from powertrip.robust import Aggregation
+from powertrip.robust_fedavg import AdaptiveBound
 from powertrip.rounds import (
     RoundOutcome,
     RoundRecord,

@@ -16,7 +16,8 @@ from dataclasses import replace
 
 from powertrip.fedavg import NumpyParams
 from powertrip.outer_step import NesterovOuter
-from powertrip.robust import Aggregator, RobustFedAvg
+from powertrip.robust import Aggregator
+from powertrip.robust_fedavg import RobustFedAvg
 from powertrip.rounds import RoundOutcome
 
 #: (accuracy, loss) of a model on the held-out set

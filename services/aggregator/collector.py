@@ -31,7 +31,8 @@ from numpy.typing import NDArray
 from powertrip.fedavg import StreamingFedAvg
 from powertrip.fold_in_place import InPlaceFold
 from powertrip.fold_inputs import weight_problem
-from powertrip.robust import AdaptiveBound, Aggregation
+from powertrip.robust import Aggregation
+from powertrip.robust_fedavg import AdaptiveBound
 from powertrip.services.aggregator import metrics
 from powertrip.services.aggregator.shards import ShardedUpdate, ShardIntake
 from powertrip.services.common.errors import Duplicate, StaleRound

@@ -20,7 +20,8 @@ from numpy.typing import NDArray
 from powertrip.fedavg import NumpyParams, delta_sketch, sketch_stride
 from powertrip.outcome import Evaluate, round_outcome
 from powertrip.outer_step import NesterovOuter
-from powertrip.robust import AdaptiveBound, Aggregation
+from powertrip.robust import Aggregation
+from powertrip.robust_fedavg import AdaptiveBound
 from powertrip.rounds import RoundOutcome
 from powertrip.services.aggregator import metrics
 from powertrip.services.aggregator.collector import RoundCollector, RoundGate

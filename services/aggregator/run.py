@@ -25,7 +25,8 @@ from powertrip.journal import JournaledExecutor
 from powertrip.learning.device import to_numpy, to_torch
 from powertrip.learning.federation import build_federation, load_workload
 from powertrip.learning.tokenizer_settings import with_tokenizer_hash
-from powertrip.robust import AdaptiveBound, Aggregation
+from powertrip.robust import Aggregation
+from powertrip.robust_fedavg import AdaptiveBound
 from powertrip.rounds import RoundLoop, RoundRecord, TimeModel
 from powertrip.selection.base import SelectionPolicy
 from powertrip.selection.registry import build_policy

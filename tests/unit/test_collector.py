@@ -9,7 +9,8 @@ import pytest
 
 from powertrip.fedavg import StreamingFedAvg
 from powertrip.journal import JournalEntry
-from powertrip.robust import Aggregation, RobustFedAvg
+from powertrip.robust import Aggregation
+from powertrip.robust_fedavg import RobustFedAvg
 from powertrip.rounds import RoundOutcome
 from powertrip.services.aggregator.collector import RoundCollector, RoundGate
 from powertrip.services.common.errors import Duplicate, StaleRound

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from powertrip.fold_in_place import FoldCancelled
+from powertrip.robust import Aggregation
 from powertrip.services.aggregator.collector import RoundCollector
 from powertrip.services.common.errors import StaleRound
 from powertrip.services.common.tensor_receiver import TensorStreamReceiver
@@ -20,6 +21,8 @@ TEMPLATE = {
     "s": np.zeros((), np.float32),
 }
 MODEL = specs_of(TEMPLATE)
+#: the in-place fold is FedAvg's (the default robust rule spools: the last test)
+FEDAVG = Aggregation("fedavg")
 SELECTED = [4, 1, 7]
 
 
@@ -53,7 +56,7 @@ class Stream:
 
 def spooled_sums(sites, bf16: bool = False) -> dict[str, bytes]:
     """The reference: every update spooled whole, then folded in selection order."""
-    col = RoundCollector(1, SELECTED, TEMPLATE, split_half=True)
+    col = RoundCollector(1, SELECTED, TEMPLATE, split_half=True, aggregation=FEDAVG)
     for s in sites:
         col.admit(s, 1)
         rx = TensorStreamReceiver(MODEL)
@@ -78,7 +81,7 @@ def sums(col: RoundCollector) -> dict[str, bytes]:
 @pytest.mark.parametrize("chunk", [100, 4, 1001])  # 1001: elements split across chunks
 @pytest.mark.parametrize("bf16", [False, True])
 def test_in_turn_updates_fold_as_they_arrive_and_equal_the_spooled_fold(chunk, bf16):
-    col = RoundCollector(1, SELECTED, TEMPLATE, split_half=True)
+    col = RoundCollector(1, SELECTED, TEMPLATE, split_half=True, aggregation=FEDAVG)
     streams = [Stream(col, s, chunk, bf16) for s in SELECTED]
     for st in streams:
         st.finish()
@@ -89,7 +92,7 @@ def test_in_turn_updates_fold_as_they_arrive_and_equal_the_spooled_fold(chunk, b
 
 
 def test_an_update_ahead_of_its_turn_spools_then_folds_directly_once_its_turn_comes():
-    col = RoundCollector(1, SELECTED, TEMPLATE, split_half=True)
+    col = RoundCollector(1, SELECTED, TEMPLATE, split_half=True, aggregation=FEDAVG)
     first, second, third = (Stream(col, s) for s in SELECTED)
     second.send(3)  # ahead of its turn: spooled
     third.finish()  # complete, waits in its spool
@@ -105,7 +108,7 @@ def test_an_update_ahead_of_its_turn_spools_then_folds_directly_once_its_turn_co
 
 @pytest.mark.parametrize("failure", ["truncated", "checksum", "non_finite"])
 def test_a_stream_that_fails_mid_fold_leaves_nothing_and_the_round_goes_on(failure):
-    col = RoundCollector(1, SELECTED, TEMPLATE, split_half=True)
+    col = RoundCollector(1, SELECTED, TEMPLATE, split_half=True, aggregation=FEDAVG)
     first = Stream(col, SELECTED[0])
     first.finish()
     bad = Stream(col, SELECTED[1])
@@ -128,7 +131,7 @@ def test_a_stream_that_fails_mid_fold_leaves_nothing_and_the_round_goes_on(failu
 
 
 def test_a_failed_site_resends_whole_and_folds_in_turn():
-    col = RoundCollector(1, SELECTED, TEMPLATE, split_half=True)
+    col = RoundCollector(1, SELECTED, TEMPLATE, split_half=True, aggregation=FEDAVG)
     Stream(col, SELECTED[0]).finish()
     Stream(col, SELECTED[1]).send(4)
     col.fail(SELECTED[1], "aborted")
@@ -140,7 +143,7 @@ def test_a_failed_site_resends_whole_and_folds_in_turn():
 
 
 def test_a_round_closed_during_a_fold_undoes_it_and_refuses_the_rest_of_the_stream():
-    col = RoundCollector(1, SELECTED, TEMPLATE, split_half=True)
+    col = RoundCollector(1, SELECTED, TEMPLATE, split_half=True, aggregation=FEDAVG)
     Stream(col, SELECTED[0]).finish()
     late = Stream(col, SELECTED[1])
     late.send(4)
@@ -154,10 +157,11 @@ def test_a_round_closed_during_a_fold_undoes_it_and_refuses_the_rest_of_the_stre
     assert sums(col) == spooled_sums([SELECTED[0]])
 
 
-def test_a_robust_rule_keeps_spooling_whole_updates():
-    from powertrip.robust import Aggregation
-
-    col = RoundCollector(1, SELECTED, TEMPLATE, aggregation=Aggregation("median"))
+@pytest.mark.parametrize("rule", ["median", "robust"])
+def test_a_rule_that_judges_whole_updates_keeps_spooling_them(rule):
+    """Order statistics hold every update; the default robust rule needs an update's whole norm
+    before its clip factor is known: neither folds in place."""
+    col = RoundCollector(1, SELECTED, TEMPLATE, aggregation=Aggregation(rule))
     st = Stream(col, SELECTED[0])
     st.finish()
     assert st.rx.sink is None

@@ -519,7 +519,7 @@ def test_honest_rounds_give_flowers_fedavg_up_to_float32_rounding(rule):
 def test_the_robust_bound_is_carried_from_round_to_round():
     """Each round is judged by what the earlier ones left: honest norms below the clip shrink
     it by exp(-0.2 * (1 - 0.8)) per round (quantile matching, ``powertrip.robust``)."""
-    from powertrip.robust import AdaptiveBound
+    from powertrip.robust_fedavg import AdaptiveBound
 
     _, grid = sites_and_grid()
     s = every_node("powertrip")

@@ -12,7 +12,8 @@ import pytest
 
 from powertrip.fedavg import StreamingFedAvg
 from powertrip.outcome import round_outcome
-from powertrip.robust import CHUNK, Aggregation, RobustAggregator, RobustFedAvg, make_aggregator
+from powertrip.robust import CHUNK, Aggregation, RobustAggregator, make_aggregator
+from powertrip.robust_fedavg import RobustFedAvg
 from powertrip.services.aggregator.collector import RoundCollector
 from powertrip.services.common.tensor_receiver import TensorStreamReceiver
 from powertrip.services.common.tensor_stream import encode, specs_of

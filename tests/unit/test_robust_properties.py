@@ -27,8 +27,8 @@ from hypothesis.extra import numpy as hnp
 from powertrip.codecs import get_codec
 from powertrip.fedavg import StreamingFedAvg, UpdateRejected
 from powertrip.outcome import round_outcome
-from powertrip.robust import CLIP as CLIP_ESTIMATE
-from powertrip.robust import AdaptiveBound, RobustFedAvg
+from powertrip.robust_fedavg import CLIP as CLIP_ESTIMATE
+from powertrip.robust_fedavg import AdaptiveBound, RobustFedAvg
 from powertrip.services.common.tensor_stream import TensorSpec
 from powertrip.services.common.update_codec import PART, StreamError, decode_update
 

@@ -52,7 +52,8 @@ from powertrip.integrations.flower.profiles import NodeProfiles
 from powertrip.integrations.flower.recipe import add_recipe
 from powertrip.integrations.flower.site_info import NodeIndex
 from powertrip.learning.local_optim import LocalOptimizer
-from powertrip.robust import DEFAULT_RULE, AdaptiveBound, Aggregation, Aggregator, RobustFedAvg
+from powertrip.robust import DEFAULT_RULE, Aggregation, Aggregator
+from powertrip.robust_fedavg import AdaptiveBound, RobustFedAvg
 from powertrip.rounds import RoundRecord, RunResult
 from powertrip.sites import SiteProfile
 from powertrip.timing import RoundTimeModel, round_time_s
