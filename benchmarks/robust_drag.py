@@ -6,9 +6,9 @@ left, each moved by one bounded geometric step per round. This replays the estim
 and ``h`` hostile updates per round whose norm is always above both estimates (their best
 strategy to raise them: every hostile norm counts as "above" in both quantile steps). For each
 ``h`` it prints the clip and zeroing bounds after 10, 25 and 50 rounds (relative to the model's
-norm), the growth over the clean run, and the most a hostile update could move the global model
-in one round: its share of the weights times the clip (relative units), against the mean honest
-contribution. Deterministic (seed 0); seconds on a laptop.
+norm), the growth over the clean run, and the most the hostile updates together could move the
+global model in one round (equal weights: ``h / n`` times the clip, relative units), against what
+one honest site moves it by (its median norm over ``n``). Deterministic (seed 0); seconds.
 
     .venv/bin/python benchmarks/robust_drag.py
 """
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"| {h}/{args.sites} | {clips} | x{end.clip_norm / clean[-1].clip_norm:.2f} | "
             f"{end.zeroing_norm:.3g} | x{end.zeroing_norm / clean[-1].zeroing_norm:.3g} | "
-            f"{pull:.4f} | {args.honest:.4f} |"
+            f"{pull:.4f} | {args.honest / args.sites:.4f} |"
         )
     return 0
 

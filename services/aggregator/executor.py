@@ -28,6 +28,7 @@ from powertrip.services.aggregator.collector import RoundCollector, RoundGate
 from powertrip.services.aggregator.registry import WorkerRegistry
 from powertrip.services.aggregator.site_reports import SiteReports, with_site_reports
 from powertrip.services.common.config import ServiceConfig
+from powertrip.services.common.fault_points import fault_point
 from powertrip.services.common.grpc_client import make_channel
 from powertrip.services.common.tensor_stream import (
     DEFAULT_CHUNK_BYTES,
@@ -214,6 +215,7 @@ class GrpcRoundExecutor:
                 self._round_stream(spec, model), timeout=self.deadline_s
             )
             metrics.BROADCAST_BYTES.labels(worker_id).inc(model.total_bytes)
+            fault_point("broadcast", collector.round)  # test hook: dies with the round in flight
         except grpc.RpcError as exc:
             logger.warning(
                 "round %d: worker %s did not start (%s: %s)",
@@ -300,6 +302,7 @@ class GrpcRoundExecutor:
             outer=self.outer,
         )
         self.params = outcome.params
+        fault_point("evaluation", round_index)  # test hook: dies before the round is recorded
         if outcome.aggregation_state is not None:
             self.restore_bound(outcome.aggregation_state)
         outcome = with_site_reports(outcome, self.reports, collector)

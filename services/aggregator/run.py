@@ -41,6 +41,7 @@ from powertrip.services.aggregator.profile_feed import ProfileFeed
 from powertrip.services.aggregator.registry import LivenessLog
 from powertrip.services.aggregator.resume import fits_run, run_digest
 from powertrip.services.aggregator.run_status import StatusRound
+from powertrip.services.common.fault_points import fault_point
 from powertrip.sites import SiteProfile, site_id
 from powertrip.state_dict import fields, number
 
@@ -133,6 +134,7 @@ class AggregatorRun(RunLifecycle):
             self._restore(ckpt.state["components"], self.policy, self.loop, self.executor)
             self._resume_status(ckpt.round, history.entries)
             logger.info("resuming after round %d from its checkpoint (no replay)", ckpt.round)
+            fault_point("resumed", ckpt.round + 1)  # test hook: dies right after the restore
         if self.target is not None:
             metrics.TARGET.set(self.target)
 

@@ -33,6 +33,15 @@ POINTS = {
     # checkpoint.save: the manifest renamed into place, the directory not yet fsynced and the
     # old rounds not yet pruned
     "checkpoint-commit": "checkpoint.save",
+    # the aggregator's executor: a worker accepted the round's model and trains it, the round
+    # is in flight (no update folded yet)
+    "broadcast": "executor.GrpcRoundExecutor.send_round",
+    # the aggregator's executor: the round's new model is built and evaluated in memory, not
+    # yet recorded, journaled or checkpointed
+    "evaluation": "executor.GrpcRoundExecutor.execute",
+    # the aggregator's run: a checkpoint of round R - 1 was just loaded and restored, no round
+    # has started (a crash loop at resume)
+    "resumed": "run.AggregatorRun",
     # the worker's uploader: the update's header and first chunk handed to gRPC (and given a
     # moment to leave), the rest of the stream not: the aggregator sees a stream cut mid-way
     "upload": "uploader.update_wire",

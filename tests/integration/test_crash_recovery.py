@@ -217,7 +217,10 @@ def journal_lines(ckpts: Path) -> int:
 def test_killed_in_a_fold_in_a_checkpoint_write_and_after_a_commit_the_run_ends_bit_identical(
     bench,
 ):
-    """Round 3 is crashed three times over, each restart resuming from what was committed."""
+    """Six kill points, with the default robust aggregation: round 3 is crashed three times over
+    (in a fold, in its checkpoint's write, after its commit), round 4 three more (in flight on
+    a worker, built but not recorded, and at the resume itself), each restart resuming from
+    what was committed; the run ends on the uninterrupted run's model, bit for bit."""
     assert len(bench.golden_status.rounds[CRASH_ROUND - 1].selected_site_ids) > 1  # a fold to cut
     ckpts = bench.out / "crashed"
 
@@ -240,11 +243,28 @@ def test_killed_in_a_fold_in_a_checkpoint_write_and_after_a_commit_the_run_ends_
     assert third.left_behind == files(1, 2, 3)
     assert journal_lines(ckpts) == 3  # the uncommitted line cut off and round 3 appended anew
 
+    # (d) resumed from round 3, killed once a worker holds round 4's model and trains it
+    fourth = start_aggregator(bench, ckpts, f"broadcast@{CRASH_ROUND + 1}")
+    assert "resuming after round 3" in fourth.log
+    # (e) again, killed with round 4's new model built and evaluated, not yet recorded
+    fifth = start_aggregator(bench, ckpts, f"evaluation@{CRASH_ROUND + 1}")
+    assert "resuming after round 3" in fifth.log
+    # (f) again, killed the moment round 3's checkpoint is restored (a crash loop at resume)
+    sixth = start_aggregator(bench, ckpts, f"resumed@{CRASH_ROUND + 1}")
+    assert "resuming after round 3" in sixth.log
+    assert all(f in sixth.left_behind for f in files(2, 3))  # none of them cost a checkpoint
+
     # resumed from round 3, to the end: the same rounds and the same model, bit for bit
     last = start_aggregator(bench, ckpts, None)
     assert "resuming after round 3" in last.log
     assert bench.final.state == aggregator_pb2.RUN_STATE_DONE, bench.final.message
     assert rounds(bench.final) == rounds(bench.golden_status)
     assert model_sha256(ckpts) == bench.golden_sha
+    # with the default (robust) aggregation on: its bound went through every restart
+    final = checkpoint.load_latest(ckpts)
+    assert final is not None and set(final.state["components"]["aggregation"]) == {
+        "clip",
+        "zeroing",
+    }
     assert last.left_behind == files(ROUNDS - 1, ROUNDS)  # no garbage from the crashes
     assert journal_lines(ckpts) == ROUNDS
