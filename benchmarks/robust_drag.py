@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# {args.sites} updates a round, honest relative norms ~{args.honest} (log-normal)")
     print(
         "| hostile | " + " | ".join(f"clip @{r}" for r in marks) + " | clip vs clean @end | "
-        "zeroing @end | zeroing vs clean | hostile pull / round | honest update (median) |"
+        "zeroing @end | zeroing vs clean | hostile pull / round | one honest site's pull |"
     )
     print("|---" * (len(marks) + 6) + "|")
     for h in range(0, args.sites // 2):
