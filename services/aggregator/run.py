@@ -134,7 +134,6 @@ class AggregatorRun(RunLifecycle):
             self._restore(ckpt.state["components"], self.policy, self.loop, self.executor)
             self._resume_status(ckpt.round, history.entries)
             logger.info("resuming after round %d from its checkpoint (no replay)", ckpt.round)
-            fault_point("resumed", ckpt.round + 1)  # test hook: dies right after the restore
         if self.target is not None:
             metrics.TARGET.set(self.target)
 
@@ -343,6 +342,8 @@ class AggregatorRun(RunLifecycle):
 
     def _train(self) -> None:
         self._begin_training()
+        if self.loop.round > 0:  # test hook: a restored run dies with its sites back, at once
+            fault_point("resumed", self.loop.round + 1)
         self._pacer.restart(self.clock.now())  # a resumed run paces on from its clock
         try:
             self.loop.run()

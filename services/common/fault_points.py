@@ -39,9 +39,9 @@ POINTS = {
     # the aggregator's executor: the round's new model is built and evaluated in memory, not
     # yet recorded, journaled or checkpointed
     "evaluation": "executor.GrpcRoundExecutor.execute",
-    # the aggregator's run: a checkpoint of round R - 1 was just loaded and restored, no round
-    # has started (a crash loop at resume)
-    "resumed": "run.AggregatorRun",
+    # the aggregator's run: restored from the checkpoint of round R - 1, SERVING, its sites
+    # registered again, no round started (a crash loop at resume)
+    "resumed": "run.AggregatorRun._train",
     # the worker's uploader: the update's header and first chunk handed to gRPC (and given a
     # moment to leave), the rest of the stream not: the aggregator sees a stream cut mid-way
     "upload": "uploader.update_wire",

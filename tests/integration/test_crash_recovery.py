@@ -189,7 +189,7 @@ def start_aggregator(b: Bench, ckpts: Path, armed: str | None) -> Start:
     assert seen.get("before", set()) <= {"UNAVAILABLE", "NOT_SERVING", "DEADLINE_EXCEEDED"}, seen
     resuming = ckpts.exists() and any(ckpts.glob("round-*.json"))
     assert not resuming or "resuming after round" in seen["log_then"], "SERVING before loading"
-    while b.cluster.status().registered_sites < SITES:
+    while not sites_back(b, armed):
         assert time.monotonic() - t0 < 30, "the workers did not come back"
         time.sleep(0.02)
     if resuming:
@@ -202,6 +202,17 @@ def start_aggregator(b: Bench, ckpts: Path, armed: str | None) -> Start:
         f.seek(log_from)
         log = f.read().decode(errors="replace")
     return Start(log, sorted(p.name for p in ckpts.iterdir()))
+
+
+def sites_back(b: Bench, armed: str | None) -> bool:
+    """Every site registered again; or, for an armed aggregator already dead by its own hand
+    (a point that fires as soon as the sites are back), True: it saw them back to get there."""
+    try:
+        return b.cluster.status().registered_sites >= SITES
+    except grpc.RpcError:
+        if armed and b.cluster.aggregator.process.poll() is not None:
+            return True
+        raise
 
 
 def files(*rounds: int) -> list[str]:
