@@ -10,10 +10,13 @@ trained on is recorded and the rest of its shards go back to the pool at the nex
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
+
+from powertrip import state_dict as sd
 
 
 class ShardCursor:
@@ -74,3 +77,39 @@ class ShardCursor:
                 self.progress[s] += n
                 need -= n
         return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
+    def give_back(self, rows: NDArray[np.int64]) -> None:
+        """Return ``rows``, taken this round but never trained (their site's update did not
+        arrive), to the pool: the next deal hands them out again. They must be the last rows
+        taken from each of their shards (a round deals each shard to one site, so a site's
+        untrained tail is); ValueError otherwise."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if rows.size == 0:
+            return
+        shard = np.searchsorted(self.start, rows, side="right") - 1
+        progress = self.progress.copy()
+        for s in np.unique(shard):
+            mine = np.sort(rows[shard == s])
+            first = int(self.start[s] + progress[s]) - mine.size
+            if mine[0] != first or not np.array_equal(mine, np.arange(first, first + mine.size)):
+                raise ValueError(f"rows given back to shard {int(s)} are not its last taken")
+            progress[s] -= mine.size
+        self.progress = progress
+
+    def state_dict(self) -> dict[str, Any]:
+        """Each shard's progress (a copy): the cursor of a resumed run."""
+        return {"total_rows": self.total_rows, "progress": self.progress.copy()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state_dict()``'s value; TypeError or ValueError naming the field
+        that does not fit this cursor (left unchanged)."""
+        where = "cursor state"
+        d = sd.fields(state, where, {"total_rows", "progress"})
+        if sd.integer(d["total_rows"], f"{where}.total_rows") != self.total_rows:
+            raise ValueError(f"{where}.total_rows is {d['total_rows']}, not {self.total_rows}")
+        progress = sd.array(d["progress"], f"{where}.progress", np.int64)
+        if progress.shape != self.progress.shape:
+            raise ValueError(f"{where}.progress has {progress.size} shards, not {self.num_shards}")
+        if (progress < 0).any() or (progress > self.end - self.start).any():
+            raise ValueError(f"{where}.progress is outside its shards' sizes")
+        self.progress = progress

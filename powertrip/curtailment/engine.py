@@ -24,10 +24,13 @@ own; ``StreamLearner`` (learner.py) trains real models.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from powertrip import state_dict as sd
 from powertrip.curtailment.availability import SiteAvailability, change_times, connected_at
 from powertrip.curtailment.carbon_greedy import CarbonSiteProfile
 from powertrip.curtailment.cursor import ShardCursor
@@ -44,6 +47,44 @@ from powertrip.curtailment.wall_clock import WallClockRounds
 from powertrip.rounds import policy_rng, round_feedback
 from powertrip.selection.base import RoundContext, SelectionPolicy
 from powertrip.traces.carbon import CarbonTrace
+
+
+@dataclass
+class ElasticState:
+    """What the engine carries from one round to the next besides the policy, the learner and
+    the cursor (each has its own state): the record so far, the policy's random stream, the
+    clock and the current model's evaluation. ``state_dict`` / ``load_state_dict`` are a
+    checkpoint's form of it (PyTorch's shape: plain values, copies)."""
+
+    run: ElasticRun
+    rng: np.random.Generator
+    t: float = 0.0
+    accuracy: float = 0.0
+    loss: float = 0.0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "run": self.run.state_dict(),
+            "rng": sd.generator_state(self.rng),
+            "t": self.t,
+            "accuracy": self.accuracy,
+            "loss": self.loss,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """TypeError or ValueError naming the field that does not fit (left unchanged)."""
+        where = "engine state"
+        d = sd.fields(state, where, {"run", "rng", "t", "accuracy", "loss"})
+        t, acc, loss = (sd.number(d[k], f"{where}.{k}") for k in ("t", "accuracy", "loss"))
+        assert t is not None and acc is not None and loss is not None
+        if not 0 <= t < math.inf:
+            raise ValueError(f"{where}.t is {t}, not a clock time")
+        rng = np.random.default_rng()
+        rng.bit_generator.state = self.rng.bit_generator.state
+        sd.load_generator_state(rng, d["rng"], f"{where}.rng")
+        run = ElasticRun(self.run.policy, self.run.sites, self.run.total_rows)
+        run.load_state_dict(d["run"])
+        self.run, self.rng, self.t, self.accuracy, self.loss = run, rng, t, acc, loss
 
 
 class ElasticEngine:
@@ -74,6 +115,16 @@ class ElasticEngine:
         self.eval_every_s = eval_every_s
 
     # -- the run -------------------------------------------------------------------------------
+    def start(
+        self, policy: SelectionPolicy, learner: Learner, cursor: ShardCursor, seed: int = 0
+    ) -> ElasticState:
+        """A run's first state: clock 0, the initial model evaluated, the policy's stream."""
+        run = ElasticRun(policy.name, self.sites, cursor.total_rows)
+        state = ElasticState(run, policy_rng(seed, policy))
+        state.accuracy, state.loss = learner.evaluate()
+        state.run.evaluations.append((0.0, state.accuracy, state.loss))
+        return state
+
     def run(
         self,
         policy: SelectionPolicy,
@@ -81,15 +132,16 @@ class ElasticEngine:
         cursor: ShardCursor,
         seed: int = 0,
         on_round: Callable[[ElasticRun], None] | None = None,
+        state: ElasticState | None = None,
     ) -> ElasticRun:
         """Play ``policy`` until the data is used up or the horizon; ``on_round`` sees the run
-        after each round (a live service reports from it)."""
-        run = ElasticRun(policy.name, self.sites, cursor.total_rows)
-        rng = policy_rng(seed, policy)
-        accuracy, loss = learner.evaluate()
-        run.evaluations.append((0.0, accuracy, loss))
-        t = 0.0
-        while not cursor.done and t < self.horizon_s:
+        after each round (a live service reports and checkpoints from it). ``state``: where to
+        go on from (``start``'s, or a checkpoint's, with the policy, learner and cursor of the
+        same moment); None: from the start."""
+        st = state if state is not None else self.start(policy, learner, cursor, seed)
+        run = st.run
+        while not cursor.done and st.t < self.horizon_s:
+            t = st.t
             pool = connected_at(self.availability, t)
             if not pool:
                 later = [a.next_ready_after(t) for a in self.availability]
@@ -97,13 +149,16 @@ class ElasticEngine:
                 if nxt is None or nxt >= self.horizon_s:
                     break
                 run.pauses.append((t, nxt))
-                t = nxt
+                st.t = nxt
                 continue
             index = len(run.rounds) + 1
-            chosen = self._select(policy, pool, t, index, rng)
+            chosen = self._select(policy, pool, t, index, st.rng)
             work, stop, end = self._play(t, chosen, cursor)
             checkpoints, times = self._checkpoints(work)
             outcome = learner.train_round(work, checkpoints)
+            for site, kept in outcome.lost:  # never trained: back to the pool
+                w = next(w for w in work if w.site == site)
+                cursor.give_back(w.rows[kept * self.batch :])
             for at, (acc, lss) in zip(times, outcome.checkpoints, strict=True):
                 run.evaluations.append((at, acc, lss))
             run.evaluations.append((end, outcome.accuracy, outcome.loss))
@@ -117,15 +172,17 @@ class ElasticEngine:
                     tuple(work),
                     outcome.accuracy,
                     outcome.loss,
+                    outcome.lost,
                 )
             )
             picked = np.asarray([pool.index(i) for i in chosen], dtype=np.int64)
-            policy.observe(round_feedback(index, picked, end - t, outcome, accuracy, loss))
-            accuracy, loss = outcome.accuracy, outcome.loss
-            t = end
+            policy.observe(round_feedback(index, picked, end - t, outcome, st.accuracy, st.loss))
+            st.accuracy, st.loss = outcome.accuracy, outcome.loss
+            st.t = end
             run.rows_done = cursor.rows_done
             if on_round is not None:
                 on_round(run)
+        t = st.t
         run.rows_done = cursor.rows_done
         run.end_s = t if cursor.done or math.isinf(self.horizon_s) else max(t, self.horizon_s)
         run.power_logs = self.power_logs(run, run.end_s)

@@ -11,19 +11,22 @@ Both then fold the same deltas in the same order, so the service reproduces the 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 from numpy.typing import NDArray
 
+from powertrip import state_dict as sd
 from powertrip.curtailment.run_model import Checkpoints, LearnOutcome, SiteWork
 from powertrip.fedavg import NumpyParams
 from powertrip.learning.device import TorchParams, to_host, to_numpy, to_torch
 from powertrip.learning.site_optim import SiteState
 from powertrip.learning.trainer import SiteTrainer, SiteUpdates
 from powertrip.outer_step import NesterovOuter
-from powertrip.robust import AdaptiveBound, Aggregation, Aggregator, RobustFedAvg
+from powertrip.robust import Aggregation, Aggregator
+from powertrip.robust_fedavg import AdaptiveBound, RobustFedAvg
 
 Evaluate = Callable[[TorchParams], tuple[float, float]]
 
@@ -74,8 +77,10 @@ class FoldingLearner:
 
     def train_sites(
         self, params: TorchParams, sites: Sequence[int], rows: Sequence[NDArray[np.int64]]
-    ) -> list[TorchParams]:
-        """Each site's delta after training its rows from ``params``, in the given order."""
+    ) -> list[TorchParams | None]:
+        """Each site's delta after training its rows from ``params``, in the given order; None
+        for a site whose update did not arrive (the workers' learner: a dead worker, a
+        deadline)."""
         raise NotImplementedError
 
     def evaluate(self) -> tuple[float, float]:
@@ -87,9 +92,38 @@ class FoldingLearner:
         """A round begins: a learner whose sites keep no optimizer state across rounds drops
         it here (a lone site's chunks within a round always carry it)."""
 
+    def state_dict(self) -> dict[str, Any]:
+        """What the learner carries between rounds besides the model and the outer momentum
+        (a checkpoint's arrays): the robust rule's bound and the current model's evaluation."""
+        return {
+            "bound": None if self.bound is None else self.bound.state_dict(),
+            "current": None if self._current is None else list(self._current),
+        }
+
+    @staticmethod
+    def read_state(
+        state: object, adaptive: bool
+    ) -> tuple[AdaptiveBound | None, tuple[float, float] | None]:
+        """``state_dict()``'s value, checked for a learner whose rule is ``adaptive`` or not:
+        (bound, current evaluation); TypeError or ValueError naming the field."""
+        d = sd.fields(state, "learner state", {"bound", "current"})
+        if (d["bound"] is None) == adaptive:
+            raise ValueError("learner state.bound: written under another aggregation rule")
+        bound = None if d["bound"] is None else AdaptiveBound.from_state_dict(d["bound"])
+        return bound, sd.pair(d["current"], "learner state.current")
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state_dict()``'s value (the model and momentum are restored by the
+        caller); TypeError or ValueError naming the field that does not fit (left unchanged)."""
+        self.bound, self._current = self.read_state(state, self.aggregation.adaptive)
+
     def train_round(
         self, work: Sequence[SiteWork], checkpoints: Checkpoints | None
     ) -> LearnOutcome:
+        """The round's model: each active site's delta, work-weighted. A site whose update did
+        not arrive counts for the steps it delivered (none, or a lone site's chunks up to the
+        lost one; the rest of its stretch is not asked for), as the curtailment paper
+        aggregates whoever reported; when nobody did, the model is unchanged."""
         self.start_round()
         active = [w for w in work if w.steps > 0]
         if not active:
@@ -99,30 +133,42 @@ class FoldingLearner:
         lone = next((w for w in active if checkpoints and w.site == checkpoints.site), None)
         batched = [w for w in active if w is not lone]
         done: list[tuple[NumpyParams, float]] = []  # (delta, batches)
+        lost: list[tuple[int, int]] = []
         if batched:
             deltas = self.train_sites(
                 self.params, [w.site for w in batched], [w.rows for w in batched]
             )
             for d, w in zip(deltas, batched, strict=True):
-                done.append((to_numpy(d), float(w.steps)))
+                if d is None:
+                    lost.append((w.site, 0))
+                else:
+                    done.append((to_numpy(d), float(w.steps)))
         evals: list[tuple[float, float]] = []
         if lone is not None:  # train on alone in chunks (plain SGD: the same trajectory)
             b = self.batch_size
             local = self.params
             cuts = [0, *checkpoints.steps, lone.steps]
+            kept, delta = 0, None
             for k0, k1 in zip(cuts[:-1], cuts[1:], strict=True):
-                (d,) = self.train_sites(local, [lone.site], [lone.rows[k0 * b : k1 * b]])
-                local = {k: local[k] + d[k] for k in local}
-                delta = to_numpy({k: local[k] - self.params[k] for k in local})
-                if k1 != lone.steps:
-                    model = self._aggregate(template, [*done, (delta, float(k1))], commit=False)
+                if kept == k0:  # every chunk so far arrived: ask for the next
+                    (d,) = self.train_sites(local, [lone.site], [lone.rows[k0 * b : k1 * b]])
+                    if d is not None:
+                        local = {k: local[k] + d[k] for k in local}
+                        delta = to_numpy({k: local[k] - self.params[k] for k in local})
+                        kept = k1
+                if k1 != lone.steps:  # the model the server would have now
+                    partial = [] if delta is None else [(delta, float(kept))]
+                    model = self._aggregate(template, [*done, *partial], commit=False)
                     evals.append(self._eval(model))
-            done.append((delta, float(lone.steps)))
+            if delta is not None:
+                done.append((delta, float(kept)))
+            if kept != lone.steps:
+                lost.append((lone.site, kept))
         agg = self._fold(template, done)
         dispersion = agg.dispersion() if agg.count else None
         self.params = self._aggregate(template, done, commit=True)
         self._current = self._eval(self.params)
-        return LearnOutcome(*self._current, dispersion, tuple(evals))
+        return LearnOutcome(*self._current, dispersion, tuple(evals), lost=tuple(lost))
 
     def _fold(
         self, template: NumpyParams, updates: Sequence[tuple[NumpyParams, float]]
@@ -189,7 +235,7 @@ class StreamLearner(FoldingLearner):
 
     def train_sites(
         self, params: TorchParams, sites: Sequence[int], rows: Sequence[NDArray[np.int64]]
-    ) -> list[TorchParams]:
+    ) -> list[TorchParams | None]:
         store = self.site_states
         states = None if store is None else [store.get(s) for s in sites]
         upd = train_stream_rows(self.trainer, self.x, self.y, self.order, params, rows, states)

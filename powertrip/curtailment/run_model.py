@@ -5,13 +5,14 @@ scheduling in ``engine.py`` can be tested without training anything."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
 
+from powertrip import state_dict as sd
 from powertrip.curtailment.emissions import IDLE_KW, TRAIN_KW, SitePowerLog
 
 
@@ -58,6 +59,10 @@ class LearnOutcome:
     half_loss: float | None = None
     half_sites: float | None = None
     half_accuracy: float | None = None
+    #: (site, steps kept) of each site whose update did not arrive whole (a dead worker, a
+    #: deadline): its delta counts for the steps kept, its other rows were never trained.
+    #: The in-process learner loses none.
+    lost: tuple[tuple[int, int], ...] = ()
 
 
 class Learner(Protocol):
@@ -83,6 +88,8 @@ class ElasticRound:
     work: tuple[SiteWork, ...]
     accuracy: float
     loss: float
+    #: ``LearnOutcome.lost``: the sites whose update did not arrive whole, steps kept
+    lost: tuple[tuple[int, int], ...] = ()
 
     @property
     def participants(self) -> tuple[int, ...]:
@@ -90,7 +97,14 @@ class ElasticRound:
 
     @property
     def contributors(self) -> tuple[int, ...]:
-        return tuple(w.site for w in self.work if w.steps > 0)
+        """The sites whose update is in the round's model."""
+        kept = dict(self.lost)
+        return tuple(w.site for w in self.work if kept.get(w.site, w.steps) > 0)
+
+    @property
+    def failed(self) -> bool:
+        """Sites trained, and not one update arrived: the model is unchanged."""
+        return any(w.steps > 0 for w in self.work) and not self.contributors
 
     @property
     def batches(self) -> int:
@@ -117,6 +131,77 @@ class ElasticRun:
 
     def time_to(self, target: float) -> float | None:
         return next((t for t, acc, _ in self.evaluations if acc >= target), None)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The record so far (a copy; ``power_logs`` and ``end_s`` are the end's): what a
+        resumed run reports its rounds, evaluations and energy from. A round's rows are left
+        out (trained, never read again: a restored ``SiteWork`` has none)."""
+        return {
+            "rounds": [
+                [
+                    r.index,
+                    r.start_s,
+                    r.train_start_s,
+                    r.stop_s,
+                    r.end_s,
+                    r.accuracy,
+                    r.loss,
+                    [[w.site, w.steps, w.train_start_s, w.finish_s, w.left] for w in r.work],
+                    [list(x) for x in r.lost],
+                ]
+                for r in self.rounds
+            ],
+            "evaluations": [list(e) for e in self.evaluations],
+            "pauses": [list(p) for p in self.pauses],
+            "rows_done": self.rows_done,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state_dict()``'s value; TypeError or ValueError naming the field
+        that does not fit (this run is left unchanged)."""
+        where = "engine state.run"
+        d = sd.fields(state, where, {"rounds", "evaluations", "pauses", "rows_done"})
+        rounds = [self._round(r, f"{where}.rounds[{i}]") for i, r in enumerate(_list(d["rounds"]))]
+        if [r.index for r in rounds] != list(range(1, len(rounds) + 1)):
+            raise ValueError(f"{where}.rounds are not numbered 1..{len(rounds)}")
+        evals = [
+            _triple(e, f"{where}.evaluations[{i}]") for i, e in enumerate(_list(d["evaluations"]))
+        ]
+        pauses = [_pair(p, f"{where}.pauses[{i}]") for i, p in enumerate(_list(d["pauses"]))]
+        rows_done = sd.integer(d["rows_done"], f"{where}.rows_done")
+        assert rows_done is not None
+        if not 0 <= rows_done <= self.total_rows:
+            raise ValueError(f"{where}.rows_done is {rows_done}, not in 0..{self.total_rows}")
+        self.rounds, self.evaluations = rounds, evals
+        self.pauses = pauses
+        self.rows_done = rows_done
+
+    def _round(self, value: object, where: str) -> ElasticRound:
+        v = _list(value, where)
+        if len(v) != 9:
+            raise ValueError(f"{where} has {len(v)} fields, not 9")
+        index = sd.integer(v[0], f"{where}[0]")
+        times = [sd.number(x, f"{where}[{i}]") for i, x in enumerate(v[1:7], start=1)]
+        work = []
+        for j, w in enumerate(_list(v[7], f"{where}.work")):
+            w = _list(w, f"{where}.work[{j}]")
+            if len(w) != 5 or not isinstance(w[4], bool):
+                raise ValueError(f"{where}.work[{j}] is not [site, steps, start, finish, left]")
+            site = sd.integer(w[0], f"{where}.work[{j}].site")
+            steps = sd.integer(w[1], f"{where}.work[{j}].steps")
+            assert site is not None and steps is not None
+            if not 0 <= site < len(self.sites) or steps < 0:
+                raise ValueError(f"{where}.work[{j}]: site {site} or steps {steps} out of range")
+            start = sd.number(w[2], f"{where}.work[{j}].start")
+            finish = sd.number(w[3], f"{where}.work[{j}].finish")
+            assert start is not None and finish is not None
+            work.append(SiteWork(site, steps, np.zeros(0, dtype=np.int64), start, finish, w[4]))
+        lost = tuple(tuple(sd.integers(x, f"{where}.lost[{j}]")) for j, x in enumerate(_list(v[8])))
+        if any(len(x) != 2 for x in lost):
+            raise ValueError(f"{where}.lost holds an entry that is not [site, steps kept]")
+        assert index is not None
+        a, b, c, e, acc, loss = (float(x) for x in times)  # type: ignore[arg-type]
+        return ElasticRound(index, a, b, c, e, tuple(work), acc, loss, lost)  # type: ignore[arg-type]
 
     @property
     def best_accuracy(self) -> float:
@@ -148,3 +233,22 @@ class ElasticRun:
             else:
                 merged.append((a, b, mode))
         return merged
+
+
+def _list(value: object, where: str = "value") -> list:
+    if not isinstance(value, list):
+        raise TypeError(f"{where} is {sd.kind(value)}, not a list")
+    return value
+
+
+def _pair(value: object, where: str) -> tuple[float, float]:
+    got = sd.pair(_list(value, where), where)
+    assert got is not None
+    return got
+
+
+def _triple(value: object, where: str) -> tuple[float, float, float]:
+    got = sd.numbers(value, where)
+    if len(got) != 3:
+        raise ValueError(f"{where} is not (time, accuracy, loss)")
+    return got[0], got[1], got[2]

@@ -71,7 +71,7 @@ class StreamRows(_message.Message):
     def __init__(self, positions: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class RoundSpec(_message.Message):
-    __slots__ = ("round", "run_seed", "site_ids", "deadline_seconds", "pace_by_power", "power_fraction", "stream_rows")
+    __slots__ = ("round", "run_seed", "site_ids", "deadline_seconds", "pace_by_power", "power_fraction", "stream_rows", "stream_round")
     class PowerFractionEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -93,6 +93,7 @@ class RoundSpec(_message.Message):
     PACE_BY_POWER_FIELD_NUMBER: _ClassVar[int]
     POWER_FRACTION_FIELD_NUMBER: _ClassVar[int]
     STREAM_ROWS_FIELD_NUMBER: _ClassVar[int]
+    STREAM_ROUND_FIELD_NUMBER: _ClassVar[int]
     round: int
     run_seed: int
     site_ids: _containers.RepeatedScalarFieldContainer[str]
@@ -100,4 +101,5 @@ class RoundSpec(_message.Message):
     pace_by_power: bool
     power_fraction: _containers.ScalarMap[str, float]
     stream_rows: _containers.MessageMap[str, StreamRows]
-    def __init__(self, round: _Optional[int] = ..., run_seed: _Optional[int] = ..., site_ids: _Optional[_Iterable[str]] = ..., deadline_seconds: _Optional[float] = ..., pace_by_power: _Optional[bool] = ..., power_fraction: _Optional[_Mapping[str, float]] = ..., stream_rows: _Optional[_Mapping[str, StreamRows]] = ...) -> None: ...
+    stream_round: int
+    def __init__(self, round: _Optional[int] = ..., run_seed: _Optional[int] = ..., site_ids: _Optional[_Iterable[str]] = ..., deadline_seconds: _Optional[float] = ..., pace_by_power: _Optional[bool] = ..., power_fraction: _Optional[_Mapping[str, float]] = ..., stream_rows: _Optional[_Mapping[str, StreamRows]] = ..., stream_round: _Optional[int] = ...) -> None: ...

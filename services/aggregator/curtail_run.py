@@ -5,112 +5,64 @@ by the workers (``GrpcLearner``).
 
 The scheduling, the data cursor, the round arithmetic and the energy accounting are the
 emulator's own code, so a service run makes the decisions and reports the energy and emissions
-of ``powertrip curtail``'s curtailment run for the same settings. Not resumable: a restarted
-aggregator starts the run again (no checkpoints in this mode).
+of ``powertrip curtail``'s curtailment run for the same settings. Checkpointed after every
+round as PowerTrip mode is (format 4, the run's digest, components' ``state_dict``): a restarted
+aggregator resumes from the newest intact checkpoint and ends bit-identical (R37). A site whose
+update does not arrive is left out of its sub-round (``grpc_learner``); a round in which none
+arrives fails (the model unchanged, its rows back to the pool), and ``max_failed_rounds`` of them
+in a row fail the run.
 """
 
 from __future__ import annotations
 
+import json
 import logging
-import math
-from collections.abc import Sequence
+from collections.abc import Mapping
 from dataclasses import replace
-
-import numpy as np
-from numpy.typing import NDArray
+from pathlib import Path
+from typing import Any
 
 from powertrip.curtailment.cursor import ShardCursor
 from powertrip.curtailment.emissions import EnergyReport, account
-from powertrip.curtailment.engine import ElasticEngine, ElasticRun
-from powertrip.curtailment.learner import Evaluate, FoldingLearner
+from powertrip.curtailment.engine import ElasticEngine, ElasticState
+from powertrip.curtailment.run_model import ElasticRound, ElasticRun, ElasticSite
 from powertrip.curtailment.sites import build_sites
 from powertrip.learning.device import TorchParams, to_numpy, to_torch
 from powertrip.learning.federation import StreamSetup
 from powertrip.learning.tokenizer_settings import with_tokenizer_hash
-from powertrip.outer_step import NesterovOuter
-from powertrip.robust import Aggregation
-from powertrip.rounds import RoundRecord
-from powertrip.services.aggregator import metrics
+from powertrip.rounds import RoundRecord, policy_rng
+from powertrip.selection.base import SelectionPolicy
+from powertrip.services.aggregator import checkpoint, journal_file, metrics
+from powertrip.services.aggregator.checkpoint_writer import CheckpointWriter
 from powertrip.services.aggregator.config import AggregatorConfig
-from powertrip.services.aggregator.delta_inbox import DeltaInbox
 from powertrip.services.aggregator.executor import GrpcRoundExecutor
+from powertrip.services.aggregator.grpc_learner import GrpcLearner
 from powertrip.services.aggregator.lifecycle import Registration, RunLifecycle
 from powertrip.services.aggregator.profile_feed import ProfileFeed
+from powertrip.services.aggregator.resume import fits_run, run_digest
 from powertrip.services.aggregator.run_status import StatusRound
 from powertrip.sites import site_id
+from powertrip.state_dict import fields
 from powertrip.study.curtailment import build_engine, build_policy
 from powertrip.traces.carbon import CarbonTrace
-from powertrip.v1 import common_pb2
 
 logger = logging.getLogger(__name__)
 
 MODE_VALUE = {"pause": 0, "solo": 1, "federated": 2}
 
 
-class GrpcLearner(FoldingLearner):
-    """``FoldingLearner`` over the workers: each ``train_sites`` call is one sub-round in which
-    the named sites train their stream rows from the given model on their workers."""
-
-    def __init__(
-        self,
-        transport: GrpcRoundExecutor,
-        params: TorchParams,
-        evaluate: Evaluate,
-        batch_size: int,
-        run_seed: int,
-        deadline_s: float,
-        outer: NesterovOuter | None = None,
-        aggregation: Aggregation | None = None,
-    ) -> None:
-        super().__init__(params, evaluate, batch_size, outer, aggregation)
-        self.transport = transport
-        self.run_seed = run_seed
-        self.deadline_s = deadline_s
-        self.sub_rounds = 0
-
-    def train_sites(
-        self, params: TorchParams, sites: Sequence[int], rows: Sequence[NDArray[np.int64]]
-    ) -> list[TorchParams]:
-        self.sub_rounds += 1
-        n = self.sub_rounds
-        arrays = to_numpy(params)
-        given = {s: math.ceil(len(r) / self.batch_size) for s, r in zip(sites, rows, strict=True)}
-        inbox = DeltaInbox(n, sites, given)  # a site's weight is at most the steps it was given
-        tx = self.transport
-        tx.params, tx.collector = arrays, inbox  # the servicer checks updates against these
-        by_site = dict(zip(sites, rows, strict=True))
-        groups, orphans = tx.registry.group(list(sites))
-        for s in orphans:
-            inbox.fail(s, "unhosted")
-        for worker_id, hosted in groups.items():
-            spec = common_pb2.RoundSpec(
-                round=n,
-                run_seed=self.run_seed,
-                site_ids=[site_id(s) for s in hosted],
-                deadline_seconds=self.deadline_s,
-                stream_rows={
-                    site_id(s): common_pb2.StreamRows(positions=by_site[s].tolist()) for s in hosted
-                },
-            )
-            tx.send_round(inbox, worker_id, hosted, spec, arrays)
-        inbox.wait(self.deadline_s)
-        inbox.close()
-        tx.release_broadcast()  # the sub-round's encoded model (one copy) is no longer needed
-        if inbox.failed:
-            why = ", ".join(f"{site_id(s)}: {r}" for s, r in sorted(inbox.failed.items()))
-            raise RuntimeError(f"sub-round {n}: no update from {why}")
-        for s, r in by_site.items():
-            steps = math.ceil(len(r) / self.batch_size)
-            if inbox.weights[s] != steps:
-                raise RuntimeError(
-                    f"{site_id(s)} reported {inbox.weights[s]:g} steps for {len(r)} rows, "
-                    f"expected {steps}"
-                )
-        return [to_torch(inbox.deltas[s]) for s in sites]
+class TooManyFailedRounds(RuntimeError):
+    """``max_failed_rounds`` rounds in a row in which no site's update arrived."""
 
 
 class CurtailmentRun(RunLifecycle):
-    """Curtailment mode: the elastic engine's run, each sub-round trained on the workers."""
+    """Curtailment mode: the elastic engine's run, each sub-round trained on the workers.
+
+    Checkpointed after every round like PowerTrip mode (``checkpoint``, ``CheckpointWriter``,
+    the run's digest): the model and outer momentum as arrays, and the components a resume
+    needs (``checkpoint_components``). A restart resumes from the newest one that verifies and
+    plays on bit-identically; the status's rounds come back from the checkpointed record.
+    """
 
     mode = "curtailment"
     thread_name = "curtailment-run"
@@ -129,9 +81,36 @@ class CurtailmentRun(RunLifecycle):
         self.setup = StreamSetup.load(self.config, cfg.device)  # evaluates there
         # the workers get the hash of this BPE with the config, and refuse to train with another
         self.config = with_tokenizer_hash(self.config, self.setup.data.tokenizer_sha256)
+        self.rounds = self.setup.wall_clock_rounds()
         x_test, y_test = self.setup.eval_set
         trainer = self.setup.trainer
         params = to_numpy(self.setup.params, copy=True)
+        self.run_id = run_digest(
+            {
+                "mode": self.mode,
+                "curtailment": json.loads(self.config.model_dump_json()),
+                "policy": cfg.curtail_policy,
+            }
+        )
+        outer = self.setup.outer()
+        keeps_momentum = outer is not None and outer.momentum > 0
+        fits = fits_run(params, self.run_id, self._check_components, keeps_momentum)
+        self._checkpoints = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
+        self._writer: CheckpointWriter | None = None
+        self._resume: checkpoint.Checkpoint | None = None
+        if self._checkpoints is not None:
+            # a run whose rounds have not stepped the outer optimizer yet (none trained) has
+            # no momentum to check; NoUsableCheckpoint (all bad) stops the service
+            self._resume = checkpoint.load_latest(
+                self._checkpoints,
+                lambda c: fits(c if c.momentum is not None else replace(c, round=0)),
+                cfg.start_fresh,
+            )
+            self._writer = CheckpointWriter(journal_file.JournalFile(self._checkpoints))
+            if self._resume is not None:
+                params = self._resume.params
+                if outer is not None:
+                    outer.restore(self._resume.momentum)
 
         def evaluate(p: TorchParams) -> tuple[float, float]:
             return trainer.evaluate(p, x_test, y_test)
@@ -147,16 +126,21 @@ class CurtailmentRun(RunLifecycle):
         )
         self.learner = GrpcLearner(
             self.executor,
-            self.setup.params,
+            to_torch(params),
             evaluate,
             self.config.batch_size,
             self.run_seed,
             cfg.round_deadline_s,
-            self.setup.outer(),
+            outer,
             self.setup.aggregation(),
         )
         self.feed = ProfileFeed(cfg, num_sites)
         self._reported: dict[str, tuple[float, float]] = {}  # site -> (kWh, g) already counted
+        self._failed_in_a_row = 0
+        if self._resume is not None:
+            logger.info(
+                "resuming after round %d from its checkpoint (no replay)", self._resume.round
+            )
 
     @property
     def policy_name(self) -> str:
@@ -166,6 +150,85 @@ class CurtailmentRun(RunLifecycle):
         return Registration(
             self.run_seed, self.mode, curtail_config_json=self.config.model_dump_json()
         )
+
+    # -- the checkpoint's state ------------------------------------------------------------
+    def checkpoint_components(
+        self, policy: SelectionPolicy, cursor: ShardCursor, state: ElasticState
+    ) -> dict[str, Any]:
+        """THE one place this mode's checkpoint state is assembled (``_restore`` is its
+        inverse): every component's ``state_dict()`` by name, copies taken now (the checkpoint
+        is written while the next round trains). The model and the outer momentum are the
+        checkpoint's arrays."""
+        return {
+            "policy": policy.state_dict(),  # what a learning policy learnt (curtailment: {})
+            "cursor": cursor.state_dict(),  # each shard's progress
+            # the record so far, the policy's random stream, the clock, the current evaluation
+            "engine": state.state_dict(),
+            # the robust rule's bound, the evaluation, the sub-round and round counters
+            "learner": self.learner.state_dict(),
+        }
+
+    def _restore(
+        self,
+        components: Mapping[str, Any],
+        policy: SelectionPolicy,
+        cursor: ShardCursor,
+        state: ElasticState,
+        learner: GrpcLearner | None,
+    ) -> None:
+        """Put ``checkpoint_components``' value into the objects (``learner`` None: only
+        check it); TypeError or ValueError naming the field that does not fit."""
+        c = fields(components, "state.components", {"policy", "cursor", "engine", "learner"})
+        adaptive = self.setup.aggregation().adaptive
+        learnt = GrpcLearner.read_counted_state(c["learner"], adaptive)
+        policy.load_state_dict(c["policy"])
+        cursor.load_state_dict(c["cursor"])
+        state.load_state_dict(c["engine"])
+        if state.run.rows_done != cursor.rows_done:
+            raise ValueError(
+                f"state.components: the record says {state.run.rows_done} rows done, the "
+                f"cursor {cursor.rows_done}"
+            )
+        if len(state.run.rounds) != learnt[3]:
+            raise ValueError(
+                f"state.components: {len(state.run.rounds)} rounds recorded, the learner "
+                f"trained {learnt[3]}"
+            )
+        if learner is not None:
+            learner.load_state_dict(c["learner"])
+
+    def _fresh(
+        self, sites: tuple[ElasticSite, ...]
+    ) -> tuple[SelectionPolicy, ShardCursor, ElasticState]:
+        """The policy, the cursor and the engine's state of this run before its first round
+        (the initial model not yet evaluated)."""
+        policy = build_policy(self.policy_name, self.config, self.rounds)
+        cursor = ShardCursor(len(self.setup.data.y_train), self.config.num_shards)
+        run = ElasticRun(policy.name, sites, cursor.total_rows)
+        return policy, cursor, ElasticState(run, policy_rng(self.config.seed, policy))
+
+    def _check_components(self, components: Mapping[str, Any]) -> None:
+        """``_restore`` into throwaway objects of this run's configuration."""
+        sites = tuple(ElasticSite(site_id(i), "") for i in range(self.num_sites))
+        self._restore(components, *self._fresh(sites), None)
+
+    def _resume_status(self, run: ElasticRun, round_index: int, state: ElasticState) -> None:
+        """The status of a run resumed after ``round_index``: its rounds from the record."""
+        rows = [
+            StatusRound(self._record(r), r.start_s, tuple(w.steps for w in r.work))
+            for r in run.rounds
+        ]
+        self._restore_status(rows, round_index, state.accuracy, state.t)
+        if self.target is not None:
+            reached = run.time_to(self.target)
+            if reached is not None:
+                with self._lock:
+                    self.status.time_to_accuracy_s = reached
+                metrics.TIME_TO_ACCURACY.set(reached)
+        metrics.ROUND_CURRENT.set(round_index)
+        metrics.ACCURACY.set(state.accuracy)
+        metrics.LOSS.set(state.loss)
+        metrics.CLOCK.set(state.t)
 
     # -- pieces ----------------------------------------------------------------------------
     def _report(
@@ -196,27 +259,54 @@ class CurtailmentRun(RunLifecycle):
             )
         sites = tuple(replace(s, name=site_id(i)) for i, s in enumerate(sites))
         self._begin_training()
-        rounds = self.setup.wall_clock_rounds()
         engine = build_engine(
-            self.config, sites, tuple(availability), rounds, trace, self.config.hours * 3600
+            self.config, sites, tuple(availability), self.rounds, trace, self.config.hours * 3600
         )
-        policy = build_policy(self.policy_name, self.config, rounds)
-        cursor = ShardCursor(len(self.setup.data.y_train), self.config.num_shards)
+        policy, cursor, state = self._fresh(sites)
+        ckpt = self._resume
+        if ckpt is not None:  # checked by the loader's ``fits``: this cannot fail half-way
+            self._restore(ckpt.state["components"], policy, cursor, state, self.learner)
+            self._resume_status(state.run, ckpt.round, state)
+            self._report(engine, state.run, trace, state.t)
+        else:
+            state = engine.start(policy, self.learner, cursor, self.config.seed)
+        self._pacer.restart(state.t)  # a resumed run paces on from its clock
         logger.info(
             "curtailment run: %d sites (%s), %s, policy %s, step %.2f s",
             len(sites),
             ", ".join(regions),
             trace.label,
             policy.name,
-            rounds.step_s,
+            self.rounds.step_s,
         )
 
         def on_round(run: ElasticRun) -> None:
             if self._stop.is_set():
                 raise RuntimeError("stopped")
             self._on_round(engine, run, trace)
+            if self._writer is not None:  # written while the next round trains
+                self._writer.submit(
+                    len(run.rounds),
+                    to_numpy(self.learner.params),  # replaced by a round, never written into
+                    {
+                        "run": self.run_id,
+                        "clock_s": state.t,
+                        "accuracy": state.accuracy,
+                        "policy": self.policy_name,
+                        "components": self.checkpoint_components(policy, cursor, state),
+                    },
+                    None if self.learner.outer is None else self.learner.outer.state,
+                )
+            self._pace(run.rounds[-1].end_s)
 
-        run = engine.run(policy, self.learner, cursor, self.config.seed, on_round)
+        try:
+            run = engine.run(policy, self.learner, cursor, self.config.seed, on_round, state)
+        except TooManyFailedRounds as exc:
+            self._fail(str(exc))
+            return
+        finally:  # the last checkpoint is durable before the run ends, however it ends
+            if self._writer is not None:
+                self._writer.wait()
         report = account(run.power_logs, trace, self.config.threshold)
         self._report(engine, run, trace, run.end_s)
         metrics.MODE.set(MODE_VALUE["pause"])
@@ -230,12 +320,9 @@ class CurtailmentRun(RunLifecycle):
             energy=report,
         )
 
-    def _on_round(self, engine: ElasticEngine, run: ElasticRun, trace: CarbonTrace) -> None:
-        r = run.rounds[-1]
-        active = len(r.contributors)
-        mode = "federated" if active >= 2 else "solo" if active == 1 else "pause"
-        report = self._report(engine, run, trace, r.end_s)
-        rec = RoundRecord(
+    @staticmethod
+    def _record(r: ElasticRound) -> RoundRecord:
+        return RoundRecord(
             round=r.index,
             time_s=r.end_s,
             duration_s=r.end_s - r.start_s,
@@ -243,10 +330,18 @@ class CurtailmentRun(RunLifecycle):
             accuracy=r.accuracy,
             loss=r.loss,
             selected=r.participants,
-            contributions=active,
+            contributions=len(r.contributors),
+            outcome="failed" if r.failed else "completed",
         )
+
+    def _on_round(self, engine: ElasticEngine, run: ElasticRun, trace: CarbonTrace) -> None:
+        r = run.rounds[-1]
+        active = len(r.contributors)
+        mode = "federated" if active >= 2 else "solo" if active == 1 else "pause"
+        report = self._report(engine, run, trace, r.end_s)
+        rec = self._record(r)
         steps = tuple(w.steps for w in r.work)
-        metrics.ROUNDS.labels("completed").inc()
+        metrics.ROUNDS.labels(rec.outcome).inc()
         metrics.ROUND_DURATION.labels(self.policy_name).observe(rec.duration_s)
         metrics.ROUND_CURRENT.set(r.index)
         metrics.SITES_SELECTED.set(len(r.work))
@@ -261,7 +356,7 @@ class CurtailmentRun(RunLifecycle):
         row = StatusRound(rec, start_s=r.start_s, steps=steps)
         self._record_round(row, reached_at, mode=mode, active_sites=active, energy=report)
         logger.info(
-            "round %d: %s, sites %s, steps %s, accuracy %.4f, clock %.0f s, %.2f kWh, %.3f kg",
+            "round %d: %s, sites %s, steps %s, accuracy %.4f, clock %.0f s, %.2f kWh, %.3f kg%s",
             r.index,
             mode,
             [site_id(s) for s in r.participants],
@@ -270,5 +365,12 @@ class CurtailmentRun(RunLifecycle):
             r.end_s,
             report.energy_kwh,
             report.emissions_kg,
+            " (failed: no update arrived)" if r.failed else "",
         )
-        self._pace(r.end_s)
+        self._failed_in_a_row = self._failed_in_a_row + 1 if r.failed else 0
+        if r.failed:
+            metrics.ROUND_FAILURES.labels("no_update").inc()
+        if self._failed_in_a_row >= self.cfg.max_failed_rounds:
+            raise TooManyFailedRounds(
+                f"{self._failed_in_a_row} rounds in a row without any update (no_update)"
+            )

@@ -8,6 +8,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from powertrip.services.aggregator.collector import RoundGate
+from powertrip.services.common.fault_points import fault_point
 from powertrip.services.common.tensor_receiver import TensorStreamReceiver
 
 
@@ -41,3 +42,4 @@ class DeltaInbox(RoundGate):
 
     def _keep(self, site: int, item: dict[str, NDArray[np.float32]], weight: float) -> None:
         self.deltas[site], self.weights[site] = item, weight
+        fault_point("aggregation", self.round)  # test hook: dies once a sub-round's update is in
