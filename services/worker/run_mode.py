@@ -62,7 +62,8 @@ def host_for_reply(
         from powertrip.services.worker.stream_host import StreamHost
 
         curtail = CurtailmentConfig.model_validate_json(reply.curtail_config_json)
-        return StreamHost(curtail, cfg.site_indices, device)
+        run = SavedRun(reply.curtail_config_json, reply.run_seed)  # the states' identity
+        return StreamHost(curtail, cfg.site_indices, device, state.store(run) if state else None)
     run = SavedRun(reply.run_config_json, reply.run_seed)
     if state is not None:
         state.save_run(run)

@@ -17,7 +17,10 @@ from powertrip.services.common.grpc_server import build_server
 from powertrip.services.common.tensor_stream import encode, wrap_tensor_stream
 from powertrip.services.worker.runner import RoundRunner
 from powertrip.services.worker.servicer import WorkerServicer
+from powertrip.services.worker.site_host import RoundJob
+from powertrip.services.worker.state_dir import SavedRun, WorkerStateDir
 from powertrip.services.worker.stream_host import StreamHost
+from powertrip.sites import site_id
 from powertrip.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 
 HOSTED = [0, 1]
@@ -118,10 +121,67 @@ def test_a_stream_site_resumes_its_kept_adamw_moments_as_the_emulators_learner_d
     params = {k: v.numpy() for k, v in host.setup.params.items()}
     torch_params = {k: torch.from_numpy(v) for k, v in params.items()}
     subrounds = [{0: np.arange(0, 64), 1: np.arange(64, 96)}, {0: np.arange(96, 160)}]
-    for rows in subrounds:
-        got = host.train_rows(params, rows)
+    for sub_round, rows in enumerate(subrounds, start=1):
+        got = host.train_rows(params, rows, sub_round)
         want = reference.train_sites(torch_params, list(rows), list(rows.values()))
         for update, delta in zip(got, want, strict=True):
             for k, v in delta.items():
                 np.testing.assert_allclose(update.delta[k], v.numpy(), rtol=1e-5, atol=1e-7)
     assert host.site_states is not None and host.site_states[0].step == 4  # 2 + 2 steps
+
+
+def spec_and_job(host: StreamHost, params, sub_round: int, stream_round: int, rows) -> RoundJob:
+    """A sub-round as the aggregator sends it (``RoundSpec.stream_round`` names its elastic
+    round), read by the host as the servicer does."""
+    spec = common_pb2.RoundSpec(
+        round=sub_round,
+        stream_round=stream_round,
+        site_ids=[site_id(s) for s in rows],
+        deadline_seconds=30,
+        stream_rows={
+            site_id(s): common_pb2.StreamRows(positions=r.tolist()) for s, r in rows.items()
+        },
+    )
+    got = host.round_inputs(spec)
+    return RoundJob(sub_round, list(rows), params, 30.0, stream_rows=got)
+
+
+@pytest.mark.reliability("R37")
+def test_a_reset_recipe_resets_per_round_not_per_sub_round_and_a_restart_resumes_from_disk(
+    tmp_path,
+):
+    """keep_state=False with a warm-up: the StreamLearner carries a site's moments across a
+    lone site's chunks (sub-rounds of one round) and its step count (the warm-up's position)
+    across rounds. A worker does the same from the round each spec names, and a worker
+    restarted between the rounds resumes its sites' states from its state directory."""
+    recipe = {"name": "adamw", "lr": 1e-3, "warmup_steps": 6, "keep_state": False}
+    cfg = build_curtail_config("curtailment-quick", num_samples=1000, local_optimizer=recipe)
+    store = WorkerStateDir(tmp_path).store(SavedRun(cfg.model_dump_json(), cfg.seed))
+    reference = StreamSetup.load(cfg).learner()
+    # (elastic round, {site: rows}) per sub-round: round 1 is site 1's batch, then site 0 alone
+    # in two chunks; round 2 trains both
+    plan = [
+        (1, {1: np.arange(0, 64)}),
+        (1, {0: np.arange(64, 128)}),
+        (1, {0: np.arange(128, 192)}),
+        (2, {0: np.arange(192, 256), 1: np.arange(256, 288)}),
+    ]
+    host = StreamHost(cfg, HOSTED, store=store)
+    params = {k: v.numpy() for k, v in host.setup.params.items()}
+    torch_params = {k: torch.from_numpy(v) for k, v in params.items()}
+    started = 0
+    for sub_round, (stream_round, rows) in enumerate(plan, start=1):
+        if stream_round != started:
+            reference.start_round()
+            started = stream_round
+        if stream_round == 2 and host.site_states:  # the worker restarted between the rounds
+            host = StreamHost(cfg, HOSTED, store=store)
+        got = host.run_round(spec_and_job(host, params, sub_round, stream_round, rows))
+        want = reference.train_sites(torch_params, list(rows), list(rows.values()))
+        for update, delta in zip(got, want, strict=True):
+            for k, v in delta.items():
+                np.testing.assert_allclose(update.delta[k], v.numpy(), rtol=1e-5, atol=1e-7)
+    assert host.site_states is not None
+    assert {s: st.step for s, st in host.site_states.items()} == {0: 6, 1: 3}
+    assert reference.site_states is not None
+    assert {s: st.step for s, st in reference.site_states.items()} == {0: 6, 1: 3}
