@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from powertrip.fedavg import StreamingFedAvg
+from powertrip.robust import Aggregation
 from powertrip.services.aggregator.collector import RoundCollector
 from powertrip.services.common.bf16 import all_finite_bf16, bf16_bits, widen_into
 from powertrip.services.common.tensor_receiver import TensorStreamReceiver
@@ -75,7 +76,7 @@ def test_a_bf16_stream_replays_as_the_float32_widening_of_its_bits(chunk):
 
 def test_the_fold_of_bf16_updates_equals_folding_their_float32_widening():
     selected = [4, 1, 7]
-    col = RoundCollector(1, selected, TEMPLATE)
+    col = RoundCollector(1, selected, TEMPLATE, aggregation=Aggregation("fedavg"))
     ref = StreamingFedAvg(TEMPLATE)
     for s in selected:
         col.admit(s, 1)

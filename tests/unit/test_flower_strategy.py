@@ -14,6 +14,8 @@ from collections.abc import Iterable
 import numpy as np
 import pytest
 
+from powertrip.robust_fedavg import CLIP
+
 flwr = pytest.importorskip("flwr", reason="the Flower extra is not installed (powertrip[flower])")
 
 from flwr.app import (  # noqa: E402
@@ -448,9 +450,9 @@ def test_one_node_answering_1e30_cannot_move_the_default_strategys_model(kind):
     s = every_node(kind)
     assert s.aggregation.rule == "robust"
     replies, (arrays, metrics) = one_round(s, grid)
-    clip = s.fold.clip_norm  # type: ignore[union-attr]  # 1.0 x |w| in the first round
+    clip = s.fold.clip_norm  # type: ignore[union-attr]  # CLIP.estimate x |w| in round 1
     assert clip == pytest.approx(
-        float(np.sqrt(sum(np.sum(a**2) for a in model().to_numpy_ndarrays())))
+        CLIP.estimate * float(np.sqrt(sum(np.sum(a**2) for a in model().to_numpy_ndarrays())))
     )
     assert all(np.isfinite(a).all() for a in arrays.to_numpy_ndarrays())
     assert move_norm(arrays, model()) <= clip
@@ -471,7 +473,7 @@ def test_one_node_answering_1e30_cannot_move_the_default_strategys_model(kind):
 
 
 def test_a_large_update_below_the_zeroing_norm_is_clipped_to_the_clip_norm():
-    """A hostile step 100x an honest one (|d| ~ 1.9 |w|) is clipped to |w|: it keeps its weight
+    """A hostile step 100x an honest one (|d| ~ 1.9 |w|) is clipped: it keeps its weight
     and pulls the model, but the model moves at most the clip norm."""
     _, grid = sites_and_grid(grid=HostileGrid)
     grid.poison, grid.scale = None, 100.0
@@ -518,7 +520,7 @@ def test_honest_rounds_give_flowers_fedavg_up_to_float32_rounding(rule):
 
 def test_the_robust_bound_is_carried_from_round_to_round():
     """Each round is judged by what the earlier ones left: honest norms below the clip shrink
-    it by exp(-0.2 * (1 - 0.8)) per round (quantile matching, ``powertrip.robust``)."""
+    it by exp(-lr * (1 - gamma)) per round (quantile matching, ``powertrip.robust_fedavg``)."""
     from powertrip.robust_fedavg import AdaptiveBound
 
     _, grid = sites_and_grid()
@@ -529,7 +531,8 @@ def test_the_robust_bound_is_carried_from_round_to_round():
         fold_bound = None
         _, (arrays, _) = one_round(s, grid, arrays, rnd)
         fold_bound = s.fold.bound  # type: ignore[union-attr]
-        assert fold_bound.clip_norm == pytest.approx(np.exp(-0.2 * 0.2) ** (rnd - 1))
+        shrink = np.exp(-CLIP.lr * (1 - CLIP.gamma))
+        assert fold_bound.clip_norm == pytest.approx(CLIP.estimate * shrink ** (rnd - 1))
         assert s.aggregation_bound == s.fold.bound_after()  # type: ignore[union-attr]
         s.record_accuracy(rnd, 0.1 * rnd)
 

@@ -68,6 +68,11 @@ def _float_arrays(record: ArrayRecord) -> NumpyParams:
     return {k: a for k, a in arrays if np.issubdtype(a.dtype, np.floating)}
 
 
+def _named_array(record: ArrayRecord, key: str) -> NDArray:
+    """One tensor of a model record as a host numpy array (Flower's records hold them there)."""
+    return dict(zip(record.keys(), record.to_numpy_ndarrays(), strict=True))[key]
+
+
 @dataclass
 class RoundAggregation:
     """What one ``aggregate_train`` did with the replies: ``accepted`` folded into the model,
@@ -343,7 +348,7 @@ class TimedFedAvg(FedAvg):
     def _aggregate_buffer(self, key: str, accepted: list[RecordDict]) -> NDArray:
         """A non-floating tensor: the weighted mean (fedavg) or the median of the accepted
         replies, rounded to its dtype (Flower's FedAvg would leave a float64 mean)."""
-        values = [next(iter(c.array_records.values()))[key].numpy() for c in accepted]
+        values = [_named_array(next(iter(c.array_records.values())), key) for c in accepted]
         stacked = np.stack(values)
         if self.aggregation.rule == "fedavg":
             key_w = self.weighted_by_key
