@@ -72,7 +72,15 @@ class QuantileEstimate:
         if not norms:
             return self
         below = sum(1 for n in norms if n <= self.estimate) / len(norms)
-        return replace(self, estimate=self.estimate * math.exp(-self.lr * (below - self.gamma)))
+        moved = self.estimate * math.exp(-self.lr * (below - self.gamma))
+        return replace(self, estimate=min(max(moved, ESTIMATE_RANGE[0]), ESTIMATE_RANGE[1]))
+
+
+#: where an estimate is held (units of the model's norm): a persistent hostile minority drags
+#: the zeroing estimate up by a bounded factor a round, forever, and without a ceiling it would
+#: reach float64's infinity after some thousand rounds (an unreadable checkpoint); no update
+#: 1e12 times the model's length is honest, and none below 1e-12 of it moves the model
+ESTIMATE_RANGE = (1e-12, 1e12)
 
 
 #: The clip: quantile matching to the median (gamma 0.5, lr 0.2), as in Andrew, Thakkar et al.

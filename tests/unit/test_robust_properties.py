@@ -182,3 +182,13 @@ def test_one_round_of_outcome_carries_the_next_bound_and_the_decisions():
     assert AdaptiveBound.from_state_dict(out.aggregation_state.state_dict()) == (
         out.aggregation_state
     )
+
+
+def test_a_persistent_attack_cannot_push_the_bound_out_of_float_range():
+    """Ten thousand rounds whose norms are all above both estimates (the most any round can
+    push) leave finite estimates a checkpoint can hold."""
+    bound = AdaptiveBound()
+    for _ in range(10_000):
+        bound = bound.after([math.inf, 1e300])
+    assert math.isfinite(bound.zeroing_norm) and math.isfinite(bound.clip_norm)
+    assert AdaptiveBound.from_state_dict(bound.state_dict()) == bound
