@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from powertrip.fedavg import StreamingFedAvg
+from powertrip.robust import Aggregation
 from powertrip.services.aggregator.collector import RoundCollector
 from powertrip.services.worker.sites_host import SiteUpdate
 from powertrip.services.worker.uploader import update_messages
@@ -142,7 +142,7 @@ def test_bad_updates_are_rejected_and_the_round_continues_with_the_others(stub, 
     collector.close()
     assert collector.accepted == [0, 2]
     assert collector.failed == {1: "non_finite"}
-    expected = StreamingFedAvg(template)
+    expected = Aggregation().make(template)  # the default rule, as the collector folds
     expected.add(delta(run, 0.01), 10.0)
     expected.add(delta(run, 0.03), 10.0)
     got_model = collector.agg.apply(template)
