@@ -190,6 +190,7 @@ def model_error(
 def serve(mode: str, args: argparse.Namespace) -> None:
     """Aggregator child: print {"port"}, wait for the uploads, commit, print the result."""
     from powertrip.fedavg import delta_sketch, sketch_stride
+    from powertrip.robust import Aggregation
     from powertrip.services.aggregator.collector import RoundCollector
     from powertrip.services.aggregator.config import AggregatorConfig
     from powertrip.services.aggregator.registry import WorkerRegistry
@@ -236,7 +237,15 @@ def serve(mode: str, args: argparse.Namespace) -> None:
     rss_post = status_kib("VmRSS")
     selected = list(range(uploads))
     collector = (
-        RoundCollector(round=1, selected=selected, template=params, direction=direction)
+        # FedAvg's streaming fold, measured here (in place as updates arrive, and checked
+        # against the closed-form mean); the robust default spools each update instead
+        RoundCollector(
+            round=1,
+            selected=selected,
+            template=params,
+            direction=direction,
+            aggregation=Aggregation("fedavg"),
+        )
         if mode == "streaming"
         else NaiveCollector(selected)
     )
