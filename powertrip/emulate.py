@@ -23,6 +23,7 @@ from powertrip.learning.batch_orders import site_seeds
 from powertrip.learning.device import TorchParams, to_numpy, to_torch
 from powertrip.learning.local_optim import LocalOptimizer
 from powertrip.learning.site_optim import SiteState
+from powertrip.learning.site_params import running_statistics
 from powertrip.learning.trainer import SiteTrainer
 from powertrip.outcome import evaluate_half_model, round_outcome
 from powertrip.outer_step import NesterovOuter, OuterSettings
@@ -115,7 +116,9 @@ class Emulator:
         self.time = time_model
         self.seed = seed
         self.cache = cache if cache is not None else TrajectoryCache()
-        self.aggregation = aggregation or Aggregation()  # robust unless the run asks otherwise
+        # robust unless the run asks otherwise; the model's running statistics never clipped
+        statistics = running_statistics(federation.trainer.model)
+        self.aggregation = replace(aggregation or Aggregation(), statistics=statistics)
         # sites that send poisoned updates (a robustness study; none by default)
         self.hostile = hostile or HostileSettings()
         self.hostile_sites = self.hostile.hostile_sites(len(federation.partitions))

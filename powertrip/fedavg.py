@@ -87,6 +87,8 @@ class StreamingFedAvg(UpdateFold):
             for name, (shape, dtype) in self._spec.items()
         }
         self._sum_sq_weights = 0.0
+        #: tensors a ``scale`` never shrinks (``powertrip.robust_fedavg``: running statistics)
+        self.unscaled: frozenset[str] = frozenset()
         self._weighted_sq_norm = 0.0
         self._weighted_proj = 0.0
         self._weighted_sq_proj = 0.0
@@ -123,7 +125,8 @@ class StreamingFedAvg(UpdateFold):
         measure, sq = sq is None, sq or 0.0
         proj = 0.0
         for name, start, values in pieces:
-            piece_sq, piece_proj = self.fold_piece(name, start, values, weight * scale, measure)
+            factor = weight if name in self.unscaled else weight * scale
+            piece_sq, piece_proj = self.fold_piece(name, start, values, factor, measure)
             sq, proj = sq + piece_sq, proj + piece_proj
             covered[name] += values.size
         short = [n for n, c in covered.items() if c != self._sum[n].size]
@@ -222,7 +225,7 @@ class StreamingFedAvg(UpdateFold):
         folded = w if scales is None else w * s  # the multipliers of the rows' values
         for name, r in rows.items():  # per tensor: a product over the whole matrix adds the
             acc = self._sum[name].reshape(-1)  # same terms in another order (other bits)
-            acc += folded.astype(r.dtype) @ r
+            acc += (w if name in self.unscaled else folded).astype(r.dtype) @ r
             if u is not None and flat is None:
                 sampled = r[:, :: self.stride]
                 proj += sampled @ u[name][: sampled.shape[1]]

@@ -239,6 +239,8 @@ class Aggregation:
     trim_beta: float | None = None
     #: ``robust``: judge norms per unit of weight (``RobustFedAvg.per_weight``)
     per_weight: bool = False
+    #: ``robust``: the model's running statistics, averaged unclipped (``running_statistics``)
+    statistics: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         check_settings(self.rule, self.clip_norm, self.trim_beta)
@@ -268,6 +270,7 @@ class Aggregation:
             direction=direction,
             bound=bound,
             per_weight=self.per_weight,
+            statistics=self.statistics,
         )
 
 
@@ -280,13 +283,16 @@ def make_aggregator(
     direction: NumpyParams | None = None,
     bound: AdaptiveBound | None = None,
     per_weight: bool = False,
+    statistics: frozenset[str] = frozenset(),
 ) -> Aggregator:
     """The one factory of a round's aggregator: ``robust`` a ``RobustFedAvg`` from ``bound``
     (a run's first round: ``AdaptiveBound()``), ``fedavg`` the plain streaming
     ``StreamingFedAvg``; ``trimmed-mean`` and ``median`` a ``RobustAggregator``."""
     check_settings(rule, clip_norm, trim_beta)
     if rule == "robust":
-        return RobustFedAvg(template, bound, direction=direction, per_weight=per_weight)
+        return RobustFedAvg(
+            template, bound, direction=direction, per_weight=per_weight, statistics=statistics
+        )
     if rule == "fedavg":
         return StreamingFedAvg(template, direction=direction)
     return RobustAggregator(

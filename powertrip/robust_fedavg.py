@@ -144,6 +144,13 @@ def model_norm(params: NumpyParams) -> float:
     return norm if norm > 0 and math.isfinite(norm) else 1.0
 
 
+def _float32_norm(sq: float) -> float:
+    """sqrt(sq) rounded to float32: the precision every decision is made in (inf past its
+    range or for a non-finite ``sq``)."""
+    with np.errstate(over="ignore"):
+        return float(np.float32(math.sqrt(sq))) if math.isfinite(sq) else math.inf
+
+
 def exact_sq_norm(a: NDArray) -> float:
     """``a``'s squared norm summed in float64 by blocks: a float32 value's square is exact in
     float64, so slicing an update differently changes the sum only in its last float64 bits,
@@ -174,28 +181,35 @@ class RobustFedAvg(StreamingFedAvg):
         direction: NumpyParams | None = None,
         reference_norm: float | None = None,
         per_weight: bool = False,
+        statistics: frozenset[str] = frozenset(),
     ) -> None:
         super().__init__(template, direction=direction)
         self.bound = bound or AdaptiveBound()
+        #: running statistics (BatchNorm's means and variances): averaged as sent, never
+        #: clipped, but an update whose statistics are extreme against the model's is dropped
+        self.unscaled = frozenset(statistics) & self._spec.keys()
+        trained = {n: a for n, a in template.items() if n not in self.unscaled}
+        stats = {n: a for n, a in template.items() if n in self.unscaled}
+        self.statistics_norm = model_norm(stats) if stats else 1.0
         #: norms per unit of weight, where the weight is the work that made the update (the
         #: curtailment mode's local steps, assigned by the aggregator): a site that trained k
         #: steps may send an update k times one step's length
         self.per_weight = per_weight
-        self.reference_norm = model_norm(template) if reference_norm is None else reference_norm
+        self.reference_norm = model_norm(trained) if reference_norm is None else reference_norm
         self.clip_norm = self.bound.clip_norm * self.reference_norm
         self.zeroing_norm = self.bound.zeroing_norm * self.reference_norm
         self.norms: list[float] = []  # every judged update's relative norm, in fold order
         self.dropped = 0
         self.clipped = 0
 
-    def judge(self, sq: float, weight: float = 1.0) -> float | None:
-        """The scale for an update of squared norm ``sq`` (float64) and ``weight``, or None to
-        drop it."""
-        with np.errstate(over="ignore"):  # a norm past float32's range is inf: dropped
-            norm = float(np.float32(math.sqrt(sq))) if math.isfinite(sq) else math.inf
+    def judge(self, sq: float, weight: float = 1.0, sq_statistics: float = 0.0) -> float | None:
+        """The scale for an update whose trained tensors' squared norm is ``sq`` (float64),
+        of ``weight`` and running statistics' squared norm ``sq_statistics``; None to drop it."""
+        norm = _float32_norm(sq)
         unit = weight if self.per_weight else 1.0
         self.norms.append(norm / (self.reference_norm * unit))
-        if not norm <= self.zeroing_norm * unit:
+        statistics = _float32_norm(sq_statistics) / self.statistics_norm
+        if not (norm <= self.zeroing_norm * unit and statistics <= self.bound.zeroing_norm):
             self.dropped += 1
             return None
         if norm > self.clip_norm * unit:
@@ -203,9 +217,20 @@ class RobustFedAvg(StreamingFedAvg):
             return self.clip_norm * unit / norm
         return 1.0
 
+    def _split_sq(self, pieces: Iterable[tuple[str, NDArray]]) -> tuple[float, float]:
+        """(squared norm of the trained tensors, of the running statistics) of an update."""
+        trained = statistics = 0.0
+        for name, values in pieces:
+            if name in self.unscaled:
+                statistics += exact_sq_norm(values)
+            else:
+                trained += exact_sq_norm(values)
+        return trained, statistics
+
     def add(self, delta: NumpyParams, weight: float) -> None:
         norms = validate_update(self._spec, delta, weight)
-        scale = self.judge(sum(exact_sq_norm(delta[name]) for name in self._spec), weight)
+        sq, sq_statistics = self._split_sq((name, delta[name]) for name in self._spec)
+        scale = self.judge(sq, weight, sq_statistics)
         if scale is not None:
             self._fold(((name, 0, delta[name]) for name in self._spec), weight, sum(norms), scale)
 
@@ -215,7 +240,8 @@ class RobustFedAvg(StreamingFedAvg):
         check_weight(weight)
         if iter(pieces) is pieces:  # copies: a stream's pieces may share one buffer
             pieces = [(name, start, np.array(values)) for name, start, values in pieces]
-        scale = self.judge(sum(exact_sq_norm(values) for _, _, values in pieces), weight)
+        sq, sq_statistics = self._split_sq((name, values) for name, _, values in pieces)
+        scale = self.judge(sq, weight, sq_statistics)
         if scale is not None:
             self._fold(pieces, weight, None, scale)
 
@@ -237,8 +263,8 @@ class RobustFedAvg(StreamingFedAvg):
             return super().add_rows(stacked, weights)
         judged = []
         for j in range(w.size):
-            sq = sum(exact_sq_norm(np.asarray(stacked[n])[j]) for n in names)
-            judged.append(self.judge(sq, float(w[j])))
+            sq, sq_statistics = self._split_sq((n, np.asarray(stacked[n])[j]) for n in names)
+            judged.append(self.judge(sq, float(w[j]), sq_statistics))
         keep = [j for j, s in enumerate(judged) if s is not None]
         if not keep:
             return np.full(w.size, np.nan)

@@ -29,6 +29,7 @@ from powertrip.learning.device import array, resolve_device
 from powertrip.learning.gpt import GPT, GPTShape, gpt_shape
 from powertrip.learning.models import build_model
 from powertrip.learning.partition import partition
+from powertrip.learning.site_params import running_statistics
 from powertrip.learning.trainer import LocalTrainingConfig, SiteTrainer, get_params
 from powertrip.outer_step import NesterovOuter
 from powertrip.robust import Aggregation
@@ -219,7 +220,8 @@ class StreamSetup:
     def aggregation(self) -> Aggregation:
         """The run's averaging rule: robust unless ``aggregation: fedavg``, its norms per local
         step (a site's weight is the steps it was given)."""
-        return Aggregation(self.cfg.aggregation, per_weight=True)
+        statistics = running_statistics(self.trainer.model)
+        return Aggregation(self.cfg.aggregation, per_weight=True, statistics=statistics)
 
     @property
     def eval_set(self) -> tuple[torch.Tensor, torch.Tensor]:

@@ -8,7 +8,7 @@ from torch import nn
 
 from powertrip.learning.device import TorchParams
 
-__all__ = ["get_params", "sample_losses"]
+__all__ = ["get_params", "running_statistics", "sample_losses"]
 
 
 def sample_losses(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -27,3 +27,10 @@ def get_params(model: nn.Module) -> TorchParams:
     state = {name: p.detach().clone() for name, p in model.named_parameters()}
     state.update((n, b.detach().clone()) for n, b in model.named_buffers() if b.is_floating_point())
     return state
+
+
+def running_statistics(model: nn.Module) -> frozenset[str]:
+    """The names in ``get_params`` that are not trained: the floating-point buffers (running
+    means and variances). A robust rule averages them unclipped (``powertrip.robust_fedavg``):
+    they are estimates of the data, not steps, and a shortened one is simply wrong."""
+    return frozenset(n for n, b in model.named_buffers() if b.is_floating_point())

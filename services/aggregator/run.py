@@ -24,6 +24,7 @@ from powertrip.fedavg import NumpyParams
 from powertrip.journal import JournaledExecutor
 from powertrip.learning.device import to_numpy, to_torch
 from powertrip.learning.federation import build_federation, load_workload
+from powertrip.learning.site_params import running_statistics
 from powertrip.learning.tokenizer_settings import with_tokenizer_hash
 from powertrip.robust import Aggregation
 from powertrip.robust_fedavg import AdaptiveBound
@@ -105,7 +106,9 @@ class AggregatorRun(RunLifecycle):
             cfg.round_deadline_s,
             pace_by_power=cfg.clock == "wall",
             channel_cfg=cfg,
-            aggregation=Aggregation.of(exp),
+            aggregation=replace(
+                Aggregation.of(exp), statistics=running_statistics(fed.trainer.model)
+            ),
             min_contributions=cfg.min_contributions,
             site_weights=[len(p) for p in fed.partitions],
             outer=outer,

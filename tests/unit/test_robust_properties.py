@@ -192,3 +192,20 @@ def test_a_persistent_attack_cannot_push_the_bound_out_of_float_range():
         bound = bound.after([math.inf, 1e300])
     assert math.isfinite(bound.zeroing_norm) and math.isfinite(bound.clip_norm)
     assert AdaptiveBound.from_state_dict(bound.state_dict()) == bound
+
+
+def test_running_statistics_are_averaged_unclipped_and_judged_apart():
+    """BatchNorm's running means and variances are estimates, not steps: a clipped update
+    shortens its trained tensors only, its statistics are averaged as sent; an update whose
+    statistics are extreme against the model's is dropped whole."""
+    template = {"w": np.ones(4, np.float32), "bn.running_var": np.ones(2, np.float32)}
+    agg = RobustFedAvg(template, statistics=frozenset({"bn.running_var"}))
+    long = {"w": np.full(4, 10.0, np.float32), "bn.running_var": np.full(2, 0.5, np.float32)}
+    agg.add(long, 1.0)  # |w part| = 20 against a clip of 0.25 * |w| = 0.5: clipped
+    assert agg.clipped == 1
+    mean = agg.mean_delta()
+    assert float(np.linalg.norm(mean["w"])) == pytest.approx(agg.clip_norm, rel=1e-6)
+    assert np.array_equal(mean["bn.running_var"], long["bn.running_var"])  # as sent
+    poisoned = {"w": np.zeros(4, np.float32), "bn.running_var": np.full(2, 1e6, np.float32)}
+    agg.add(poisoned, 1.0)
+    assert agg.dropped == 1
