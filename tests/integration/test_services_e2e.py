@@ -192,8 +192,9 @@ def test_emulated_clock_run_matches_powertrip_experiment(finished_run):
 
 
 def test_an_aggregator_killed_mid_run_resumes_to_the_identical_result(finished_run, tmp_path):
-    """SIGKILL after a few rounds, restart from the checkpoint: the journal replays the policy's
-    state, workers re-register by heartbeat, and every round equals the uninterrupted run's."""
+    """SIGKILL after a few rounds, restart from the checkpoint: it holds the policy's state
+    itself (no journal replay), workers re-register by heartbeat, and every round equals the
+    uninterrupted run's."""
     uninterrupted, _, _, _, _ = finished_run
     with LocalCluster(e2e_plan(tmp_path)) as cluster:
         cluster.start()
@@ -209,4 +210,4 @@ def test_an_aggregator_killed_mid_run_resumes_to_the_identical_result(finished_r
     ]
     assert got == want
     log = (tmp_path / "logs" / "aggregator.log").read_text()
-    assert "resuming after round" in log and "replayed" in log
+    assert "resuming after round" in log and "(no replay)" in log

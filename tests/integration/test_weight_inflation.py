@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from prometheus_client import REGISTRY
 
-from powertrip.fedavg import StreamingFedAvg
 from powertrip.outcome import round_outcome
+from powertrip.robust import Aggregation
 from tests.integration import test_aggregator_servicer as servicer_tests
 from tests.integration.test_aggregator_servicer import C, code_of, delta, register, submit
 
@@ -74,7 +74,7 @@ def test_an_inflated_or_absurd_weight_is_refused_and_the_round_commits_the_hones
     assert collector.accepted == [1, 2] and collector.failed == {0: "bad_weight"}
     template = run.executor.params
     outcome = round_outcome(collector.agg, template, run._evaluate, selected=3)
-    expected = StreamingFedAvg(template)
+    expected = Aggregation().make(template)  # the default rule, as the collector folds
     expected.add(delta(run, 0.01), honest(run, 1))
     expected.add(delta(run, 0.03), honest(run, 2))
     want = expected.apply(template)
