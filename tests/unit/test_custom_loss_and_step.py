@@ -15,6 +15,7 @@ from powertrip.emulate import Emulator, TimeModel, TrajectoryCache
 from powertrip.learning.federation import build_federation, load_workload, site_model_factory
 from powertrip.learning.site_loop import train_sites_in_turn
 from powertrip.learning.trainer import LocalTrainingConfig, SiteTrainer, get_params
+from powertrip.robust import Aggregation
 from powertrip.selection.base import SelectAll
 from powertrip.sites import ModelledLinks, StaticPower, generate_sites
 from powertrip.timing import RoundTimeModel
@@ -105,8 +106,9 @@ def _emulator(workload: pt.CustomWorkload) -> Emulator:
     sites = generate_sites(cfg.num_sites, np.random.default_rng(cfg.site_seed))
     fed = build_federation(cfg, load_workload(cfg), 0)
     tm = TimeModel(cfg.ideal_compute_s, cfg.update_bytes, RoundTimeModel.PER_SITE_MAX)
+    # plain FedAvg: these tests check what a custom step makes against the exact mean
     return Emulator(fed, sites, StaticPower(sites.base_power), ModelledLinks(sites), tm, 0,
-                    TrajectoryCache())  # fmt: skip
+                    TrajectoryCache(), Aggregation("fedavg"))  # fmt: skip
 
 
 def test_a_custom_train_step_is_called_and_what_it_made_is_what_fedavg_averages():
