@@ -159,8 +159,6 @@ def serve(
     period ends (a handler, a checkpoint being written, the interpreter's own teardown), the
     process exits then with ``exit_code(signalled)``: the announced figure is a bound.
     """
-    set_serving(health_servicer, names, True)
-    print(f"READY service={service} grpc={grpc_addr} metrics={metrics_port}", flush=True)
     wake = wake or threading.Event()
     signalled: list[int] = []
 
@@ -168,8 +166,12 @@ def serve(
         signalled.append(signum)  # only flags: the main thread does the stopping below
         wake.set()
 
+    # before READY: a launcher may send SIGTERM the moment it reads the line, and a signal
+    # that came before the handler would end the process without its graceful stop
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    set_serving(health_servicer, names, True)
+    print(f"READY service={service} grpc={grpc_addr} metrics={metrics_port}", flush=True)
     while not wake.wait(0.5):
         pass
     t0 = time.monotonic()
