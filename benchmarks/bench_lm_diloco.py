@@ -37,13 +37,13 @@ import numpy as np
 import torch
 from torch.func import functional_call
 
+from powertrip.config.recipe import LocalOptimizer
 from powertrip.emulate import site_seed
 from powertrip.learning.batches import LocalTrainingConfig
 from powertrip.learning.datasets.text import load_text, read_corpus
 from powertrip.learning.device import to_numpy, to_torch
 from powertrip.learning.gpt import GPT
 from powertrip.learning.lm_eval import LMEval, evaluate_lm
-from powertrip.learning.local_optim import LocalOptimizer
 from powertrip.learning.partition import partition_iid
 from powertrip.learning.site_optim import SiteState
 from powertrip.learning.trainer import SiteTrainer, get_params

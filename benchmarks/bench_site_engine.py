@@ -33,9 +33,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from powertrip.config.recipe import LocalOptimizer, decays  # noqa: E402
 from powertrip.learning.device import resolve_device, tensor  # noqa: E402
 from powertrip.learning.gpt import GPT, GPTShape, gpt_shape  # noqa: E402
-from powertrip.learning.local_optim import LocalOptimizer, decays  # noqa: E402
 from powertrip.learning.site_engine import SiteEngineConfig, SiteGroup  # noqa: E402
 from powertrip.learning.trainer import get_params  # noqa: E402
 

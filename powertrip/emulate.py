@@ -16,12 +16,12 @@ import torch
 
 from powertrip.clock import EmulatedClock
 from powertrip.codecs import ErrorFeedback, get_codec
+from powertrip.config.recipe import LocalOptimizer
 from powertrip.fedavg import NumpyParams, delta_sketch, sketch_stride
 from powertrip.forecast import Forecaster
 from powertrip.hostile import HostileSettings, poison
 from powertrip.learning.batch_orders import site_seeds
 from powertrip.learning.device import TorchParams, to_numpy, to_torch
-from powertrip.learning.local_optim import LocalOptimizer
 from powertrip.learning.site_optim import SiteState
 from powertrip.learning.site_params import running_statistics
 from powertrip.learning.trainer import SiteTrainer

@@ -8,11 +8,11 @@ from typing import Annotated, Literal, Self
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from powertrip.codecs.settings import CodecSettings
+from powertrip.config.recipe import LocalOptimizer, LocalOptimizerSettings
 from powertrip.footprint import FootprintSettings
 from powertrip.forecast import ForecastSettings
 from powertrip.greedy_params import GreedyParams as GreedyParams
 from powertrip.hostile import HostileSettings
-from powertrip.learning.local_optim import LocalOptimizer, LocalOptimizerSettings
 from powertrip.learning.tokenizer_settings import TokenizerSettings
 from powertrip.outer_step import OuterSettings
 from powertrip.presets import ALL_POLICIES as ALL_POLICIES

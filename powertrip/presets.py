@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from powertrip.learning.local_optim import LocalOptimizer
+from powertrip.config.recipe import LocalOptimizer
 
 __all__ = [
     "ALL_POLICIES",

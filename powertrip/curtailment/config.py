@@ -9,10 +9,10 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from powertrip.config.recipe import LocalOptimizerSettings
 from powertrip.curtailment.availability import PROVISIONING_S
 from powertrip.curtailment.emissions import IDLE_KW, TRAIN_KW
 from powertrip.experiment import RunConfig, TargetAccuracy, preset_values
-from powertrip.learning.local_optim import LocalOptimizerSettings
 from powertrip.learning.tokenizer_settings import TokenizerSettings
 from powertrip.traces.carbon import HOLD_S, THRESHOLD
 

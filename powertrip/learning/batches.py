@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from powertrip.config.recipe import LocalOptimizer
 from powertrip.learning.batch_orders import epoch_orders
-from powertrip.learning.local_optim import LocalOptimizer
 
 __all__ = [
     "LocalTrainingConfig",

@@ -25,8 +25,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from powertrip.config.recipe import LocalOptimizer
 from powertrip.learning.device import TorchParams
-from powertrip.learning.local_optim import LocalOptimizer
 from powertrip.learning.site_optim import SiteOptimizer
 
 __all__ = ["CompiledSteps", "row_bucket"]

@@ -26,8 +26,8 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from powertrip.config.recipe import LocalOptimizer
 from powertrip.learning.device import TorchParams, tensor, to_host
-from powertrip.learning.local_optim import LocalOptimizer
 from powertrip.learning.site_optim import SiteOptimizer, SiteState
 
 if TYPE_CHECKING:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from powertrip.learning.local_optim import LocalOptimizer, decays
+from powertrip.config.recipe import LocalOptimizer, decays
 from powertrip.learning.lr_schedule import lr_factors
 
 __all__ = ["MAX_STEP", "SiteOptimizer", "SiteState", "SiteStateLog"]

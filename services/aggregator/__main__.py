@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from powertrip.learning.local_optim import RecipeTooLong
+from powertrip.config.recipe import RecipeTooLong
 from powertrip.services.aggregator.checkpoint import NoUsableCheckpoint
 from powertrip.services.aggregator.config import AggregatorConfig
 from powertrip.services.aggregator.curtail_run import CurtailmentRun

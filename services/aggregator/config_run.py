@@ -8,6 +8,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
+from powertrip.config.recipe import LocalOptimizer
 from powertrip.experiment import (
     AggregationRule,
     ExperimentConfig,
@@ -17,7 +18,6 @@ from powertrip.experiment import (
     needs_dataset_path,
 )
 from powertrip.forecast import ForecastModel
-from powertrip.learning.local_optim import LocalOptimizer
 from powertrip.outer_step import OuterRule
 from powertrip.selection.registry import validate_policy_name
 from powertrip.services.common.config import ConfigError, config_error

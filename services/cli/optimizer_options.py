@@ -13,7 +13,7 @@ import functools
 import click
 from pydantic import ValidationError
 
-from powertrip.learning.local_optim import LocalOptimizer
+from powertrip.config.recipe import LocalOptimizer
 from powertrip.services.cli.common import describe_validation, fail
 
 __all__ = ["optimizer_options"]

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
+from powertrip.config.recipe import LocalOptimizer
 from powertrip.experiment import build_config
-from powertrip.learning.local_optim import LocalOptimizer
 from powertrip.learning.shards import shard_rows
 from powertrip.learning.site_engine.config import SiteEngineConfig
 from powertrip.services.common.config import load_config

@@ -8,10 +8,10 @@ import dataclasses
 import numpy as np
 import pytest
 
+from powertrip.config.recipe import LocalOptimizer
 from powertrip.emulate import Emulator, TimeModel, TrajectoryCache
 from powertrip.experiment import build_config
 from powertrip.learning.federation import build_federation, load_workload
-from powertrip.learning.local_optim import LocalOptimizer
 from powertrip.selection.base import StaticTopK
 from powertrip.sites import ModelledLinks, StaticPower, generate_sites
 from powertrip.timing import RoundTimeModel

@@ -9,12 +9,12 @@ pytest.importorskip("flwr", reason="the Flower extra is not installed (powertrip
 
 from flwr.app import ConfigRecord  # noqa: E402
 
+from powertrip.config.recipe import LocalOptimizer  # noqa: E402
 from powertrip.integrations.flower import (  # noqa: E402
     RECIPE_PREFIX,
     recipe_from_config,
     recipe_to_config,
 )
-from powertrip.learning.local_optim import LocalOptimizer  # noqa: E402
 
 FULL = LocalOptimizer(
     name="adamw",

@@ -32,6 +32,7 @@ from flwr.app import (  # noqa: E402
 from flwr.serverapp import Grid  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
+from powertrip.config.recipe import LocalOptimizer  # noqa: E402
 from powertrip.integrations.flower import (  # noqa: E402
     BANDWIDTH_MBPS,
     DEFAULT_POLICY,
@@ -46,7 +47,6 @@ from powertrip.integrations.flower import (  # noqa: E402
     site_properties,
 )
 from powertrip.integrations.flower.client import properties_reply  # noqa: E402
-from powertrip.learning.local_optim import LocalOptimizer  # noqa: E402
 from powertrip.selection.base import RoundContext, RoundFeedback, StaticTopK  # noqa: E402
 from powertrip.selection.registry import build_policy  # noqa: E402
 from powertrip.sites import ModelledLinks, StaticPower, generate_sites, profile_at  # noqa: E402

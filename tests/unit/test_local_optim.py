@@ -10,7 +10,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from powertrip.learning.local_optim import LocalOptimizer, decays
+from powertrip.config.recipe import LocalOptimizer, decays
 from powertrip.learning.lr_schedule import lr_factors
 from powertrip.learning.site_optim import SiteOptimizer
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import nn
 
+from powertrip.config.recipe import LocalOptimizer, decays
 from powertrip.learning.batches import site_schedule
-from powertrip.learning.local_optim import LocalOptimizer, decays
 from powertrip.learning.lr_schedule import lr_factors
 from powertrip.learning.site_loop import train_sites_in_turn
 from powertrip.learning.trainer import LocalTrainingConfig, SiteTrainer, get_params

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 from pydantic import ValidationError
 
-from powertrip.learning.local_optim import MAX_LR, LocalOptimizer
+from powertrip.config.recipe import MAX_LR, LocalOptimizer
 from powertrip.services.aggregator.config import AggregatorConfig
 from powertrip.services.cli.main import main as powertrip
 from powertrip.services.common.config import ConfigError, load_config

@@ -17,8 +17,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from powertrip.config.recipe import LocalOptimizer
 from powertrip.learning.gpt import GPT, GPTShape
-from powertrip.learning.local_optim import LocalOptimizer
 from powertrip.learning.site_engine import RankFailed, SiteEngineConfig, SiteGroup
 from powertrip.learning.site_loop import train_sites_in_turn
 from powertrip.learning.trainer import get_params

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from powertrip.learning.local_optim import LocalOptimizer
+from powertrip.config.recipe import LocalOptimizer
 from powertrip.learning.shards import shard_rows
 from powertrip.learning.site_engine.config import SiteEngineConfig
 from powertrip.learning.site_engine.files import TensorFile, layout_of

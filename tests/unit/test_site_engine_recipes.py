@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
+from powertrip.config.recipe import LocalOptimizer
 from powertrip.learning.gpt import GPT, GPTShape
-from powertrip.learning.local_optim import LocalOptimizer
 from powertrip.learning.site_engine import RankFailed, SiteEngineConfig, SiteGroup
 from powertrip.learning.site_loop import train_sites_in_turn
 from powertrip.learning.site_optim import SiteState

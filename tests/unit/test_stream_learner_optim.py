@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
+from powertrip.config.recipe import LocalOptimizer
 from powertrip.curtailment.learner import StreamLearner
 from powertrip.curtailment.run_model import Checkpoints, SiteWork
-from powertrip.learning.local_optim import LocalOptimizer
 from powertrip.learning.models import build_model
 from powertrip.learning.trainer import LocalTrainingConfig, SiteTrainer, get_params
 

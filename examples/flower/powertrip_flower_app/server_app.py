@@ -21,8 +21,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
+from powertrip.config.recipe import LocalOptimizer
 from powertrip.integrations.flower import PowerTripStrategy, ReportedProperties, TimedFedAvg
-from powertrip.learning.local_optim import LocalOptimizer
 from powertrip_flower_app.report import report, summarise, write_json
 from powertrip_flower_app.task import TaskConfig, evaluate, load_task, task_config
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from powertrip.learning.local_optim import LocalOptimizer
+from powertrip.config.recipe import LocalOptimizer
 
 __all__ = ["RECIPE_PREFIX", "add_recipe", "recipe_from_config", "recipe_to_config"]
 

@@ -46,12 +46,12 @@ from flwr.serverapp.strategy.strategy_utils import sample_nodes
 from numpy.typing import NDArray
 
 from powertrip.clock import EmulatedClock
+from powertrip.config.recipe import LocalOptimizer
 from powertrip.fedavg import NumpyParams, UpdateRejected
 from powertrip.integrations.flower.loop import EvaluateFn, run_rounds
 from powertrip.integrations.flower.profiles import NodeProfiles
 from powertrip.integrations.flower.recipe import add_recipe
 from powertrip.integrations.flower.site_info import NodeIndex
-from powertrip.learning.local_optim import LocalOptimizer
 from powertrip.robust import DEFAULT_RULE, Aggregation, Aggregator
 from powertrip.robust_fedavg import AdaptiveBound, RobustFedAvg
 from powertrip.rounds import RoundRecord, RunResult

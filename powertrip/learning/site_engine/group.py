@@ -27,8 +27,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from powertrip.config.recipe import LocalOptimizer
 from powertrip.learning.device import device_name, resolve_device
-from powertrip.learning.local_optim import LocalOptimizer
 from powertrip.learning.site_engine.config import SiteEngineConfig
 from powertrip.learning.site_engine.files import (
     TensorFile,

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
+from powertrip.config.recipe import LocalOptimizer
 from powertrip.learning.device import to_host
-from powertrip.learning.local_optim import LocalOptimizer
 from powertrip.learning.site_engine.files import Layout, TensorFile
 from powertrip.learning.site_optim import SiteState
 

@@ -26,7 +26,7 @@ from collections.abc import Iterable
 import numpy as np
 import torch
 
-from powertrip.learning.local_optim import LocalOptimizer, decays
+from powertrip.config.recipe import LocalOptimizer, decays
 from powertrip.learning.lr_schedule import lr_factors
 
 __all__ = ["build_optimizer", "round_lrs"]

@@ -26,8 +26,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from powertrip.config.recipe import LocalOptimizer
 from powertrip.learning.device import scalar, tensor, to_host
-from powertrip.learning.local_optim import LocalOptimizer
 from powertrip.learning.shards import shard_rows
 from powertrip.learning.site_engine.config import SiteEngineConfig
 from powertrip.learning.site_engine.files import Layout, TensorFile, layout_of, load_tokens
