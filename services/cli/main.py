@@ -165,7 +165,9 @@ def result_rows(result) -> list[list[str]]:  # noqa: ANN001
     rows = []
     for r in policy_table(result):
         tta = (
-            "—" if r.tta_mean_s is None else f"{r.tta_mean_s / 3600:.3f} ± {r.tta_std_s / 3600:.3f}"
+            "—"
+            if r.tta_mean_s is None or r.tta_std_s is None
+            else f"{r.tta_mean_s / 3600:.3f} ± {r.tta_std_s / 3600:.3f}"
         )
         ratio = "—" if r.ratio_to_static_optimal is None else f"{r.ratio_to_static_optimal:.2f}"
         rounds = "—" if r.rounds_mean is None else f"{r.rounds_mean:.1f}"

@@ -100,7 +100,7 @@ def param_type(annotation: object) -> click.ParamType | type:
     if isinstance(annotation, type) and issubclass(annotation, Path):
         return click.Path(path_type=Path)
     if annotation in (int, float, str, bool):
-        return annotation  # type: ignore[return-value]
+        return annotation
     raise TypeError(f"no command-line type for {annotation!r}")
 
 

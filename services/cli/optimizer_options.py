@@ -71,7 +71,7 @@ def local_optimizer(options: dict[str, object]) -> LocalOptimizer | None:
     if "keep_state" in fields:
         fields["keep_state"] = not fields["keep_state"]
     try:
-        return LocalOptimizer(**fields)
+        return LocalOptimizer.model_validate(fields)
     except ValidationError as exc:
         fail(describe_validation(exc, "local optimizer", FLAG_FOR_FIELD))
 

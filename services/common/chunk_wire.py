@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from google.protobuf.message import Message
+
 from powertrip.v1 import aggregator_pb2, common_pb2
 
 _LEN, _VARINT = 2, 0  # protobuf wire types
@@ -33,7 +35,7 @@ def varint(n: int) -> bytes:
     return bytes(out)
 
 
-def _tag(message: type, field: str, wire_type: int) -> bytes:
+def _tag(message: type[Message], field: str, wire_type: int) -> bytes:
     return varint(message.DESCRIPTOR.fields_by_name[field].number << 3 | wire_type)
 
 

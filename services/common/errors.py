@@ -77,7 +77,9 @@ ERROR_CODES: dict[type[BaseException], grpc.StatusCode] = {
     StreamBroken: grpc.StatusCode.CANCELLED,
 }
 
-F = TypeVar("F", bound=Callable[..., Any])
+S = TypeVar("S")  # the servicer
+Q = TypeVar("Q")  # the request, or its stream
+R = TypeVar("R")  # the reply, or its stream
 
 
 def status_for(exc: BaseException) -> grpc.StatusCode | None:
@@ -103,15 +105,16 @@ def reject(method: str, exc: BaseException, context: grpc.ServicerContext) -> No
         if LIMITER.allow((method, "INTERNAL")):
             logger.exception("unexpected error method=%s peer=%s", method, peer_of(context))
         context.abort(grpc.StatusCode.INTERNAL, "internal error")
-    if LIMITER.allow((method, code.name)):
-        logger.warning(
-            "rejected method=%s peer=%s code=%s reason=%s",
-            method,
-            peer_of(context),
-            code.name,
-            one_line(str(exc)),
-        )
-    context.abort(code, one_line(str(exc), MAX_DETAIL_CHARS))
+    else:
+        if LIMITER.allow((method, code.name)):
+            logger.warning(
+                "rejected method=%s peer=%s code=%s reason=%s",
+                method,
+                peer_of(context),
+                code.name,
+                one_line(str(exc)),
+            )
+        context.abort(code, one_line(str(exc), MAX_DETAIL_CHARS))
     raise AssertionError("context.abort returned")  # pragma: no cover - abort always raises
 
 
@@ -127,11 +130,13 @@ def _aborted(context: grpc.ServicerContext) -> bool:
     return context.code() not in (None, grpc.StatusCode.OK)
 
 
-def translate_errors(handler: F) -> F:
+def translate_errors(
+    handler: Callable[[S, Q, grpc.ServicerContext], R],
+) -> Callable[[S, Q, grpc.ServicerContext], R]:
     """Decorate a servicer method ``(self, request, context)``."""
 
     @functools.wraps(handler)
-    def wrapper(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
+    def wrapper(self: S, request: Q, context: grpc.ServicerContext) -> R:
         try:
             return handler(self, request, context)
         except Exception as exc:
@@ -139,7 +144,7 @@ def translate_errors(handler: F) -> F:
                 raise  # the handler aborted on purpose
             reject(f"{service_name(self)}.{handler.__name__}", exc, context)
 
-    return wrapper  # type: ignore[return-value]
+    return wrapper
 
 
 class _Undecodable:

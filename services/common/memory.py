@@ -32,8 +32,11 @@ def pin_mmap_threshold(nbytes: int = 1 << 20, trim_bytes: int = 1 << 20) -> bool
     name = ctypes.util.find_library("c")
     try:
         libc = ctypes.CDLL(name) if name else None
-        ok = bool(libc and libc.mallopt(M_MMAP_THRESHOLD, nbytes))
-        ok = ok and bool(libc.mallopt(M_TRIM_THRESHOLD, trim_bytes))
+        ok = (
+            libc is not None
+            and bool(libc.mallopt(M_MMAP_THRESHOLD, nbytes))
+            and bool(libc.mallopt(M_TRIM_THRESHOLD, trim_bytes))
+        )
     except (OSError, AttributeError):
         ok = False
     if not ok:

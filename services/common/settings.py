@@ -78,7 +78,7 @@ def library_field(model: type[BaseModel], name: str, default: object = None) -> 
     """A setting that is ``model.name``: the library's description, type checks, constraints
     and validators; unset (None) leaves the library's or the preset's value."""
     info = model.model_fields[name]
-    field: FieldInfo = Field(default, description=info.description)
+    field = FieldInfo.from_field(default, description=info.description)
     field.metadata.append(PlainValidator(LibraryValue(model, name, default is None)))
     return field
 
@@ -112,7 +112,8 @@ def renamed(new: str) -> Any:
 
 def renamed_to(info: FieldInfo) -> str | None:
     extra = info.json_schema_extra
-    return extra.get("renamed_to") if isinstance(extra, dict) else None  # type: ignore[return-value]
+    new = extra.get("renamed_to") if isinstance(extra, dict) else None
+    return new if isinstance(new, str) else None
 
 
 def move_renamed(cls: type[BaseModel], data: object) -> object:

@@ -141,7 +141,7 @@ def chunk_views(
     pending_bytes = 0
     for spec in specs_of(params, bf16):
         arr = wire_array(params[spec.name], spec.dtype)
-        view = memoryview(arr.reshape(-1).view(np.uint8))
+        view = arr.reshape(-1).view(np.uint8).data
         pos = 0
         while pos < len(view):
             take = min(chunk_bytes - pending_bytes, len(view) - pos)

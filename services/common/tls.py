@@ -37,16 +37,20 @@ REFUSED_SUMMARY_S = 60.0  # at most one "handshakes refused" line per this long
 REFUSED_FIRST = 20  # ... and the first as soon as a window has this many (a flood is news)
 
 
-def _pem(path: str | None) -> bytes:
+def _required(path: str | None) -> str:
     assert path is not None  # ServiceConfig guarantees all three paths or none
-    return Path(path).read_bytes()
+    return path
+
+
+def _pem(path: str | None) -> bytes:
+    return Path(_required(path)).read_bytes()
 
 
 class _CertificateFetcher:
     """Counts connections and reloads the server's certificate files when they change."""
 
     def __init__(self, cfg: ServiceConfig) -> None:
-        self.paths = (cfg.tls_key_path, cfg.tls_cert_path, cfg.tls_ca_path)
+        self.paths = [_required(p) for p in (cfg.tls_key_path, cfg.tls_cert_path, cfg.tls_ca_path)]
         self._lock = threading.Lock()
         self._sig = self._signature()
         self.initial = self._load()
@@ -55,7 +59,7 @@ class _CertificateFetcher:
     def _signature(self) -> tuple[tuple[int, int], ...]:
         out = []
         for p in self.paths:
-            st = os.stat(p)  # type: ignore[arg-type]
+            st = os.stat(p)
             out.append((st.st_mtime_ns, st.st_size))
         return tuple(out)
 
@@ -127,7 +131,8 @@ def _counts() -> tuple[float, float]:
 
 def _total(counter: Counter) -> float:
     """A label-less counter's value through prometheus-client's public ``collect``."""
-    return next(s.value for s in counter.collect()[0].samples if s.name.endswith("_total"))
+    (metric,) = counter.collect()
+    return next(s.value for s in metric.samples if s.name.endswith("_total"))
 
 
 def server_credentials(cfg: ServiceConfig) -> grpc.ServerCredentials | None:

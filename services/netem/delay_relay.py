@@ -178,7 +178,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s"
     )
     try:
-        relay = DelayRelay(*args.target, args.delay_ms / 1e3, args.buffer_bytes)
+        host, port = args.target
+        relay = DelayRelay(host, port, args.delay_ms / 1e3, args.buffer_bytes)
     except ValueError as err:
         parser.error(str(err))
     with contextlib.suppress(KeyboardInterrupt):

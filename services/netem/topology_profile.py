@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import NDArray
 
 from powertrip.sites import generate_sites
 from powertrip.timing import bandwidth_bps, propagation_delay_s
@@ -42,7 +43,9 @@ class LinkProfile:
 
 
 def link_profiles(
-    distance_mi: Sequence[float], names: Sequence[str] | None = None, rate_scale: float = 1.0
+    distance_mi: Sequence[float] | NDArray[np.float64],
+    names: Sequence[str] | None = None,
+    rate_scale: float = 1.0,
 ) -> list[LinkProfile]:
     if not 0 < rate_scale <= 1:
         raise ValueError(f"rate scale must be in (0, 1], got {rate_scale}")

@@ -57,7 +57,8 @@ class SiteCatalogue:
             self.power, self.power_label = build_power(cfg, self.sites, _skip_bad_trace_file)
         else:
             self.power = power
-            self.power_label = power_label or getattr(power, "label", "custom")
+            label = power_label or getattr(power, "label", None)
+            self.power_label = str(label) if label else "custom"
 
     def rows(self, t_s: float, links: dict[int, LinkEstimate]) -> list[SiteRow]:
         power = self.power.power_at(t_s)

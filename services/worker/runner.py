@@ -98,7 +98,7 @@ class RoundRunner:
             with self._cv:
                 while self._pending is None and not self._stopped:
                     self._cv.wait()
-                if self._stopped:
+                if self._stopped or self._pending is None:
                     return
                 job, self._pending = self._pending, None
             try:

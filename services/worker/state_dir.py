@@ -27,6 +27,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from powertrip.learning.site_optim import SiteState
 from powertrip.learning.site_state_io import (
@@ -38,6 +39,9 @@ from powertrip.learning.site_state_io import (
     write_atomically,
 )
 from powertrip.sites import site_id
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["SavedRun", "SiteStateStore", "WorkerStateDir", "kept_after_training"]
 logger = logging.getLogger(__name__)
@@ -107,13 +111,16 @@ class SiteStateStore:
         self.identity = identity
 
     def load(
-        self, shapes: Mapping[str, tuple[int, ...]], hosted: list[int], device: object
+        self,
+        shapes: Mapping[str, tuple[int, ...]],
+        hosted: list[int],
+        device: torch.device | str,
     ) -> dict[int, SiteState]:
         """The saved states of ``hosted`` sites that can be trusted. A file or entry that
         cannot is set aside with one warning line (which file, why, which sites start fresh);
         the sites it did not spoil are resumed and written back at once, so a second restart
         before the next round still finds them."""
-        loaded = load_site_states(self.path, self.identity, shapes, hosted, device)  # type: ignore[arg-type]
+        loaded = load_site_states(self.path, self.identity, shapes, hosted, device)
         if not loaded.trusted:
             logger.warning(self._set_aside(loaded, hosted))
             if loaded.states and loaded.round is not None:
