@@ -195,7 +195,11 @@ def save(
     if journal is not None:
         journal.sync_or_report()
     model = directory / f"round-{round_index:06d}.npz"
-    commit_rename(write_temp(model, lambda f: np.savez(f, **arrays)), model)
+
+    def save(f: Any) -> None:  # numpy's stub lets **arrays bind its allow_pickle (a bool) too
+        np.savez(f, **arrays)  # type: ignore[arg-type]
+
+    commit_rename(write_temp(model, save), model)
     body = {
         "format": FORMAT,
         "round": round_index,

@@ -30,14 +30,14 @@ from numpy.typing import NDArray
 
 from powertrip.fedavg import StreamingFedAvg
 from powertrip.fold_in_place import InPlaceFold
-from powertrip.fold_inputs import weight_problem
+from powertrip.fold_inputs import NumpyParams, weight_problem
 from powertrip.robust import Aggregation
 from powertrip.robust_fedavg import AdaptiveBound
 from powertrip.services.aggregator import metrics
 from powertrip.services.aggregator.shards import ShardedUpdate, ShardIntake
 from powertrip.services.common.errors import Duplicate, StaleRound
 from powertrip.services.common.fault_points import fault_point
-from powertrip.services.common.tensor_receiver import Sink, TensorStreamReceiver
+from powertrip.services.common.tensor_receiver import Sink, TensorStreamReceiver, VerifiedUpdate
 from powertrip.sites import site_id
 
 
@@ -61,7 +61,7 @@ class _Pieces:
     """A verified update's pieces, re-read from its spool on every iteration: a rule that reads
     an update twice (``robust``: its norm, then the fold) holds no copy of it."""
 
-    def __init__(self, rx: TensorStreamReceiver) -> None:
+    def __init__(self, rx: VerifiedUpdate) -> None:
         self._rx = rx
 
     def __iter__(self) -> Iterator[tuple[str, int, NDArray]]:
@@ -100,7 +100,7 @@ class RoundGate(ShardIntake):
         """O(1): the gate asks it on every admit, commit and fail."""
         raise NotImplementedError
 
-    def _prepare(self, rx: TensorStreamReceiver) -> Any:
+    def _prepare(self, rx: VerifiedUpdate) -> Any:
         return rx  # outside the lock: a verified stream as ``_keep`` stores it
 
     def _keep(self, site: int, item: Any, weight: float) -> None:
@@ -142,7 +142,7 @@ class RoundGate(ShardIntake):
             )
         return None
 
-    def commit(self, site: int, rx: TensorStreamReceiver, weight: float) -> None:
+    def commit(self, site: int, rx: VerifiedUpdate, weight: float) -> None:
         """Take a verified update (and ownership of ``rx``)."""
         item = self._prepare(rx)
         with self._cv:
@@ -200,21 +200,21 @@ class RoundCollector(RoundGate):
         self,
         round: int,  # noqa: A002 - the round's number, as everywhere else
         selected: Sequence[int],
-        template: Mapping[str, NDArray],
+        template: NumpyParams,
         split_half: bool = False,
-        direction: Mapping[str, NDArray] | None = None,  # last global delta, for projections
+        direction: NumpyParams | None = None,  # last global delta, for projections
         aggregation: Aggregation | None = None,  # the run's rule; the default (robust) if None
         allowance: Mapping[int, float] | None = None,  # most weight per site (RoundGate)
         bound: AdaptiveBound | None = None,  # the robust rule's, from the earlier rounds
     ) -> None:
         super().__init__(round, selected, allowance)
         rule = aggregation or Aggregation()
-        self.agg = rule.make(template, direction=direction, bound=bound)  # type: ignore[arg-type]
-        self.half = rule.make(template, bound=bound) if split_half else None  # type: ignore[arg-type]
+        self.agg = rule.make(template, direction=direction, bound=bound)
+        self.half = rule.make(template, bound=bound) if split_half else None
         self.accepted: list[int] = []  # folded, in fold order
         self._folded: set[int] = set()  # the same sites, for O(1) membership
         self._half_sites = {s for j, s in enumerate(self.selected) if j % 2 == 0}
-        self._ready: dict[int, tuple[TensorStreamReceiver, float]] = {}
+        self._ready: dict[int, tuple[VerifiedUpdate, float]] = {}
         self._direct: dict[int, InPlaceFold] = {}  # the site folding as its stream arrives
         self._undo: BinaryIO | None = None
         self._next = 0  # position in ``selected`` of the next update to fold
@@ -243,11 +243,11 @@ class RoundCollector(RoundGate):
                 return None
         self._prefault.join()
         targets = [self.agg]
-        if self.half is not None and site in self._half_sites:
-            targets.append(self.half)  # type: ignore[arg-type]  # the same rule: FedAvg
+        if isinstance(self.half, StreamingFedAvg) and site in self._half_sites:  # the same rule
+            targets.append(self.half)
         # one undo log for the round's in-turn folds (one at a time), closed with the round
         self._undo = self._undo or tempfile.TemporaryFile()  # noqa: SIM115
-        fold = InPlaceFold(targets, weight, self._undo)  # type: ignore[arg-type]
+        fold = InPlaceFold(targets, weight, self._undo)
         with self._cv:
             if not self._turn(site):  # closed meanwhile: nothing folded yet
                 fold.rollback()
@@ -283,10 +283,10 @@ class RoundCollector(RoundGate):
             self._undo.close()
         super().close()
 
-    def _keep(self, site: int, item: TensorStreamReceiver, weight: float) -> None:
+    def _keep(self, site: int, item: VerifiedUpdate, weight: float) -> None:
         self._ready[site] = (item, weight)
 
-    def _discard(self, item: TensorStreamReceiver) -> None:
+    def _discard(self, item: VerifiedUpdate) -> None:
         item.close()
 
     def _changed(self) -> None:

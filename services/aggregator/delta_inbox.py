@@ -9,7 +9,7 @@ from numpy.typing import NDArray
 
 from powertrip.services.aggregator.collector import RoundGate
 from powertrip.services.common.fault_points import fault_point
-from powertrip.services.common.tensor_receiver import TensorStreamReceiver
+from powertrip.services.common.tensor_receiver import VerifiedUpdate
 
 
 class DeltaInbox(RoundGate):
@@ -34,7 +34,7 @@ class DeltaInbox(RoundGate):
     def _delivered(self, site: int) -> bool:
         return site in self.deltas
 
-    def _prepare(self, rx: TensorStreamReceiver) -> dict[str, NDArray[np.float32]]:
+    def _prepare(self, rx: VerifiedUpdate) -> dict[str, NDArray[np.float32]]:
         try:
             return rx.arrays()
         finally:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -230,7 +230,7 @@ class GrpcRoundExecutor:
                 self.registry.unreachable(worker_id)
 
     def open_round(
-        self, round_index: int, selected: Sequence[int], split_half: bool = False
+        self, round_index: int, selected: Iterable[int], split_half: bool = False
     ) -> RoundCollector:
         """The collector of a new round, open to the servicer: the run's rule, the direction
         to project on, and each selected site's weight allowance (what the run assigned it)."""

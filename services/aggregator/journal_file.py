@@ -154,12 +154,12 @@ def recover(directory: Path, upto_round: int) -> Recovery:
         )
     if problem is None:
         return Recovery(entries, writer)
-    aside = None
+    quarantined = None
     if offset < len(data):  # damaged bytes: the whole file aside, the intact prefix back
-        aside = _set_aside(path)
+        quarantined = _set_aside(path)
         commit_rename(write_temp(path, lambda f: f.write(data[:offset])), path)
         fsync_dir(directory)
-    return Recovery(entries, writer, _report(*problem, aside, upto_round))
+    return Recovery(entries, writer, _report(*problem, quarantined, upto_round))
 
 
 def _set_aside(path: Path) -> Path:

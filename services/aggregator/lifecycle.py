@@ -238,10 +238,11 @@ class RunLifecycle:
             st.rounds.append(row)
             st.total_rounds += 1
             st.mode, st.active_sites, st.energy = mode, active_sites, energy
-            first = st.time_to_accuracy_s is None and reached_at is not None
-            if first:
+            first = False
+            if st.time_to_accuracy_s is None and reached_at is not None:
                 st.time_to_accuracy_s = reached_at
                 metrics.TIME_TO_ACCURACY.set(reached_at)
+                first = True
         return first
 
     def _finish(

@@ -90,12 +90,13 @@ class _Deferred:
     """The forecaster, built at its first question (after the first report: ewma reads its
     history from the start)."""
 
-    def __init__(self, model: str, history: ObservedPower) -> None:
-        self.name, self.power = model, history
+    def __init__(self, model: ForecastModel, history: ObservedPower) -> None:
+        self.name: str = model  # as a Forecaster names itself
+        self._model, self.power = model, history
         self.model: Forecaster | None = None
 
     def mean_power(self, now_s: float, horizon_s: float) -> NDArray[np.float64]:
         if self.model is None:
-            self.model = build_forecaster(self.name, self.power)  # type: ignore[arg-type]
+            self.model = build_forecaster(self._model, self.power)
         assert self.model is not None
         return self.model.mean_power(now_s, horizon_s)

@@ -9,6 +9,7 @@ from enum import IntEnum
 
 from powertrip.curtailment.emissions import EnergyReport
 from powertrip.rounds import RoundRecord
+from powertrip.v1 import aggregator_pb2
 
 #: the rounds the status holds (the latest; older ones are in the logs, metrics, checkpoints):
 #: its memory and a snapshot's cost do not grow with the run
@@ -20,6 +21,15 @@ class RunState(IntEnum):  # values match powertrip.v1.RunState
     TRAINING = 2
     DONE = 3
     FAILED = 4
+
+
+#: the state as GetStatus sends it (the wire enum)
+WIRE_STATE: dict[RunState, aggregator_pb2.RunState] = {
+    RunState.WAITING_FOR_SITES: aggregator_pb2.RUN_STATE_WAITING_FOR_SITES,
+    RunState.TRAINING: aggregator_pb2.RUN_STATE_TRAINING,
+    RunState.DONE: aggregator_pb2.RUN_STATE_DONE,
+    RunState.FAILED: aggregator_pb2.RUN_STATE_FAILED,
+}
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from powertrip.services.aggregator import metrics
 from powertrip.services.aggregator.coded_intake import assigned_codec, check_header, receive_coded
 from powertrip.services.aggregator.collector import CountedReceiver
 from powertrip.services.aggregator.lifecycle import Run
+from powertrip.services.aggregator.run_status import WIRE_STATE
 from powertrip.services.aggregator.site_owners import SiteOwners
 from powertrip.services.aggregator.site_reports import note_update
 from powertrip.services.aggregator.upload_flow import MiB, ReceiveBudget, credited
@@ -29,6 +30,7 @@ from powertrip.services.common.identity import (
 )
 from powertrip.services.common.tensor_receiver import Sink
 from powertrip.services.common.tensor_stream import StreamError, TensorSpec, shard_specs, specs_of
+from powertrip.services.common.update_codec import DecodedUpdate
 from powertrip.sites import site_id, site_index
 from powertrip.v1 import aggregator_pb2, aggregator_pb2_grpc
 
@@ -168,6 +170,7 @@ class AggregatorServicer(aggregator_pb2_grpc.AggregatorServiceServicer):
         if collector is None:
             raise StaleRound(f"no round is open (update for round {head.round})")
         model = specs_of(self.run.executor.params)
+        rx: CountedReceiver | DecodedUpdate
         if head.shard_count or head.shard_index:  # one of a site's per-rank shards (R31)
             index, count = head.shard_index, head.shard_count
             what = f"update from {head.site_id} for round {head.round}, shard {index} of {count},"
@@ -268,7 +271,7 @@ class AggregatorServicer(aggregator_pb2_grpc.AggregatorServiceServicer):
             active_sites=st.active_sites,
             energy_kwh=energy.energy_kwh if energy else 0.0,
             emissions_kg=energy.emissions_kg if energy else 0.0,
-            state=int(st.state),
+            state=WIRE_STATE[st.state],
             round=st.round,
             accuracy=st.accuracy,
             clock_seconds=st.clock_s,

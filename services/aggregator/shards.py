@@ -24,14 +24,14 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import NDArray
 
 from powertrip.learning.shards import shard_rows
 from powertrip.services.common.errors import Duplicate, StaleRound
-from powertrip.services.common.tensor_receiver import TensorStreamReceiver
+from powertrip.services.common.tensor_receiver import TensorStreamReceiver, VerifiedUpdate
 from powertrip.services.common.tensor_stream import MiB, StreamError, TensorSpec
 from powertrip.sites import site_id
 
@@ -119,7 +119,7 @@ class ShardIntake:
 
         def _delivered(self, site: int) -> bool: ...
         def _changed(self) -> None: ...
-        def commit(self, site: int, rx: Any, weight: float) -> None: ...
+        def commit(self, site: int, rx: VerifiedUpdate, weight: float) -> None: ...
 
     def _check_open(self, site: int, round_index: int, sharded: bool = False) -> None:
         """Lock held: the round is open, the site selected and not already delivered or

@@ -92,9 +92,9 @@ class SiteReports:
             if trained[i] and s in samples:
                 claim, most = samples[s]
                 site_samples[i] = bound_samples(claim, most)
-                why = samples_problem(claim, most)
-                if why is not None:  # folded: its weight passed, only a fraction is left
-                    _refused(round_index, s, "num_samples", why, f"{site_samples[i]:g} is used")
+                problem = samples_problem(claim, most)
+                if problem is not None:  # folded: its weight passed, only a fraction is left
+                    _refused(round_index, s, "num_samples", problem, f"{site_samples[i]:g} is used")
         assert bounded.values is not None
         logger.debug(
             "round %d: per-site training loss %s, samples %s, sites %s",

@@ -19,7 +19,7 @@ from __future__ import annotations
 import mmap
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
@@ -37,11 +37,25 @@ from powertrip.services.common.tensor_stream import (
 )
 from powertrip.v1 import common_pb2
 
-__all__ = ["Sink", "TensorStreamReceiver"]
+__all__ = ["Sink", "TensorStreamReceiver", "VerifiedUpdate"]
 
 #: takes checked values as they arrive: (tensor name, first flat element, values; bfloat16
 #: widened to float32), to be used before the next call
 Sink = Callable[[str, int, NDArray], None]
+
+
+class VerifiedUpdate(Protocol):
+    """A whole verified update as a collector takes it: a receiver, a site's shards put
+    together (``ShardedUpdate``) or a decoded coded update (``DecodedUpdate``)."""
+
+    @property
+    def total_bytes(self) -> int: ...  # what crossed the wire
+
+    def pieces(self, piece_bytes: int = ...) -> Iterator[tuple[str, int, NDArray]]: ...
+
+    def arrays(self) -> dict[str, NDArray]: ...
+
+    def close(self) -> None: ...
 
 
 class TensorStreamReceiver:
@@ -176,7 +190,7 @@ class TensorStreamReceiver:
         crosses from one tensor into the next."""
         view = memoryview(data)
         end = offset + len(view)
-        checked = []
+        checked: list[tuple[TensorSpec, np.dtype, int, bytes | memoryview]] = []
         for (lo, hi, dtype), spec in zip(self._bounds, self.specs, strict=True):
             if hi <= offset or lo >= end:
                 continue
