@@ -130,7 +130,8 @@ class _Pcg64:
 
 
 def _carry(cols: list[NDArray]) -> list[NDArray]:
-    out, carry = [], np.uint64(0)
+    out: list[NDArray] = []
+    carry: NDArray | np.uint64 = np.uint64(0)
     for c in cols:
         c = c + carry
         out.append(c & _M32)

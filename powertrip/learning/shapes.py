@@ -6,9 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-S = TypeVar("S")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+S = TypeVar("S", bound="DataclassInstance")
 
 
 def named_shape(sizes: Mapping[str, S], size: str | None, what: str, **overrides: Any) -> S:

@@ -197,8 +197,8 @@ def _speech_dataset(
     classes = sorted({r[1] for r in rows})
     labels = np.array([classes.index(r[1]) for r in rows], dtype=np.int64)
     train, test = np.flatnonzero(~is_test), np.flatnonzero(is_test)
-    speakers = sorted({rows[i][2] for i in train})
-    groups = np.array([speakers.index(rows[i][2]) for i in train], dtype=np.int64)
+    speakers = sorted({rows[i][2] for i in train.tolist()})
+    groups = np.array([speakers.index(rows[i][2]) for i in train.tolist()], dtype=np.int64)
     mean = feats[train].mean(axis=(0, 1))
     std = feats[train].std(axis=(0, 1)) + 1e-5
     feats = (feats - mean) / std

@@ -3,8 +3,8 @@ site's devices (DDP, or FSDP2 where the model does not fit one device). The batc
 engine stays for many small sites; this engine is for a site that is a GPU cluster
 (docs/site-engine.md).
 
-The package itself imports nothing heavy (the worker's settings import ``config`` without
-torch); ``SiteGroup``, ``SiteRoundResult`` and ``RankFailed`` load ``group`` on first use.
+The package itself imports nothing heavy (its settings are ``powertrip.config.site_engine``,
+torch-free); ``SiteGroup``, ``SiteRoundResult`` and ``RankFailed`` load ``group`` on first use.
 """
 
 from __future__ import annotations
@@ -12,17 +12,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from powertrip.learning.site_engine.config import SiteEngineConfig
+    from powertrip.config.site_engine import SiteEngineConfig
     from powertrip.learning.site_engine.group import RankFailed, SiteGroup, SiteRoundResult
 
 __all__ = ["RankFailed", "SiteEngineConfig", "SiteGroup", "SiteRoundResult"]
 
 
 def __getattr__(name: str) -> Any:
-    if name == "SiteEngineConfig":
-        from powertrip.learning.site_engine import config
+    if name == "SiteEngineConfig":  # the settings live in the torch-free powertrip.config
+        from powertrip.config.site_engine import SiteEngineConfig
 
-        return config.SiteEngineConfig
+        return SiteEngineConfig
     if name in ("RankFailed", "SiteGroup", "SiteRoundResult"):
         from powertrip.learning.site_engine import group
 

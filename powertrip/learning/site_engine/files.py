@@ -49,7 +49,7 @@ class TensorFile:
             with open(self.path, "wb") as f:
                 f.truncate(max(total, 1) * 4)
         flat = np.memmap(self.path, dtype=np.float32, mode="r+", shape=(max(total, 1),))
-        self._flat = flat
+        self._flat: np.memmap | None = flat
         self.tensors: dict[str, torch.Tensor] = {}
         flat_t = tensor(flat)
         offset = 0
@@ -100,7 +100,8 @@ def save_tokens(directory: Path, x: np.ndarray | torch.Tensor, y: np.ndarray | t
 
 def load_tokens(directory: Path) -> tuple[np.ndarray, np.ndarray]:
     """Read-only memory maps of the site's ``x`` and ``y``."""
-    return tuple(np.load(directory / f"{n}.npy", mmap_mode="r") for n in ("x", "y"))  # type: ignore[return-value]
+    x, y = (np.load(directory / f"{n}.npy", mmap_mode="r") for n in ("x", "y"))
+    return x, y
 
 
 def nbytes(a: np.ndarray | torch.Tensor) -> int:

@@ -20,16 +20,18 @@ import tempfile
 import time
 import weakref
 from collections.abc import Callable, Mapping
-from multiprocessing.connection import wait
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 import torch
 from torch import nn
 
 from powertrip.config.recipe import LocalOptimizer
+from powertrip.config.site_engine import SiteEngineConfig
 from powertrip.learning.device import device_name, resolve_device
-from powertrip.learning.site_engine.config import SiteEngineConfig
 from powertrip.learning.site_engine.files import (
     TensorFile,
     layout_of,
@@ -103,8 +105,8 @@ class SiteGroup:
         self._moments = MomentFiles(self._dir, self.layout, kinds, create=True)
         self._saved: int | None = None  # the moment files' step count (None: none usable)
         self._moment_step = 0  # steps since the ranks' moments began
-        self._procs: list = []
-        self._conns: list = []
+        self._procs: list[BaseProcess] = []
+        self._conns: list[Connection] = []
         self._generation = 0
         self._closed = False
         self._fresh = True  # the ranks' moments are not the site's (none, or replaced)
@@ -134,7 +136,7 @@ class SiteGroup:
     @property
     def pids(self) -> list[int]:
         """The ranks' process ids (empty while none runs)."""
-        return [p.pid for p in self._procs]
+        return [p.pid for p in self._procs if p.pid is not None]
 
     def start(self, timeout_s: float | None = None) -> None:
         """Spawn the ranks and wait until each has built its model and joined the group (done
@@ -258,7 +260,7 @@ class SiteGroup:
     def _collect(self, kind: str, deadline: float | None, doing: str, index: int) -> list:
         """Every rank's ``kind`` reply, watching their pipes and process sentinels."""
         replies: dict[int, object] = {}
-        by_obj = {c: r for r, c in enumerate(self._conns)}
+        by_obj: dict[object, int] = {c: r for r, c in enumerate(self._conns)}
         by_obj.update((p.sentinel, r) for r, p in enumerate(self._procs))
         while len(replies) < len(self._conns):
             left = None if deadline is None else deadline - time.monotonic()
@@ -266,11 +268,11 @@ class SiteGroup:
                 self._fail(None, "missed the round's deadline", index, doing)
             pending = [c for r, c in enumerate(self._conns) if r not in replies]
             ready = wait(pending + [p.sentinel for p in self._procs], left)
-            for obj in sorted(ready, key=lambda o: not hasattr(o, "recv")):  # pipes first
+            for obj in sorted(ready, key=lambda o: isinstance(o, int)):  # pipes, then sentinels
                 rank = by_obj[obj]
-                if hasattr(obj, "recv"):
+                if not isinstance(obj, int):  # a process sentinel is an int
                     try:
-                        got, payload = obj.recv()
+                        got, payload = self._conns[rank].recv()
                     except (EOFError, OSError):
                         continue  # its sentinel says why
                     if got == "error":
@@ -286,7 +288,7 @@ class SiteGroup:
                     self._fail(rank, f"exited with code {proc.exitcode}", index, doing)
         return [replies[r] for r in range(len(self._conns))]
 
-    def _fail(self, rank: int | None, reason: str, index: int, doing: str):
+    def _fail(self, rank: int | None, reason: str, index: int, doing: str) -> NoReturn:
         self._kill()
         raise RankFailed(self.site, rank, index, reason, starting=doing == "starting")
 

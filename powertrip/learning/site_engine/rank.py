@@ -24,12 +24,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import checkpoint
 
 from powertrip.config.recipe import LocalOptimizer
+from powertrip.config.site_engine import SiteEngineConfig
 from powertrip.learning.device import scalar, tensor, to_host
 from powertrip.learning.shards import shard_rows
-from powertrip.learning.site_engine.config import SiteEngineConfig
 from powertrip.learning.site_engine.files import Layout, TensorFile, layout_of, load_tokens
 from powertrip.learning.site_engine.moments import (
     MomentFiles,
@@ -101,6 +102,14 @@ def checkpoint_block(block: nn.Module) -> None:
     block.forward = forward
 
 
+def _local_shard(p: torch.Tensor) -> torch.Tensor:
+    """This rank's rows of an FSDP2 parameter (FSDP2 shards every parameter as a DTensor)."""
+    from torch.distributed.tensor import DTensor
+
+    assert isinstance(p, DTensor), "an FSDP2 parameter is a DTensor"
+    return p.to_local()
+
+
 class _Rank:
     def __init__(self, rank: int, spec: RankSpec) -> None:
         self.rank, self.spec, self.world = rank, spec, spec.world
@@ -148,8 +157,6 @@ class _Rank:
             model.to_empty(device=self.device)
             self.net = model
             if spec.world > 1:
-                from torch.nn.parallel import DistributedDataParallel
-
                 ids = [self.device.index] if self.device.type == "cuda" else None
                 self.net = DistributedDataParallel(
                     model, device_ids=ids, gradient_as_bucket_view=True
@@ -211,7 +218,7 @@ class _Rank:
     def _step(self, row: np.ndarray) -> torch.Tensor:
         """Forward and backward of this rank's share of one batch, in micro-batches (the
         gradient synchronised on the last only); the weighted loss it contributed."""
-        from powertrip.learning.trainer import sample_losses
+        from powertrip.learning.site_params import sample_losses
 
         idx, w = rank_share(row, self.world, self.rank)
         xb = tensor(self.x[idx], self.device)
@@ -240,8 +247,12 @@ class _Rank:
         if self.world == 1:
             return contextlib.nullcontext()
         if self.fsdp:
+            from torch.distributed.fsdp import FSDPModule
+
+            assert isinstance(self.model, FSDPModule)  # fully_shard made it one
             self.model.set_requires_gradient_sync(last)
             return contextlib.nullcontext()
+        assert isinstance(self.net, DistributedDataParallel)  # world > 1 without fsdp
         return contextlib.nullcontext() if last else self.net.no_sync()
 
     # -- the files --------------------------------------------------------------------------
@@ -261,7 +272,7 @@ class _Rank:
             if not self.fsdp:
                 p.copy_(src)
                 continue
-            local = p.to_local()
+            local = _local_shard(p)
             if p.dim() == 0:
                 local.copy_(src)
                 continue
@@ -279,5 +290,5 @@ class _Rank:
             rows = self._rows(p)
             if rows is None:
                 continue
-            mine = p.to_local() if self.fsdp else p[rows]
+            mine = _local_shard(p) if self.fsdp else p[rows]
             torch.sub(to_host(mine), self.global_[name][rows], out=self.delta[name][rows])
