@@ -36,7 +36,7 @@ from powertrip.selection.base import (
 )
 from powertrip.selection.gains import GainModel, ProjectedGain, build_gain
 from powertrip.selection.scoring import Estimator, prefix_round_times
-from powertrip.selection.topk import RankedPrefix
+from powertrip.selection.topk import KeyedRanking, RankedPrefix
 
 __all__ = ["GainModel", "GreedyConfig", "PowerTripGreedy", "SearchMode"]
 
@@ -145,7 +145,7 @@ class PowerTripGreedy(SelectionPolicy):
         """The first m sites of the ranking: memoised when the ranking exposes its sort key, else
         sliced from its full order (a ranking that only implements ``order``)."""
         ranking = self.config.ranking
-        if hasattr(ranking, "key"):
+        if isinstance(ranking, KeyedRanking):
             return self._ranked.top(ranking, ctx, m)
         return ranking.order(ctx)[:m]
 
@@ -173,10 +173,11 @@ class PowerTripGreedy(SelectionPolicy):
         k = sd.integer(d["k"], f"{where}.k", optional=True)
         votes = sd.integer(d["shrink_votes"], f"{where}.shrink_votes")
         behind = sd.integer(d["behind"], f"{where}.behind")
+        assert votes is not None and behind is not None  # not optional: None is refused
         accuracy = sd.numbers(d["accuracy"], f"{where}.accuracy")
         if len(accuracy) > self.config.trend_rounds + 1:
             raise ValueError(f"{where}.accuracy holds more rounds than the trend's")
-        if (k is not None and k < 1) or votes < 0 or behind < 0:  # type: ignore[operator]
+        if (k is not None and k < 1) or votes < 0 or behind < 0:
             raise ValueError(f"{where}: a negative count")
         feedback = feedback_from(d["feedback"], f"{where}.feedback")
         self.gain.load_state_dict(d["gain"])  # checked first: nothing is set when it fails

@@ -4,9 +4,12 @@ service turn a name like ``powertrip`` or ``static-40`` into a ``SelectionPolicy
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import replace
+from typing import Any
 
-from powertrip.footprint import FootprintSettings
+from powertrip.config.footprint import FootprintSettings
+from powertrip.config.sites import RoundTimeModel
 from powertrip.selection.base import (
     Centralized,
     FixedRadius,
@@ -20,7 +23,6 @@ from powertrip.selection.forecast_greedy import ForecastGreedy
 from powertrip.selection.greedy import GainModel, GreedyConfig, PowerTripGreedy, SearchMode
 from powertrip.selection.joint import JointGreedy
 from powertrip.selection.scoring import Estimator, Ranking
-from powertrip.timing import RoundTimeModel
 
 #: The paper's Algorithm 1 as reconstructed here (Eq. 8 ranking, log gain, mean-power estimate).
 PAPER_GREEDY = GreedyConfig()
@@ -94,7 +96,7 @@ def build_policy(
     name: str,
     *,
     k_star: int | None = None,
-    greedy_overrides: dict[str, object] | None = None,
+    greedy_overrides: Mapping[str, Any] | None = None,
     radius_mi: float = 1000.0,
     round_time_model: RoundTimeModel = RoundTimeModel.PER_SITE_MAX,
     footprint: FootprintSettings | None = None,
@@ -105,6 +107,7 @@ def build_policy(
     max for synchronous per-site rounds, Eq. 7 when work is spread over the sites' power.
     The paper's variants keep Algorithm 1's mean-power estimate whatever the system.
     ``footprint``: the grid and weights ``powertrip-joint`` prices (its defaults when None).
+    ``greedy_overrides``: ``GreedyConfig`` fields (``GreedyParams.overrides``), checked by it.
     """
     validate_policy_name(name)
     if name in VARIANTS:

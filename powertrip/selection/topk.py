@@ -9,12 +9,12 @@ since a static federation would otherwise re-rank identical numbers every round.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 from numpy.typing import NDArray
 
-from powertrip.sites import SiteProfile
+from powertrip.sites.profiles import SiteProfile
 
 #: Sort at least this many sites when a prefix is (re)built: a later, slightly larger window
 #: (k grows by up to w a round) is then served from the memo, and sorting 64 keys costs nothing.
@@ -46,6 +46,7 @@ def top_order(key: NDArray[np.float64], m: int) -> NDArray[np.int64]:
     return ranked[:m].astype(np.int64)
 
 
+@runtime_checkable
 class KeyedRanking(Protocol):
     """A ranking that exposes its sort key (ascending = best), so it can be ranked partially."""
 
@@ -82,7 +83,11 @@ class RankedPrefix:
         objects, scalars = (ranking, p, p.power, p.comm_s), (ctx.update_bytes, ctx.ideal_compute_s)
         old = self._stamp
         unchanged = old is not None and scalars == old[4:]
-        if not (unchanged and all(a is b for a, b in zip(objects, old[:4], strict=False))):
+        if not (
+            unchanged
+            and old is not None
+            and all(a is b for a, b in zip(objects, old[:4], strict=False))
+        ):
             key = ranking.key(ctx)
             same_keys = unchanged and old is not None and old[0] is ranking
             if not (same_keys and self._key is not None and np.array_equal(key, self._key)):
