@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
+from powertrip.config.carbon import HOLD_S, THRESHOLD
 from powertrip.traces.io import (
     TraceError,
     ar1,
@@ -32,8 +33,6 @@ from powertrip.traces.io import (
     read_header,
 )
 
-THRESHOLD = 100.0  # gCO2/kWh: curtailed while MCI < 100 (the curtailment paper's θ)
-HOLD_S = 600.0  # exit hysteresis: leave after MCI > threshold for this long
 WATTTIME_LABEL = "watttime-mci"
 EMAPS_LABEL = "electricitymaps"
 SYNTHETIC_LABEL = "synthetic-carbon"
@@ -117,9 +116,9 @@ def read_watttime_csv(path: Path | str, label: str = WATTTIME_LABEL) -> CarbonTr
     values: list[list[float]] = []
     for line, fields in rows:
         check_width(path, line, fields, header)
-        t = parse_timestamp(path, line, header[0], fields[0]).timestamp()
-        _check_time(path, line, header[0], t, stamps[-1] if stamps else None)
-        stamps.append(t)
+        at = parse_timestamp(path, line, header[0], fields[0]).timestamp()
+        _check_time(path, line, header[0], at, stamps[-1] if stamps else None)
+        stamps.append(at)
         row = zip(regions, fields[1:], strict=True)
         values.append([_intensity(path, line, r, x) for r, x in row])
     t = np.asarray(stamps)
@@ -155,9 +154,9 @@ def read_electricitymaps_csv(path: Path | str, basis: str = "direct") -> CarbonT
         check_width(path, line, fields, header)
         zone = fields[zi] if zi is not None and fields[zi] else default_zone
         stamps, values, estimated = zones.setdefault(zone, ([], [], [0]))
-        t = parse_timestamp(path, line, EMAPS_TIME, fields[ti]).timestamp()
-        _check_time(path, line, EMAPS_TIME, t, stamps[-1] if stamps else None)
-        stamps.append(t)
+        at = parse_timestamp(path, line, EMAPS_TIME, fields[ti]).timestamp()
+        _check_time(path, line, EMAPS_TIME, at, stamps[-1] if stamps else None)
+        stamps.append(at)
         values.append(_intensity(path, line, cols[0], fields[ci]))
         if ei is not None and parse_bool(path, line, EMAPS_ESTIMATED, fields[ei]):
             estimated[0] += 1
@@ -259,7 +258,7 @@ def synthetic_carbon_trace(
     if steps < 1:
         raise ValueError(f"{hours} h is shorter than one {step_s:g} s step")
     rng = np.random.default_rng(seed)
-    t = np.arange(steps) * step_s
+    t = np.arange(steps, dtype=np.float64) * step_s
     out = np.empty((len(regions), steps))
     for r, base in enumerate(np.linspace(*base_range, len(regions))):
         depth = rng.uniform(0.6, 0.9)

@@ -224,6 +224,7 @@ def read_power_trace(
     if not series:
         assert first_error is not None  # _trace_files never returns an empty list
         raise first_error
+    assert col is not None  # the first good file's column
     return PowerTrace(tuple(series), col, GOOGLE_LABEL, ", ".join(map(str, kept)))
 
 

@@ -44,7 +44,7 @@ def synthetic_power_trace(
     if steps < 1:
         raise ValueError(f"{days} days is shorter than one {slot_s:g} s slot")
     rng = np.random.default_rng(seed)
-    t = np.arange(steps) * slot_s
+    t = np.arange(steps, dtype=np.float64) * slot_s
     means = np.linspace(*spare_range, num_domains)
     innovation = noise_sigma * np.sqrt(1.0 - ar_coef**2)
     series = []
