@@ -50,7 +50,10 @@ def properties_reply(
     """The reply to one property query (also usable from a hand-written query handler)."""
     now_s = 0.0
     if REQUEST_KEY in message.content.config_records:
-        now_s = float(message.content.config_records[REQUEST_KEY].get(NOW_S, 0.0))
+        sent = message.content.config_records[REQUEST_KEY].get(NOW_S, 0.0)
+        if not isinstance(sent, int | float):
+            raise TypeError(f"property query: {NOW_S!r} must be a number, got {sent!r}")
+        now_s = float(sent)
     props = (properties or node_config_properties)(context, now_s)
     record = ConfigRecord({k: _config_value(k, v) for k, v in props.items()})
     return Message(RecordDict({REPLY_KEY: record}), reply_to=message)

@@ -2,18 +2,18 @@
 
 Flower measures nothing about geography or power, so a Flower simulation cannot say how long
 a round would take between datacenters. ``TimedFedAvg`` keeps Flower's FedAvg sampling and
-adds PowerTrip's round time model: each training round advances
-an emulated clock by the time of its slowest selected node (``powertrip.timing.round_time_s``
-over the nodes' profile, Eqs. 3-4), and records the clock, the nodes and the accuracy, so
-time-to-accuracy is reported in emulated time (``result``, a ``powertrip.rounds.RunResult``).
+adds PowerTrip's round time model: each training round advances an emulated clock by the time
+of its slowest selected node (``powertrip.sites.timing.round_time_s`` over the nodes' profile,
+Eqs. 3-4), and records the clock, the nodes and the accuracy, so time-to-accuracy is reported
+in emulated time (``result``, a ``powertrip.rounds.loop.RunResult``).
 Each trained round logs (Flower's logger, INFO) its nodes, its emulated duration and the clock.
 
 Accuracy comes from Flower's centralized evaluation (``evaluate_fn`` given to ``start``) or,
 without it, from the federated evaluation's aggregated metrics, under ``accuracy_key``.
 Evaluation takes no emulated time (the paper's clock counts training rounds only).
 
-**Aggregation** is the library's rule (``powertrip.robust``), robust by default as in every
-other mode: Flower's FedAvg averages whatever the nodes return, so one node answering with
+**Aggregation** is the library's rule (``powertrip.aggregation.robust``), robust by default as
+in every other mode: Flower's FedAvg averages whatever the nodes return, so one node answering with
 every float 1e30 sets the global model (it does, see tests/unit/test_flower_strategy.py). Each
 reply's delta from the model sent is checked (one ArrayRecord and one MetricRecord, a numeric
 weight under ``weighted_by_key``, the sent tensors' names, shapes and dtypes, finite values) and
@@ -45,18 +45,20 @@ from flwr.serverapp.strategy import FedAvg, Result
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 from numpy.typing import NDArray
 
-from powertrip.clock import EmulatedClock
+from powertrip.aggregation.fedavg import UpdateRejected
+from powertrip.aggregation.robust import DEFAULT_RULE, Aggregation, Aggregator
+from powertrip.aggregation.robust_fedavg import AdaptiveBound, RobustFedAvg
 from powertrip.config.recipe import LocalOptimizer
-from powertrip.fedavg import NumpyParams, UpdateRejected
+from powertrip.config.sites import RoundTimeModel
 from powertrip.integrations.flower.loop import EvaluateFn, run_rounds
 from powertrip.integrations.flower.profiles import NodeProfiles
 from powertrip.integrations.flower.recipe import add_recipe
 from powertrip.integrations.flower.site_info import NodeIndex
-from powertrip.robust import DEFAULT_RULE, Aggregation, Aggregator
-from powertrip.robust_fedavg import AdaptiveBound, RobustFedAvg
-from powertrip.rounds import RoundRecord, RunResult
-from powertrip.sites import SiteProfile
-from powertrip.timing import RoundTimeModel, round_time_s
+from powertrip.learning.device import NumpyParams
+from powertrip.rounds.clock import EmulatedClock
+from powertrip.rounds.loop import RoundRecord, RunResult
+from powertrip.sites.profiles import SiteProfile
+from powertrip.sites.timing import round_time_s
 
 
 def _float_arrays(record: ArrayRecord) -> NumpyParams:
@@ -66,6 +68,14 @@ def _float_arrays(record: ArrayRecord) -> NumpyParams:
     """
     arrays = zip(record.keys(), record.to_numpy_ndarrays(), strict=True)
     return {k: a for k, a in arrays if np.issubdtype(a.dtype, np.floating)}
+
+
+def _weight(content: RecordDict, key: str) -> float:
+    """An accepted reply's weight (``_fold`` refused any reply whose weight is not a number)."""
+    (metrics,) = content.metric_records.values()
+    weight = metrics[key]
+    assert isinstance(weight, int | float)
+    return float(weight)
 
 
 def _named_array(record: ArrayRecord, key: str) -> NDArray:
@@ -113,8 +123,9 @@ class TimedFedAvg(FedAvg):
     after it; driven by hand, ``configure_train`` then returns no messages).
     ``local_optimizer``: the recipe every training message carries in its config
     (``recipe_to_config``; None: no recipe, the nodes train as they would anyway).
-    ``aggregation``: the rule the replies are folded with (``powertrip.robust.RULES``: robust,
-    fedavg, trimmed-mean, median; or an ``Aggregation``); see the module docstring.
+    ``aggregation``: the rule the replies are folded with
+    (``powertrip.aggregation.robust.RULES``: robust, fedavg, trimmed-mean, median; or an
+    ``Aggregation``); see the module docstring.
     Other keyword arguments go to Flower's FedAvg (``fraction_train``, ``min_train_nodes``...).
     """
 
@@ -172,7 +183,7 @@ class TimedFedAvg(FedAvg):
     def summary(self) -> None:
         """Flower logs this at ``start``; add the aggregation rule, which replaces FedAvg's."""
         super().summary()
-        log(INFO, "\t└──> Aggregation: %s (powertrip.robust)", self.aggregation.rule)
+        log(INFO, "\t└──> Aggregation: %s (powertrip.aggregation.robust)", self.aggregation.rule)
 
     # -- the round's nodes and their profile ----------------------------------------------------
     def round_profile(self, server_round: int, grid: Grid) -> tuple[NodeIndex, SiteProfile]:
@@ -352,7 +363,7 @@ class TimedFedAvg(FedAvg):
         stacked = np.stack(values)
         if self.aggregation.rule == "fedavg":
             key_w = self.weighted_by_key
-            w = np.asarray([float(next(iter(c.metric_records.values()))[key_w]) for c in accepted])
+            w = np.asarray([_weight(c, key_w) for c in accepted])
             agg = np.tensordot(w / w.sum(), stacked.astype(np.float64), axes=1)
         else:
             agg = np.median(stacked.astype(np.float64), axis=0)
@@ -433,11 +444,13 @@ class TimedFedAvg(FedAvg):
         return metrics
 
     def _score(self, server_round: int, metrics: MetricRecord | None) -> None:
-        if metrics is None or not isinstance(metrics.get(self.accuracy_key), int | float):
+        accuracy = None if metrics is None else metrics.get(self.accuracy_key)
+        if metrics is None or not isinstance(accuracy, int | float):
             return
         loss = metrics.get(self.loss_key)
-        loss = float(loss) if isinstance(loss, int | float) else None
-        self.record_accuracy(server_round, float(metrics[self.accuracy_key]), loss)
+        self.record_accuracy(
+            server_round, float(accuracy), float(loss) if isinstance(loss, int | float) else None
+        )
 
     def start(
         self,
