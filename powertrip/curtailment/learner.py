@@ -3,9 +3,9 @@ cursor gave it, in order, and updates are averaged weighted by the batches each 
 (the work-weighted FedAvg of the curtailment-window study, arXiv 2602.22760).
 
 ``FoldingLearner`` owns the round's arithmetic (who trains from which model, the checkpoint
-models of a lone site, the FedAvg, robust by default (``powertrip.robust``, norms per local
-step), and the outer step); subclasses only say how a set of sites is
-trained: in process (``StreamLearner``) or on the workers (the aggregator's ``GrpcLearner``).
+models of a lone site, the FedAvg, robust by default (``powertrip.aggregation.robust``, norms
+per local step), and the outer step); subclasses only say how a set of sites is trained: in
+process (``StreamLearner``) or on the workers (the aggregator's ``GrpcLearner``).
 Both then fold the same deltas in the same order, so the service reproduces the emulator.
 """
 
@@ -19,14 +19,13 @@ import torch
 from numpy.typing import NDArray
 
 from powertrip import state_dict as sd
+from powertrip.aggregation.outer_step import NesterovOuter
+from powertrip.aggregation.robust import Aggregation, Aggregator
+from powertrip.aggregation.robust_fedavg import AdaptiveBound, RobustFedAvg
 from powertrip.curtailment.run_model import Checkpoints, LearnOutcome, SiteWork
-from powertrip.fedavg import NumpyParams
-from powertrip.learning.device import TorchParams, to_host, to_numpy, to_torch
+from powertrip.learning.device import NumpyParams, TorchParams, to_host, to_numpy, to_torch
 from powertrip.learning.site_optim import SiteState
 from powertrip.learning.trainer import SiteTrainer, SiteUpdates
-from powertrip.outer_step import NesterovOuter
-from powertrip.robust import Aggregation, Aggregator
-from powertrip.robust_fedavg import AdaptiveBound, RobustFedAvg
 
 Evaluate = Callable[[TorchParams], tuple[float, float]]
 
@@ -145,6 +144,7 @@ class FoldingLearner:
                     done.append((to_numpy(d), float(w.steps)))
         evals: list[tuple[float, float]] = []
         if lone is not None:  # train on alone in chunks (plain SGD: the same trajectory)
+            assert checkpoints is not None  # lone is checkpoints' site
             b = self.batch_size
             local = self.params
             cuts = [0, *checkpoints.steps, lone.steps]
