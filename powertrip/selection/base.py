@@ -16,7 +16,6 @@ import numpy as np
 from numpy.typing import NDArray
 
 from powertrip import state_dict as sd
-from powertrip.forecast import Forecaster
 from powertrip.selection.scoring import (
     Ranking,
     ScoreForm,
@@ -25,7 +24,8 @@ from powertrip.selection.scoring import (
     score_weights,
 )
 from powertrip.selection.topk import full_order, top_order
-from powertrip.sites import SiteProfile
+from powertrip.sites.forecast import Forecaster
+from powertrip.sites.profiles import SiteProfile
 
 
 @dataclass(frozen=True)
@@ -36,8 +36,8 @@ class RoundContext:
     ideal_compute_s: float  # tau: one local-training pass at 100% power (measured or emulated)
     update_bytes: float
     rng: np.random.Generator
-    #: each site's predicted mean power over [now, now + horizon] (``powertrip.forecast``), when
-    #: the run asks for a forecast; None (the default) for every run that does not
+    #: each site's predicted mean power over [now, now + horizon] (``powertrip.sites.forecast``),
+    #: when the run asks for a forecast; None (the default) for every run that does not
     forecast: Forecaster | None = None
     #: the run's target accuracy and the rounds left in its budget (this one included), when the
     #: round loop has them; a budget-aware policy grows its count to finish in time
