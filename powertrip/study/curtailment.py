@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from powertrip.config.curtailment import CurtailmentConfig
 from powertrip.curtailment.availability import (
     AvailabilityRule,
     SiteAvailability,
@@ -29,14 +30,13 @@ from powertrip.curtailment.availability import (
     availability_from_trace,
 )
 from powertrip.curtailment.carbon_greedy import WallClockGreedy
-from powertrip.curtailment.config import CurtailmentConfig
 from powertrip.curtailment.cursor import ShardCursor
 from powertrip.curtailment.emissions import EnergyReport, account
 from powertrip.curtailment.engine import ElasticEngine
 from powertrip.curtailment.run_model import ElasticRun, ElasticSite
 from powertrip.curtailment.sites import build_sites, load_carbon
 from powertrip.curtailment.wall_clock import WallClockRounds
-from powertrip.learning.federation import StreamSetup, load_workload
+from powertrip.federation import StreamSetup, load_workload
 from powertrip.selection.base import SelectAll, SelectionPolicy
 from powertrip.traces.carbon import CarbonTrace
 
@@ -115,7 +115,7 @@ def run_curtailment_study(
     rule = AvailabilityRule(cfg.threshold, cfg.hold_s, cfg.provisioning_s)
     pairs = [(s.name, s.region) for s in sites]
     curtailed = tuple(availability_from_trace(trace, pairs, rule))
-    data = load_workload(cfg, seed=cfg.seed)  # type: ignore[arg-type]  (same fields)
+    data = load_workload(cfg, seed=cfg.seed)
     learning = StreamSetup(cfg, data, device)
     total_rows = len(data.y_train)
     if cfg.num_shards > total_rows:

@@ -8,9 +8,12 @@ import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from pydantic import BaseModel
+
+if TYPE_CHECKING:
+    from powertrip.config.experiment import RunConfig
 
 
 def write_csv(
@@ -25,7 +28,7 @@ def write_csv(
     return path
 
 
-def summary_header(config: BaseModel) -> dict[str, object]:
+def summary_header(config: RunConfig) -> dict[str, object]:
     """The first keys of every summary.json: the preset's name and the full configuration."""
     return {"preset": config.name, "config": json.loads(config.model_dump_json())}
 

@@ -71,20 +71,21 @@ def draw_static_sweep(result: StudyResult) -> tuple[plt.Figure, plt.Axes] | None
     sweep = sweep_table(result)
     if not sweep:
         return None
-    reached = [row for row in sweep if row[1] is not None]
+    # mean and std are both set (some repeat reached the target) or both None
+    reached = [(k, m, s) for k, m, s, *_ in sweep if m is not None and s is not None]
     missed = [k for k, mean, *_ in sweep if mean is None]
     fig, ax = plt.subplots(figsize=(6, 4))
     if reached:
         ax.errorbar(
-            [k for k, *_ in reached],
-            [m / HOURS for _, m, *_ in reached],
-            yerr=[s / HOURS for _, _, s, *_ in reached] if result.config.repeats > 1 else None,
+            [k for k, _, _ in reached],
+            [m / HOURS for _, m, _ in reached],
+            yerr=[s / HOURS for _, _, s in reached] if result.config.repeats > 1 else None,
             marker="o",
             capsize=3,
             label="time to target",
         )
     if missed:
-        top = max((m for _, m, *_ in reached), default=HOURS) / HOURS * 1.1
+        top = max((m for _, m, _ in reached), default=HOURS) / HOURS * 1.1
         ax.scatter(
             missed,
             [top] * len(missed),
