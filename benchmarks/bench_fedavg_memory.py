@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from memprobe import kib, reset_peak  # noqa: E402  (benchmarks/ is on the path)
 
-from powertrip.fedavg import StreamingFedAvg  # noqa: E402
+from powertrip.aggregation.fedavg import StreamingFedAvg  # noqa: E402
 
 MiB = 1 << 20
 

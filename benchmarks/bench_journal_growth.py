@@ -22,8 +22,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from powertrip.journal import JournalEntry  # noqa: E402
-from powertrip.rounds import RoundOutcome  # noqa: E402
+from powertrip.rounds.journal import JournalEntry  # noqa: E402
+from powertrip.rounds.loop import RoundOutcome  # noqa: E402
 from powertrip.services.aggregator import checkpoint  # noqa: E402
 from powertrip.services.aggregator.journal_file import NAME, JournalFile  # noqa: E402
 

@@ -37,8 +37,9 @@ import numpy as np
 import torch
 from torch.func import functional_call
 
+from powertrip.aggregation.outer_step import make_outer
+from powertrip.aggregation.robust import Aggregation
 from powertrip.config.recipe import LocalOptimizer
-from powertrip.emulate import site_seed
 from powertrip.learning.batches import LocalTrainingConfig
 from powertrip.learning.datasets.text import load_text, read_corpus
 from powertrip.learning.device import to_numpy, to_torch
@@ -47,9 +48,8 @@ from powertrip.learning.lm_eval import LMEval, evaluate_lm
 from powertrip.learning.partition import partition_iid
 from powertrip.learning.site_optim import SiteState
 from powertrip.learning.trainer import SiteTrainer, get_params
-from powertrip.outcome import round_outcome
-from powertrip.outer_step import make_outer
-from powertrip.robust import Aggregation
+from powertrip.rounds.emulate import site_seed
+from powertrip.rounds.outcome import round_outcome
 
 # the plain-loop reference's corpus, model shape and budget (run as a script: its folder is on
 # the path)

@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from powertrip.experiment import ExperimentConfig, build_config  # noqa: E402
+from powertrip.config.experiment import ExperimentConfig, build_config  # noqa: E402
 from powertrip.services.cli.launcher import ClusterPlan, LocalCluster  # noqa: E402
 from powertrip.study.powertrip import run_study  # noqa: E402
 

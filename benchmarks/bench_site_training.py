@@ -1,11 +1,19 @@
-"""Batched site training (SiteTrainer: stacked chain, or vmap) vs one plain torch loop per site.
+"""Local training engines against one plain torch loop per site, in one run.
 
-Workload: mnist1d (20k samples, 16k for training), CNN1D, 100 IID sites of 160 samples,
-batch 20, lr 0.2, ``--steps`` SGD steps per site (default 8, one local epoch). All paths see
-the same batches in the same order, so their deltas must agree to float rounding; the max abs
-diff between the stacked and the vmapped trainer is printed.
+For the built-in CNN1D and for a user's own ``nn.Module`` (``UserCNN`` below: its own class and
+``forward``, as a ``CustomWorkload`` brings it), one round of local training of ``--sites``
+sites at each of ``--steps`` local steps, by every engine that can run the model, and by the
+baseline: a plain loop that trains the sites one after another, each with an ``nn.Module`` and
+``torch.optim.SGD``. Every method sees the same batches in the same order, so their deltas
+agree to float rounding (``max|dd|``, against the baseline's).
 
-    .venv/bin/python benchmarks/bench_site_training.py [--sites 10,50,100] [--steps 1,10]
+Workload: mnist1d (20k samples, 16k for training), 100 IID sites of 160 samples, batch 20,
+lr 0.2. Methods are interleaved within each repeat so load changes hit all alike; rates are
+site-updates per second (whole local trainings), min / median / max over ``--repeats``; the
+ratio is against the baseline's median (and max against max) from the same process.
+
+    .venv/bin/python benchmarks/bench_site_training.py [--sites 100] [--steps 1,10]
+        [--models cnn1d,user] [--engines auto,vmap,stacked,compiled,in-turn] [--repeats 5]
 """
 
 from __future__ import annotations
@@ -20,10 +28,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from powertrip.learning.batches import site_schedule  # noqa: E402
 from powertrip.learning.datasets import load_mnist1d  # noqa: E402
 from powertrip.learning.device import TorchParams  # noqa: E402
 from powertrip.learning.models import build_model  # noqa: E402
@@ -31,6 +41,23 @@ from powertrip.learning.partition import partition_iid  # noqa: E402
 from powertrip.learning.trainer import LocalTrainingConfig, SiteTrainer, get_params  # noqa: E402
 
 NUM_PARTITIONS, BATCH, LR = 100, 20, 0.2
+ENGINES = ("vmap", "stacked", "compiled", "in-turn")
+
+
+class UserCNN(nn.Module):
+    """A user's own model: a small 1-D CNN with a hidden linear layer, written as its own class
+    (no buffers, no dropout: it trains batched, but it is not a chain any engine knows)."""
+
+    def __init__(self, num_classes: int = 10, in_channels: int = 1, length: int = 40) -> None:
+        super().__init__()
+        self.conv_a = nn.Conv1d(in_channels, 16, 5, stride=2, padding=2)
+        self.conv_b = nn.Conv1d(16, 32, 3, stride=2, padding=1)
+        self.hidden = nn.Linear(32 * (length // 4), 64)
+        self.out = nn.Linear(64, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.relu(self.conv_b(F.relu(self.conv_a(x))))
+        return self.out(F.relu(self.hidden(h.flatten(1))))
 
 
 def train_one_by_one(
@@ -42,12 +69,12 @@ def train_one_by_one(
     parts: Sequence[np.ndarray],
     seeds: Sequence[int],
 ) -> TorchParams:
-    """Baseline: each site in turn, nn.Module + torch.optim.SGD, same batch schedule."""
+    """Baseline: each site in turn, nn.Module + torch.optim.SGD, ``trainer``'s batch schedule."""
     deltas: dict[str, list[torch.Tensor]] = {name: [] for name in global_params}
     for idx, seed in zip(parts, seeds, strict=True):
         model.load_state_dict(global_params)
         opt = torch.optim.SGD(model.parameters(), lr=LR)
-        for row in trainer._site_schedule(len(idx), seed):  # the order SiteTrainer uses
+        for row in site_schedule(trainer.config, len(idx), seed):  # the engines' order
             rows = idx[row[row >= 0]]
             opt.zero_grad(set_to_none=True)
             nn.functional.cross_entropy(model(x[rows]), y[rows]).backward()
@@ -57,27 +84,50 @@ def train_one_by_one(
     return {name: torch.stack(d) for name, d in deltas.items()}
 
 
-def timed(fn: Callable[[], TorchParams]) -> tuple[float, TorchParams]:
-    start = time.perf_counter()
-    out = fn()
-    return time.perf_counter() - start, out
+#: one round of k sites: (k) -> their deltas
+Round = Callable[[int], TorchParams]
+
+
+def engine_rounds(
+    model: nn.Module,
+    cfg: LocalTrainingConfig,
+    names: Sequence[str],
+    start: TorchParams,
+    data: tuple[torch.Tensor, torch.Tensor, list[np.ndarray], list[int]],
+) -> dict[str, Round]:
+    """A round function for each engine in ``names`` that can run ``model`` (in its order)."""
+    x, y, parts, seeds = data
+    out: dict[str, Round] = {}
+    for name in names:
+        try:
+            trainer = SiteTrainer(copy.deepcopy(model), cfg, "cpu", engine=name)
+        except ValueError as exc:  # this engine cannot run this model
+            print(f"  ({name}: {exc})")
+            continue
+        out[f"{name} ({trainer.engine.name})" if name == "auto" else name] = lambda k, t=trainer: (
+            t.train(start, x, y, parts[:k], seeds[:k]).deltas
+        )
+    return out
+
+
+def timed(fn: Round, k: int) -> tuple[float, TorchParams]:
+    begin = time.perf_counter()
+    out = fn(k)
+    return time.perf_counter() - begin, out
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sites", default="10,50,100", help="comma-separated site counts (<=100)")
-    ap.add_argument(
-        "--steps", default="8", help="comma-separated local steps per site (8 = an epoch)"
-    )
-    ap.add_argument("--repeats", type=int, default=3, help="timed runs per count (median kept)")
+    ap.add_argument("--sites", type=int, default=100, help=f"sites per round (<={NUM_PARTITIONS})")
+    ap.add_argument("--steps", default="1,10", help="comma-separated local steps per site")
+    ap.add_argument("--models", default="cnn1d,user", help="cnn1d (built-in), user (UserCNN)")
+    ap.add_argument("--engines", default=",".join(("auto", *ENGINES)), help="engine names")
+    ap.add_argument("--repeats", type=int, default=5, help="timed rounds per method")
     ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
     args = ap.parse_args(argv)
-    counts = [int(s) for s in args.sites.split(",")]
     step_counts = [int(s) for s in args.steps.split(",")]
-    if not all(1 <= c <= NUM_PARTITIONS for c in counts) or args.repeats < 1:
-        ap.error(f"site counts must be in 1..{NUM_PARTITIONS} and --repeats >= 1")
-    if not all(s >= 1 for s in step_counts):
-        ap.error("--steps must be positive")
+    if not 1 <= args.sites <= NUM_PARTITIONS or args.repeats < 1 or min(step_counts) < 1:
+        ap.error(f"--sites in 1..{NUM_PARTITIONS}, --repeats and --steps >= 1")
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
 
@@ -85,50 +135,54 @@ def main(argv: Sequence[str] | None = None) -> None:
     x, y = data.x_train, data.y_train
     parts = partition_iid(len(y), NUM_PARTITIONS, np.random.default_rng(0))
     seeds = list(range(1000, 1000 + NUM_PARTITIONS))
-    model = build_model("cnn1d", data.num_classes, data.in_shape)
-    global_params = get_params(model)
-    plain = copy.deepcopy(model)  # the baseline's own module
+    models = {
+        "cnn1d": build_model("cnn1d", data.num_classes, data.in_shape),
+        "user": UserCNN(data.num_classes, data.in_shape[0], data.in_shape[1]),
+    }
+    k = args.sites
     print(
-        f"mnist1d CNN1D, {len(parts[0])} samples/site, batch {BATCH}, threads {args.threads}, "
-        f"median of {args.repeats}; st/s = site-steps/s, up/s = site-updates/s"
+        f"mnist1d, {k} sites of {len(parts[0])} samples, batch {BATCH}, lr {LR}, threads "
+        f"{args.threads}, torch {torch.__version__}; site-updates/s over {args.repeats} repeats; "
+        "ratio: median / the plain loop's median (max / its max)"
     )
-    head = ("steps", "sites", "1by1 st/s", "vmap st/s", "stack st/s", "stack up/s")
-    head += ("stack/vmap", "stack/1by1", "max|dd|")
-    print("{:>5} {:>5} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>9}".format(*head))
-    for n_steps in step_counts:
-        cfg = LocalTrainingConfig(
-            lr=LR, batch_size=BATCH, local_epochs=-(-n_steps // 8), max_local_steps=n_steps
-        )
-        cpu = torch.device("cpu")
-        trainers = {"vmap": SiteTrainer(model, cfg, cpu, stacked=False)}
-        trainers["stacked"] = SiteTrainer(model, cfg, cpu)
-        steps = len(trainers["vmap"]._site_schedule(len(parts[0]), seeds[0]))
-
-        def run(name: str, k: int, trainers: dict[str, SiteTrainer] = trainers) -> TorchParams:
-            if name == "one-by-one":
-                t = trainers["vmap"]
-                return train_one_by_one(t, plain, global_params, x, y, parts[:k], seeds[:k])
-            return trainers[name].train(global_params, x, y, parts[:k], seeds[:k]).deltas
-
-        methods = ("one-by-one", "vmap", "stacked")
-        for name in methods:  # warm-up (allocator, vmap tracing caches, lazy imports)
-            run(name, 2)
-        for k in counts:
+    print("| model | steps | method | min | median | max | ratio (median) | ratio (max) |", end="")
+    print(" max abs dd |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for model_name in args.models.split(","):
+        model = models[model_name]
+        start = get_params(model)
+        plain = copy.deepcopy(model)  # the baseline's own module
+        for n_steps in step_counts:
+            cfg = LocalTrainingConfig(
+                lr=LR, batch_size=BATCH, local_epochs=-(-n_steps // 8), max_local_steps=n_steps
+            )
+            ref = SiteTrainer(copy.deepcopy(model), cfg, "cpu")
+            methods: dict[str, Round] = {
+                "plain loop": lambda k, r=ref, p=plain, s=start: train_one_by_one(
+                    r, p, s, x, y, parts[:k], seeds[:k]
+                )
+            }
+            methods.update(engine_rounds(model, cfg, args.engines.split(","), start,
+                                         (x, y, parts, seeds)))  # fmt: skip
+            for fn in methods.values():  # warm-up (allocator, tracing caches, compilation)
+                fn(k)
             times: dict[str, list[float]] = {name: [] for name in methods}
             out: dict[str, TorchParams] = {}
-            for _ in range(args.repeats):  # interleaved so load changes hit all paths alike
-                for name in methods:
-                    t, out[name] = timed(lambda name=name, k=k: run(name, k))
+            for _ in range(args.repeats):  # interleaved so load changes hit all alike
+                for name, fn in methods.items():
+                    t, out[name] = timed(fn, k)
                     times[name].append(t)
-            diff = max(float((out["vmap"][n] - out["stacked"][n]).abs().max()) for n in out["vmap"])
-            med = {name: statistics.median(t) for name, t in times.items()}
-            rate = {name: k * steps / med[name] for name in methods}
-            print(
-                f"{steps:>5} {k:>5} {rate['one-by-one']:>10.0f} {rate['vmap']:>10.0f} "
-                f"{rate['stacked']:>10.0f} {k / med['stacked']:>10.0f} "
-                f"{rate['stacked'] / rate['vmap']:>9.2f}x "
-                f"{rate['stacked'] / rate['one-by-one']:>9.2f}x {diff:>9.1e}"
-            )
+            base = [k / t for t in times["plain loop"]]
+            for name, ts in times.items():
+                rates = [k / t for t in ts]
+                dd = max(float((out[name][n] - out["plain loop"][n]).abs().max()) for n in start)
+                print(
+                    f"| {model_name} | {n_steps} | {name} | {min(rates):,.0f} | "
+                    f"{statistics.median(rates):,.0f} | {max(rates):,.0f} | "
+                    f"{statistics.median(rates) / statistics.median(base):.2f}x | "
+                    f"{max(rates) / max(base):.2f}x | {dd:.0e} |",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

@@ -189,8 +189,8 @@ def model_error(
 
 def serve(mode: str, args: argparse.Namespace) -> None:
     """Aggregator child: print {"port"}, wait for the uploads, commit, print the result."""
-    from powertrip.fedavg import delta_sketch, sketch_stride
-    from powertrip.robust import Aggregation
+    from powertrip.aggregation.fedavg import delta_sketch, sketch_stride
+    from powertrip.aggregation.robust import Aggregation
     from powertrip.services.aggregator.collector import RoundCollector
     from powertrip.services.aggregator.config import AggregatorConfig
     from powertrip.services.aggregator.registry import WorkerRegistry

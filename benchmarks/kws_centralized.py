@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from powertrip.experiment import MODEL_FOR_WORKLOAD, WORKLOAD_DEFAULTS
+from powertrip.config.experiment import MODEL_FOR_WORKLOAD, WORKLOAD_DEFAULTS
 from powertrip.learning.datasets import load_dataset
 from powertrip.learning.models import build_model, num_parameters
 from powertrip.learning.trainer import LocalTrainingConfig, SiteTrainer, get_params
@@ -37,10 +37,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     data = load_dataset(args.workload, args.dataset_path)
     defaults = WORKLOAD_DEFAULTS[args.workload]
-    lr = args.lr or defaults["lr"]
+    lr = args.lr or defaults.lr
     torch.manual_seed(args.seed)
     model = build_model(MODEL_FOR_WORKLOAD[args.workload], data.num_classes, data.in_shape)
-    trainer = SiteTrainer(model, LocalTrainingConfig(lr=lr, batch_size=int(defaults["batch_size"])))
+    trainer = SiteTrainer(model, LocalTrainingConfig(lr=lr, batch_size=defaults.batch_size))
     params = get_params(model)
     everything = [np.arange(len(data.y_train))]
     print(

@@ -55,7 +55,7 @@ from powertrip.services.common.config import ServiceConfig, load_config  # noqa:
 from powertrip.services.common.grpc_client import retry_idempotent  # noqa: E402
 from powertrip.services.common.grpc_options import client_options  # noqa: E402
 from powertrip.services.common.tls import channel_credentials  # noqa: E402
-from powertrip.sites import site_id  # noqa: E402
+from powertrip.sites.profiles import site_id  # noqa: E402
 from powertrip.v1 import aggregator_pb2, aggregator_pb2_grpc  # noqa: E402
 
 #: the matrix's targets: clients -> (required success ratio, p99 seconds)

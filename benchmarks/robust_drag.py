@@ -1,6 +1,7 @@
 """How far can a hostile minority drag the default rule's bound, and what does it buy them?
 
-The ``robust`` rule (``powertrip.robust``) decides each round from estimates that earlier rounds
+The ``robust`` rule (``powertrip.aggregation.robust``) decides each round from estimates that
+earlier rounds
 left, each moved by one bounded geometric step per round. This replays the estimates alone over
 50 rounds of 8 updates: honest relative norms drawn around ``--honest`` (log-normal, sigma 0.3),
 and ``h`` hostile updates per round whose norm is always above both estimates (their best
@@ -19,7 +20,7 @@ import argparse
 
 import numpy as np
 
-from powertrip.robust_fedavg import AdaptiveBound
+from powertrip.aggregation.robust_fedavg import AdaptiveBound
 
 
 def replay(rounds: int, n: int, hostile: int, honest: float, seed: int) -> list[AdaptiveBound]:

@@ -31,24 +31,24 @@ from typing import TYPE_CHECKING, Any
 #: public name -> the module that defines it
 _EXPORTS: dict[str, str] = {
     # the run definition
-    "ExperimentConfig": "powertrip.experiment",
-    "build_config": "powertrip.experiment",
-    "PRESETS": "powertrip.experiment",
+    "ExperimentConfig": "powertrip.config.experiment",
+    "build_config": "powertrip.config.experiment",
+    "PRESETS": "powertrip.config.experiment",
     # bring your own model, data and partitioner
     "CustomWorkload": "powertrip.learning.custom",
     "Dataset": "powertrip.learning.datasets.record",
     "dataset_from_arrays": "powertrip.learning.custom",
     "dataset_from_torch": "powertrip.learning.custom",
-    "register_workload": "powertrip.workloads",
+    "register_workload": "powertrip.config.workloads",
     # the system model: sites, power, links, round time (Eqs. 3-7)
-    "SiteSet": "powertrip.sites",
-    "SiteProfile": "powertrip.sites",
-    "generate_sites": "powertrip.sites",
-    "profile_at": "powertrip.sites",
-    "round_time_s": "powertrip.timing",
-    "comm_time_s": "powertrip.timing",
-    "EmulatedClock": "powertrip.clock",
-    "WallClock": "powertrip.clock",
+    "SiteSet": "powertrip.sites.profiles",
+    "SiteProfile": "powertrip.sites.profiles",
+    "generate_sites": "powertrip.sites.profiles",
+    "profile_at": "powertrip.sites.profiles",
+    "round_time_s": "powertrip.sites.timing",
+    "comm_time_s": "powertrip.sites.timing",
+    "EmulatedClock": "powertrip.rounds.clock",
+    "WallClock": "powertrip.rounds.clock",
     # selection: the policy interface, Eq. 8, Algorithm 1, every policy by name
     "SelectionPolicy": "powertrip.selection.base",
     "RoundContext": "powertrip.selection.base",
@@ -60,24 +60,24 @@ _EXPORTS: dict[str, str] = {
     "build_policy": "powertrip.selection.registry",
     "known_policy_names": "powertrip.selection.registry",
     # aggregation (Eq. 2)
-    "StreamingFedAvg": "powertrip.fedavg",
-    "UpdateRejected": "powertrip.fedavg",
+    "StreamingFedAvg": "powertrip.aggregation.fedavg",
+    "UpdateRejected": "powertrip.aggregation.fedavg",
     # the one round loop and its executor protocol
-    "run_rounds": "powertrip.rounds",
-    "RoundExecutor": "powertrip.rounds",
-    "RoundOutcome": "powertrip.rounds",
-    "RoundRecord": "powertrip.rounds",
-    "RunResult": "powertrip.rounds",
-    "TimeModel": "powertrip.rounds",
-    "Emulator": "powertrip.emulate",
-    "EmulatedRun": "powertrip.emulate",
+    "run_rounds": "powertrip.rounds.loop",
+    "RoundExecutor": "powertrip.rounds.loop",
+    "RoundOutcome": "powertrip.rounds.loop",
+    "RoundRecord": "powertrip.rounds.loop",
+    "RunResult": "powertrip.rounds.loop",
+    "TimeModel": "powertrip.rounds.loop",
+    "Emulator": "powertrip.rounds.emulate",
+    "EmulatedRun": "powertrip.rounds.emulate",
     # studies
     "run_study": "powertrip.study.powertrip",
     "policy_table": "powertrip.study.results",
     "write_outputs": "powertrip.study.results",
     "write_plots": "powertrip.study.plots",
-    "CurtailmentConfig": "powertrip.curtailment.config",
-    "build_curtail_config": "powertrip.curtailment.config",
+    "CurtailmentConfig": "powertrip.config.curtailment",
+    "build_curtail_config": "powertrip.config.curtailment",
     "run_curtailment_study": "powertrip.study.curtailment",
 }
 
@@ -142,14 +142,15 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # static analysers and IDEs see the real names
-    from powertrip.clock import EmulatedClock, WallClock
-    from powertrip.curtailment.config import CurtailmentConfig, build_curtail_config
-    from powertrip.emulate import EmulatedRun, Emulator
-    from powertrip.experiment import PRESETS, ExperimentConfig, build_config
-    from powertrip.fedavg import StreamingFedAvg, UpdateRejected
+    from powertrip.aggregation.fedavg import StreamingFedAvg, UpdateRejected
+    from powertrip.config.curtailment import CurtailmentConfig, build_curtail_config
+    from powertrip.config.experiment import PRESETS, ExperimentConfig, build_config
+    from powertrip.config.workloads import register_workload
     from powertrip.learning.custom import CustomWorkload, dataset_from_arrays, dataset_from_torch
     from powertrip.learning.datasets.record import Dataset
-    from powertrip.rounds import (
+    from powertrip.rounds.clock import EmulatedClock, WallClock
+    from powertrip.rounds.emulate import EmulatedRun, Emulator
+    from powertrip.rounds.loop import (
         RoundExecutor,
         RoundOutcome,
         RoundRecord,
@@ -161,10 +162,9 @@ if TYPE_CHECKING:  # static analysers and IDEs see the real names
     from powertrip.selection.greedy import GreedyConfig, PowerTripGreedy
     from powertrip.selection.registry import build_policy, known_policy_names
     from powertrip.selection.scoring import power_to_cost_scores, rank_sites
-    from powertrip.sites import SiteProfile, SiteSet, generate_sites, profile_at
+    from powertrip.sites.profiles import SiteProfile, SiteSet, generate_sites, profile_at
+    from powertrip.sites.timing import comm_time_s, round_time_s
     from powertrip.study.curtailment import run_curtailment_study
     from powertrip.study.plots import write_plots
     from powertrip.study.powertrip import run_study
     from powertrip.study.results import policy_table, write_outputs
-    from powertrip.timing import comm_time_s, round_time_s
-    from powertrip.workloads import register_workload

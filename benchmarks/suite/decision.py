@@ -19,7 +19,13 @@ import numpy as np
 from benchmarks.suite import Row, verdict
 from powertrip.selection.base import RoundContext, RoundFeedback
 from powertrip.selection.registry import build_policy
-from powertrip.sites import ModelledLinks, SiteProfile, StaticPower, generate_sites, profile_at
+from powertrip.sites.profiles import (
+    ModelledLinks,
+    SiteProfile,
+    StaticPower,
+    generate_sites,
+    profile_at,
+)
 
 TARGET_MS, UPDATE_BYTES, TAU = 1.0, 1.5e9, 50.0
 

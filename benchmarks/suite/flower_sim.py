@@ -36,7 +36,7 @@ from flwr.serverapp import Grid, ServerApp  # noqa: E402
 from flwr.serverapp.strategy import FedAvg  # noqa: E402
 
 from benchmarks.suite.training import SEED, STEPS, Workload, workload  # noqa: E402
-from powertrip.emulate import site_seed  # noqa: E402
+from powertrip.rounds.emulate import site_seed  # noqa: E402
 
 
 @functools.cache

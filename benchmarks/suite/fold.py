@@ -17,11 +17,11 @@ import numpy as np
 import torch
 
 from benchmarks.suite import MiB, Row, rate_stats, repeat_times, verdict
-from powertrip.fedavg import StreamingFedAvg, delta_sketch, sketch_stride
-from powertrip.fold_rows import shared_matrix
+from powertrip.aggregation.fedavg import StreamingFedAvg, delta_sketch, sketch_stride
+from powertrip.aggregation.fold_rows import shared_matrix
+from powertrip.aggregation.robust import Aggregation
 from powertrip.learning.device import host_rows, row_to_numpy, to_numpy
 from powertrip.learning.models import build_model
-from powertrip.robust import Aggregation
 from powertrip.services.common.tensor_stream import DEFAULT_CHUNK_BYTES
 
 TARGET = 0.80

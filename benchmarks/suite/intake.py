@@ -15,8 +15,8 @@ import numpy as np
 
 from benchmarks.suite import MiB, Row, rate_stats, repeat_times
 from benchmarks.suite.fold import _row, memcpy_rate
-from powertrip.fedavg import StreamingFedAvg, delta_sketch, sketch_stride
-from powertrip.fold_in_place import InPlaceFold
+from powertrip.aggregation.fedavg import StreamingFedAvg, delta_sketch, sketch_stride
+from powertrip.aggregation.fold_in_place import InPlaceFold
 from powertrip.services.common.chunk_wire import read_submit_request
 from powertrip.services.common.tensor_receiver import TensorStreamReceiver
 from powertrip.services.common.tensor_stream import DEFAULT_CHUNK_BYTES, TensorSpec, specs_of

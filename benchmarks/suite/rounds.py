@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from benchmarks.suite import Row, verdict
-from powertrip.experiment import build_config
+from powertrip.config.experiment import build_config
 from powertrip.study.powertrip import run_study
 
 TARGET_S = 2.0  # a third of the 5.8-8.9 s the issue reports at 10,000 sites, rounded down

@@ -18,12 +18,12 @@ import torch
 from torch import nn
 
 from benchmarks.suite import Row
-from powertrip.emulate import Federation, site_seed
-from powertrip.experiment import build_config
-from powertrip.fedavg import StreamingFedAvg
+from powertrip.aggregation.fedavg import StreamingFedAvg
+from powertrip.config.experiment import build_config
+from powertrip.federation import build_federation, load_workload
 from powertrip.learning.device import TorchParams, row_to_numpy, to_numpy
-from powertrip.learning.federation import build_federation, load_workload
 from powertrip.learning.models import build_model
+from powertrip.rounds.emulate import Federation, site_seed
 
 SITES, SAMPLES, BATCH, LR, SEED = 100, 20_000, 20, 0.2, 0
 STEPS = (1, 10)

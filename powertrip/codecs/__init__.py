@@ -13,6 +13,7 @@ one round is sent in a later one (docs/compression.md).
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterable, Mapping
 
 import numpy as np
@@ -22,8 +23,16 @@ from powertrip.codecs.base import Codec, Payload
 __all__ = ["Codec", "ErrorFeedback", "Payload", "codec_names", "get_codec", "register"]
 __all__ += ["roundtrip"]
 
-#: name (or name prefix, for ``topk-<p>``) -> factory taking the name's parameter ("" if none)
-_REGISTRY: dict[str, Callable[[str], Codec]] = {}
+#: name (or name prefix, for ``topk-<p>``) -> factory taking the name's parameter ("" if none),
+#: or where a built-in one lives ("module:attribute", imported on first use: listing the names
+#: imports no codec, so ``--help`` stays light).
+_REGISTRY: dict[str, Callable[[str], Codec] | str] = {
+    "none": "powertrip.codecs.none:NoCodec",
+    "int8": "powertrip.codecs.int8:Int8Codec",
+    "int4": "powertrip.codecs.int4:Int4Codec",
+    "fp8": "powertrip.codecs.fp8:Fp8Codec",
+    "topk-": "powertrip.codecs.topk:_topk",
+}
 
 
 def register(name: str, factory: Callable[[str], Codec]) -> None:
@@ -33,24 +42,29 @@ def register(name: str, factory: Callable[[str], Codec]) -> None:
 
 def codec_names() -> list[str]:
     """The registered names, a family written with its parameter (``topk-<p>``)."""
-    _load()
     return sorted(f"{n}<p>" if n.endswith("-") else n for n in _REGISTRY)
 
 
 def get_codec(name: str) -> Codec:
     """The codec called ``name``; an unknown name raises ValueError naming the known ones."""
-    _load()
     if name in _REGISTRY and not name.endswith("-"):
-        return _REGISTRY[name]("")
-    for prefix, factory in _REGISTRY.items():
+        return _factory(name)("")
+    for prefix in _REGISTRY:
         if prefix.endswith("-") and name.startswith(prefix) and len(name) > len(prefix):
-            return factory(name[len(prefix) :])
+            return _factory(prefix)(name[len(prefix) :])
     raise ValueError(f"unknown codec {name!r}; known: {', '.join(codec_names())}")
 
 
-def _load() -> None:
-    # the codec modules register themselves on import
-    from powertrip.codecs import fp8, int4, int8, none, topk  # noqa: F401
+def _factory(name: str) -> Callable[[str], Codec]:
+    """The factory registered as ``name``, importing a built-in codec's module on first use."""
+    entry = _REGISTRY[name]
+    if isinstance(entry, str):
+        module, _, attribute = entry.partition(":")
+        built = getattr(importlib.import_module(module), attribute)
+        # a built-in codec class takes no parameter; a family's factory takes the name's
+        entry = built if name.endswith("-") else (lambda _param, cls=built: cls())
+        _REGISTRY[name] = entry
+    return entry
 
 
 def roundtrip(codec: Codec, x: np.ndarray) -> tuple[np.ndarray, int]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from powertrip.codecs import register
 from powertrip.codecs.base import Codec, Payload
 from powertrip.codecs.blocks import absmax_scales, blocks, n_blocks, unblocks
 from powertrip.learning.device import array, tensor
@@ -34,6 +33,3 @@ class Fp8Codec(Codec):
 
     def bytes_for(self, size: int) -> int:
         return size + 4 * n_blocks(size)
-
-
-register("fp8", lambda _: Fp8Codec())

@@ -3,9 +3,10 @@ block of 256 entries (each entry off by at most scale/2)."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-from powertrip.codecs import register
 from powertrip.codecs.base import Codec, Payload
 from powertrip.codecs.blocks import absmax_scales, blocks, n_blocks, quantize, unblocks
 
@@ -23,11 +24,11 @@ class Int4Codec(Codec):
         if n % 2:
             nibbles = np.append(nibbles, np.uint8(0))
         packed = (nibbles[0::2] | (nibbles[1::2] << 4)).astype(np.uint8)
-        return Payload(np.shape(x), {"codes": packed, "scales": scale}, {"size": n})
+        return Payload(np.shape(x), {"codes": packed, "scales": scale})
 
     def decode(self, payload: Payload) -> np.ndarray:
         packed, scale = payload.parts["codes"], payload.parts["scales"]
-        n = int(payload.meta["size"])  # the shape header's product
+        n = math.prod(payload.shape)  # the entries (the codes hold a padding nibble when odd)
         nibbles = np.empty(packed.size * 2, dtype=np.int16)
         nibbles[0::2] = packed & 0x0F
         nibbles[1::2] = packed >> 4
@@ -35,6 +36,3 @@ class Int4Codec(Codec):
 
     def bytes_for(self, size: int) -> int:
         return -(-size // 2) + 4 * n_blocks(size)
-
-
-register("int4", lambda _: Int4Codec())

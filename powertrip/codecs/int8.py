@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from powertrip.codecs import register
 from powertrip.codecs.base import Codec, Payload
 from powertrip.codecs.blocks import absmax_scales, blocks, n_blocks, quantize, unblocks
 
@@ -26,6 +25,3 @@ class Int8Codec(Codec):
 
     def bytes_for(self, size: int) -> int:
         return size + 4 * n_blocks(size)
-
-
-register("int8", lambda _: Int8Codec())

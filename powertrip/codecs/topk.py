@@ -8,7 +8,6 @@ import math
 
 import numpy as np
 
-from powertrip.codecs import register
 from powertrip.codecs.base import Codec, Payload
 
 
@@ -48,6 +47,3 @@ def _topk(param: str) -> TopKCodec:
     except ValueError:
         raise ValueError(f"topk-<p> needs a number p (percent), got topk-{param}") from None
     return TopKCodec(percent)
-
-
-register("topk-", _topk)

@@ -1,19 +1,31 @@
 """The local optimizer recipe: what each site runs for its local steps, validated once.
 
-Every engine (vmap, stacked chain, compiled, one site at a time) applies the same recipe
-through one seam, ``SiteOptimizer`` (site_optim.py), so a recipe means the same thing
-wherever it trains. The default, plain SGD at a constant lr, is exactly the trainer's old
-``p -= lr * g``. A schedule's ``total_steps`` counts each site's own cumulative local steps
-across the rounds that pick it, whether its moments are kept (``keep_state``: DiLoCo's inner
-AdamW) or reset every round (the curtailment paper's inner optimizer).
+``name`` is any registered optimizer (``powertrip.config.optimizers``: sgd, momentum, nesterov,
+adamw, muon and a user's own), its math one rule in ``powertrip.learning.optimizers`` that every
+engine applies (``SiteOptimizer`` over stacked sites, its ``torch.optim`` twin in the rank
+engine), so a recipe means the same thing wherever it trains. The default, plain SGD at a
+constant lr, is exactly the trainer's old ``p -= lr * g``. A schedule's ``total_steps`` counts
+each site's own cumulative local steps across the rounds that pick it, whether its moments are
+kept (``keep_state``: DiLoCo's inner AdamW) or reset every round (the curtailment paper's inner
+optimizer).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Literal, Self
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from powertrip.config.optimizers import optimizer_entry, optimizer_names
 
 __all__ = [
     "MAX_LR",
@@ -27,7 +39,18 @@ __all__ = [
     "decays",
 ]
 
-OptimizerName = Literal["sgd", "momentum", "nesterov", "adamw"]
+
+def _registered(name: str) -> str:
+    optimizer_entry(name)  # an unknown name: the registered ones, in the error
+    return name
+
+
+def _name_choices(schema: dict[str, Any]) -> None:
+    schema["enum"] = list(optimizer_names())  # the names registered when the schema is read
+
+
+#: a registered optimizer's name (``powertrip.config.optimizers``): an open set, not a Literal
+OptimizerName = Annotated[str, AfterValidator(_registered), Field(json_schema_extra=_name_choices)]
 ScheduleName = Literal["constant", "cosine", "wsd"]
 
 # Bounds on absurd values, not on good ones: each value past them makes every update NaN or
@@ -52,13 +75,15 @@ class LocalOptimizer(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    #: a registered optimizer (``optimizer_names()``); the fields below it does not read are
+    #: ignored (AdamW reads no momentum, SGD no betas)
     name: OptimizerName = "sgd"
     #: the peak lr; None: the workload's learning rate (``with_lr`` fills it in)
     lr: float | None = Field(None, gt=0, le=MAX_LR, allow_inf_nan=False)
-    momentum: float = Field(0.9, ge=0, lt=1)
+    momentum: float = Field(0.9, ge=0, lt=1)  # momentum/nesterov (Muon: nanochat's 0.95)
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = Field(1e-8, gt=0, le=1, allow_inf_nan=False)
-    #: AdamW: decoupled; sgd/momentum/nesterov: added to the gradient (L2). Never on 1-D
+    #: AdamW, Muon: decoupled; sgd/momentum/nesterov: added to the gradient (L2). Never on 1-D
     #: parameters (biases, norm weights) nor tensors named as embeddings (``decays``).
     weight_decay: float = Field(0.0, ge=0, le=MAX_WEIGHT_DECAY, allow_inf_nan=False)
     schedule: ScheduleName = "constant"
@@ -129,14 +154,15 @@ class LocalOptimizer(BaseModel):
         """Whether a site's round depends on its earlier rounds: moments kept across rounds
         (``keep_state``), or an lr that follows the site's cumulative step count (a schedule or
         a warm-up, which run on cumulative steps even when the moments are reset)."""
-        kept_moments = self.keep_state and self.name != "sgd"
+        kept_moments = self.keep_state and optimizer_entry(self.name).moments
         return kept_moments or self.schedule != "constant" or self.warmup_steps > 0
 
     @property
     def plain_sgd(self) -> bool:
-        """Whether the update is exactly ``p -= lr * g`` (the engines' in-graph fast path)."""
+        """Whether the update is exactly ``p -= lr * g`` (the engines' in-graph fast path):
+        plain SGD's rule at a constant lr, without decay or clipping."""
         return (
-            self.name == "sgd"
+            optimizer_entry(self.name).plain
             and self.schedule == "constant"
             and self.warmup_steps == 0
             and self.weight_decay == 0

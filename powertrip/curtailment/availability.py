@@ -16,9 +16,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from powertrip.traces.carbon import HOLD_S, THRESHOLD, CarbonTrace, curtailment_windows
-
-PROVISIONING_S = 240.0  # the paper's logged run (its code's current default is 300 s)
+from powertrip.config.carbon import HOLD_S, PROVISIONING_S, THRESHOLD
+from powertrip.traces.carbon import CarbonTrace, curtailment_windows
 
 
 @dataclass(frozen=True)

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from powertrip.traces.carbon import THRESHOLD, CarbonTrace
+from powertrip.config.carbon import THRESHOLD
+from powertrip.config.footprint import IDLE_KW, TRAIN_KW
+from powertrip.traces.carbon import CarbonTrace
 
-TRAIN_KW = 2.024  # a 4 x A100 site training (the paper's notebook)
-IDLE_KW = 0.468  # provisioned but not training: provisioning, loading, waiting for a round
 GRID_S = 60.0
 
 Intervals = list[tuple[float, float]]

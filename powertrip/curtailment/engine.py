@@ -32,7 +32,6 @@ import numpy as np
 
 from powertrip import state_dict as sd
 from powertrip.curtailment.availability import SiteAvailability, change_times, connected_at
-from powertrip.curtailment.carbon_greedy import CarbonSiteProfile
 from powertrip.curtailment.cursor import ShardCursor
 from powertrip.curtailment.emissions import SitePowerLog
 from powertrip.curtailment.run_model import (
@@ -44,8 +43,9 @@ from powertrip.curtailment.run_model import (
     SiteWork,
 )
 from powertrip.curtailment.wall_clock import WallClockRounds
-from powertrip.rounds import policy_rng, round_feedback
+from powertrip.rounds.loop import policy_rng, round_feedback
 from powertrip.selection.base import RoundContext, SelectionPolicy
+from powertrip.selection.carbon_greedy import CarbonSiteProfile
 from powertrip.traces.carbon import CarbonTrace
 
 

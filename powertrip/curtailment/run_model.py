@@ -13,7 +13,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from powertrip import state_dict as sd
-from powertrip.curtailment.emissions import IDLE_KW, TRAIN_KW, SitePowerLog
+from powertrip.config.footprint import IDLE_KW, TRAIN_KW
+from powertrip.curtailment.emissions import SitePowerLog
 
 
 @dataclass(frozen=True)

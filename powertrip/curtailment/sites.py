@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from powertrip.curtailment.config import CurtailmentConfig
+from powertrip.config.curtailment import CurtailmentConfig
 from powertrip.curtailment.run_model import ElasticSite
-from powertrip.sites import generate_sites
-from powertrip.timing import comm_time_s
+from powertrip.sites.profiles import generate_sites
+from powertrip.sites.timing import comm_time_s
 from powertrip.traces.carbon import CarbonTrace, read_carbon_trace, synthetic_carbon_trace
 
 #: Embedded trace: the generator's levels lowered so that its three regions are curtailed for
@@ -27,7 +27,7 @@ def load_carbon(cfg: CurtailmentConfig) -> CarbonTrace:
 
 def build_sites(cfg: CurtailmentConfig, trace: CarbonTrace) -> tuple[ElasticSite, ...]:
     """One site per region (or several), links from PowerTrip's distance model (Eq. 3,
-    ``powertrip.sites``). A site at power fraction P draws idle + P·(train - idle) while
+    ``powertrip.sites.profiles``). A site at power fraction P draws idle + P·(train - idle) while
     training: a power cap idles GPUs (Eq. 6) but the node's idle draw remains."""
     regions = cfg.regions or trace.regions
     unknown = [r for r in regions if r not in trace.regions]

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from powertrip.config.workloads import resolve_workload
 from powertrip.learning.datasets.record import Dataset, DatasetError, split_indices
 
 __all__ = ["CustomWorkload", "Partitioner", "dataset_from_arrays", "dataset_from_torch"]
@@ -76,13 +77,14 @@ class CustomWorkload:
         """Call ``loss`` once on the initial model's logits for the first training samples (and
         under ``vmap`` when ``batched``, as the batched trainer does): ValueError, naming the
         workload, unless it gives ``rows`` finite per-sample values."""
-        if self.loss is None:
+        loss = self.loss
+        if loss is None:
             return
         n = min(rows, len(data.y_train))
         device = next(model.parameters(), torch.zeros(())).device
         with torch.no_grad():
             x, y = data.x_train[:n].to(device), data.y_train[:n].to(device)
-            out = self.loss(model.eval()(x), y)
+            out = loss(model.eval()(x), y)
         where = f"workload {self.name!r}: loss(logits, targets)"
         if not isinstance(out, torch.Tensor) or out.shape != (n,):
             got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
@@ -90,7 +92,7 @@ class CustomWorkload:
         if not bool(torch.isfinite(out).all()):
             raise ValueError(f"{where} is not finite on the initial model: {out.tolist()}")
         if batched:  # its gradient, batched over sites as the trainer takes it
-            summed = torch.func.grad(lambda logits, targets: self.loss(logits, targets).sum())
+            summed = torch.func.grad(lambda logits, targets: loss(logits, targets).sum())
             try:
                 with torch.no_grad():
                     torch.func.vmap(summed)(model(x).unsqueeze(0), y.unsqueeze(0))
@@ -232,3 +234,12 @@ def dataset_from_torch(
     x, y = stack(train)
     xt, yt = stack(test) if test is not None else (None, None)
     return dataset_from_arrays(x, y, xt, yt, **kwargs)
+
+
+def custom_workload(name: str) -> CustomWorkload | None:
+    """The ``CustomWorkload`` a run's workload name refers to; None for a built-in one (the
+    name resolves in ``powertrip.config.workloads``, which holds it without its type)."""
+    found = resolve_workload(name)
+    if found is not None and not isinstance(found, CustomWorkload):
+        raise ValueError(f"workload {name!r}: expected a powertrip.CustomWorkload")
+    return found

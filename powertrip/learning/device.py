@@ -20,8 +20,6 @@ import numpy as np
 import torch
 from numpy.typing import ArrayLike, NDArray
 
-from powertrip.fedavg import NumpyParams
-
 __all__ = [
     "TorchParams",
     "array",
@@ -35,6 +33,10 @@ __all__ = [
     "to_numpy",
     "to_torch",
 ]
+
+#: A model as numpy arrays by parameter name: what FedAvg folds and what travels on the wire
+#: (``TorchParams`` below is the same model as torch tensors).
+NumpyParams = dict[str, NDArray[np.floating]]
 
 #: A model as torch tensors by parameter name (``NumpyParams`` is the numpy form).
 TorchParams = dict[str, torch.Tensor]
@@ -128,7 +130,8 @@ def row_to_numpy(stacked: Mapping[str, torch.Tensor], j: int) -> NumpyParams:
 
 def host_rows(params: Mapping[str, torch.Tensor], k: int) -> TorchParams:
     """k rows of every tensor in host memory, for a batched round's results: views of one
-    [k, P] matrix when the model has one dtype (``powertrip.fold_rows``: the fold then reads
+    [k, P] matrix when the model has one dtype (``powertrip.aggregation.fold_rows``: the fold then
+    reads
     whole rows), else one buffer per tensor. Row j of each view is contiguous."""
     dtypes = {p.dtype for p in params.values()}
     if len(dtypes) != 1:

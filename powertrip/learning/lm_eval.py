@@ -17,7 +17,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-__all__ = ["LMEval", "bits_per_byte", "evaluate_lm"]
+from powertrip.learning.datasets.record import Dataset
+from powertrip.learning.datasets.text import BYTE_VOCAB
+
+__all__ = ["LMEval", "bits_per_byte", "evaluate_lm", "validation_bytes"]
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,17 @@ def bits_per_byte(nats_per_token: float, tokens: int, num_bytes: int) -> float:
     if tokens < 1 or num_bytes < 1:
         raise ValueError(f"need >= 1 token and byte, got {tokens} tokens, {num_bytes} bytes")
     return nats_per_token * tokens / num_bytes / math.log(2)
+
+
+def validation_bytes(data: Dataset) -> tuple[int, int] | None:
+    """(predicted tokens, UTF-8 bytes they spell) of an LM dataset's validation windows, with
+    which the studies' mean loss per token over them becomes bits per byte: a BPE's
+    ``val_bytes``, one byte per token for byte tokens. None for a ``.npy`` of ids from an
+    unknown tokenizer (a vocabulary other than the bytes' and no ``val_bytes``)."""
+    tokens = int(data.y_test.numel())
+    if data.val_bytes is not None:
+        return tokens, int(data.val_bytes)
+    return (tokens, tokens) if data.num_classes == BYTE_VOCAB else None
 
 
 @torch.no_grad()

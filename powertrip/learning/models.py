@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from powertrip.experiment import MODEL_FOR_WORKLOAD
+from powertrip.config.experiment import MODEL_FOR_WORKLOAD
 from powertrip.learning.datasets import Dataset
 from powertrip.learning.gpt import GPT, GPTShape, gpt_shape
 from powertrip.learning.kwt import KWT, KWTShape

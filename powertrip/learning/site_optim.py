@@ -1,7 +1,9 @@
 """One optimizer step for many sites whose parameters are stacked along axis 0.
 
-Elementwise AdamW (or momentum SGD) over [rows, *shape] tensors is exactly per-site AdamW
-when the three things that are not elementwise are kept per row: the step count (bias
+The update itself is the recipe's rule (``powertrip.learning.optimizers``: SGD, AdamW, Muon, a
+user's own); this module keeps what every rule shares. Elementwise AdamW (or momentum SGD)
+over [rows, *shape] tensors is exactly per-site AdamW when the three things that are not
+elementwise are kept per row: the step count (bias
 correction, the schedule's position), the lr, and the gradient clipping norm (a site's global
 norm over all its tensors). Rows follow the engines' active-prefix convention: ``update(...,
 active=a)`` touches rows ``[:a]`` only, so a finished site neither moves, nor decays its
@@ -22,8 +24,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from powertrip.config.recipe import LocalOptimizer, decays
+from powertrip.config.recipe import LocalOptimizer
 from powertrip.learning.lr_schedule import lr_factors
+from powertrip.learning.optimizers.base import RowStep, per_row, resolved_lr
+from powertrip.learning.optimizers.registry import moment_kinds, rule_for
 
 __all__ = ["MAX_STEP", "SiteOptimizer", "SiteState", "SiteStateLog"]
 
@@ -35,8 +39,9 @@ MAX_STEP = 2**40
 
 @dataclass(frozen=True)
 class SiteState:
-    """One site's optimizer state: its cumulative local steps and its moments per tensor
-    (AdamW: ``exp_avg``/``exp_avg_sq``; momentum/nesterov: ``momentum``), unstacked."""
+    """One site's optimizer state: its cumulative local steps and its moments per tensor, by
+    the kind names its rule declares (AdamW: ``exp_avg``/``exp_avg_sq``; momentum/nesterov:
+    ``momentum``; Muon: ``momentum`` on its matrices, AdamW's on the rest), unstacked."""
 
     step: int
     moments: Mapping[str, Mapping[str, torch.Tensor]]
@@ -90,10 +95,9 @@ class SiteState:
         tensors = [(n, k, t) for n, m in self.moments.items() for k, t in m.items()]
         if not tensors:
             return None
+        second = {name for name, kind in moment_kinds().items() if kind.nonnegative}
         sound = [
-            torch.isfinite(t).all() & (t >= 0).all()
-            if k == "exp_avg_sq"
-            else torch.isfinite(t).all()
+            torch.isfinite(t).all() & (t >= 0).all() if k in second else torch.isfinite(t).all()
             for _, k, t in tensors
         ]
         if bool(torch.stack([f.to(sound[0].device) for f in sound]).all()):
@@ -102,7 +106,7 @@ class SiteState:
             if not bool(torch.isfinite(t).all()):
                 what = "NaN" if bool(torch.isnan(t).any()) else "Inf"
                 return f"non-finite moments ({what} in {kind} of {name!r})"
-            if kind == "exp_avg_sq" and bool((t < 0).any()):
+            if kind in second and bool((t < 0).any()):
                 return f"negative second moments (in {kind} of {name!r})"
         return None
 
@@ -119,13 +123,14 @@ def _step_problem(what: str, value: object, most: int, most_name: str) -> str | 
 
 
 class SiteOptimizer:
-    """Per-row optimizer state and step for ``rows`` stacked sites of one round."""
+    """Per-row optimizer state and step for ``rows`` stacked sites of one round: the parts
+    every optimizer shares (step counts, the schedule, clipping, the moments' storage by row),
+    around the recipe's rule (``powertrip.learning.optimizers``), which does the update."""
 
     def __init__(self, recipe: LocalOptimizer, rows: int) -> None:
-        if recipe.lr is None:
-            raise ValueError("the recipe's lr must be resolved (LocalOptimizer.with_lr)")
         self.recipe = recipe
-        self.lr = recipe.lr
+        self.lr = resolved_lr(recipe)
+        self.rule = rule_for(recipe)
         self.rows = rows
         self.steps = np.zeros(rows, dtype=np.int64)  # cumulative local steps per row
         # steps since each row's moments began (AdamW's bias correction): ``steps`` unless the
@@ -133,19 +138,25 @@ class SiteOptimizer:
         # position still carries over but the moments and their correction start afresh
         self.moment_steps = np.zeros(rows, dtype=np.int64)
         self._moments: dict[str, dict[str, torch.Tensor]] = {}  # name -> kind -> [rows, ...]
+        self._kinds: dict[str, tuple[str, ...]] | None = None  # name -> the rule's kinds
         self._fast = recipe.plain_sgd
 
     # -- state in and out ---------------------------------------------------------------------
-    def _kinds(self) -> tuple[str, ...]:
-        if self.recipe.name == "adamw":
-            return ("exp_avg", "exp_avg_sq")
-        return ("momentum",) if self.recipe.name in ("momentum", "nesterov") else ()
-
-    def _moment(self, name: str, like: torch.Tensor) -> dict[str, torch.Tensor]:
+    def _moment(self, name: str, params: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``name``'s moments [rows, ...], zero when first asked for (``params``: every stacked
+        tensor, from which the rule says which moments each keeps)."""
         m = self._moments.get(name)
         if m is None:
+            if self._kinds is None:
+                shapes = {n: tuple(t.shape[1:]) for n, t in params.items()}
+                plan = self.rule.moments(self.recipe, shapes)
+                self._kinds = {n: tuple(k.name for k in kinds) for n, kinds in plan.items()}
+            like = params[name]
             shape = (self.rows, *like.shape[1:])
-            m = {k: torch.zeros(shape, dtype=like.dtype, device=like.device) for k in self._kinds()}
+            m = {
+                k: torch.zeros(shape, dtype=like.dtype, device=like.device)
+                for k in self._kinds.get(name, ())
+            }
             self._moments[name] = m
         return m
 
@@ -158,7 +169,7 @@ class SiteOptimizer:
             self.steps[row] = st.step
             self.moment_steps[row] = st.step if st.moment_step is None else st.moment_step
             for name, kinds in st.moments.items():
-                mine = self._moment(name, params[name])
+                mine = self._moment(name, params)
                 for kind, t in kinds.items():
                     if kind in mine:
                         mine[kind][row].copy_(t)
@@ -197,46 +208,13 @@ class SiteOptimizer:
         if r.clip_norm is not None:
             sq = sum(g.reshape(a, -1).float().pow(2).sum(1) for g in gs.values())
             coef = (r.clip_norm / (sq.sqrt() + _CLIP_EPS)).clamp(max=1.0).to(like.dtype)
-            gs = {n: g * _rows(coef, g) for n, g in gs.items()}
-        if r.name == "adamw":
-            self._adamw(params, gs, a, lr, self.moment_steps[:a])
-        else:
-            self._sgd(params, gs, a, lr)
+            gs = {n: g * per_row(coef, g) for n, g in gs.items()}
 
-    def _sgd(self, params, gs, a: int, lr: torch.Tensor) -> None:
-        r = self.recipe
-        for name, g in gs.items():
-            p = params[name][:a]
-            if r.weight_decay and decays(name, tuple(p.shape[1:])):
-                g = g.add(p, alpha=r.weight_decay)
-            if r.name in ("momentum", "nesterov"):
-                buf = self._moment(name, params[name])["momentum"][:a]
-                buf.mul_(r.momentum).add_(g)  # a fresh (zero) buffer starts at g, as torch's
-                g = g.add(buf, alpha=r.momentum) if r.name == "nesterov" else buf
-            p.sub_(g * _rows(lr, g))
+        def moments(name: str) -> dict[str, torch.Tensor]:
+            return {k: m[:a] for k, m in self._moment(name, params).items()}
 
-    def _adamw(self, params, gs, a: int, lr: torch.Tensor, t: np.ndarray) -> None:
-        r = self.recipe
-        b1, b2 = r.betas
-        like = lr
-        bc1 = torch.tensor(1.0 - b1**t, dtype=like.dtype, device=like.device)
-        bc2_sqrt = torch.tensor(np.sqrt(1.0 - b2**t), dtype=like.dtype, device=like.device)
-        step_size = lr / bc1
-        for name, g in gs.items():
-            p = params[name][:a]
-            m = self._moment(name, params[name])
-            exp_avg, exp_avg_sq = m["exp_avg"][:a], m["exp_avg_sq"][:a]
-            if r.weight_decay and decays(name, tuple(p.shape[1:])):
-                p.mul_(1.0 - _rows(lr, p) * r.weight_decay)
-            exp_avg.lerp_(g, 1.0 - b1)
-            exp_avg_sq.mul_(b2).addcmul_(g, g, value=1.0 - b2)
-            denom = (exp_avg_sq.sqrt() / _rows(bc2_sqrt, g)).add_(r.eps)
-            p.addcdiv_(exp_avg * _rows(-step_size, g), denom)
-
-
-def _rows(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """A per-row vector [a] shaped to broadcast over ``like`` [a, ...]."""
-    return v.view(-1, *([1] * (like.dim() - 1)))
+        step = RowStep(r, a, lr, self.moment_steps[:a], moments)
+        self.rule.update(step, {n: params[n][:a] for n in gs}, gs)
 
 
 class SiteStateLog:

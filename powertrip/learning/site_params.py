@@ -31,6 +31,7 @@ def get_params(model: nn.Module) -> TorchParams:
 
 def running_statistics(model: nn.Module) -> frozenset[str]:
     """The names in ``get_params`` that are not trained: the floating-point buffers (running
-    means and variances). A robust rule averages them unclipped (``powertrip.robust_fedavg``):
+    means and variances). A robust rule averages them unclipped
+    (``powertrip.aggregation.robust_fedavg``):
     they are estimates of the data, not steps, and a shortened one is simply wrong."""
     return frozenset(n for n, b in model.named_buffers() if b.is_floating_point())

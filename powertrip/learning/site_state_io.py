@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from powertrip.learning.device import to_host
+from powertrip.learning.optimizers.registry import moment_kinds
 from powertrip.learning.site_optim import SiteState
 
 __all__ = [
@@ -42,8 +43,6 @@ __all__ = [
 ]
 
 FORMAT = "powertrip-site-states/1"
-#: the moment kinds a ``SiteOptimizer`` keeps (AdamW's two, momentum/nesterov's one)
-KINDS = frozenset({"exp_avg", "exp_avg_sq", "momentum"})
 _ZIP_MAGIC = b"PK\x03\x04"  # torch.save's archive format begins so
 
 
@@ -209,10 +208,11 @@ def _state(
     if not isinstance(entry, dict) or set(entry) != {"step", "moment_step", "moments"}:
         return None, "damaged entry (not exactly 'step', 'moment_step' and 'moments')"
     moments = entry["moments"]
+    known = set(moment_kinds())  # the kinds the registered optimizers' rules declare
     if not isinstance(moments, dict) or not all(
-        isinstance(kinds, dict) and set(kinds) <= KINDS for kinds in moments.values()
+        isinstance(kinds, dict) and set(kinds) <= known for kinds in moments.values()
     ):
-        return None, f"damaged entry (moment kinds other than {sorted(KINDS)})"
+        return None, f"damaged entry (moment kinds other than {sorted(known)})"
     state = SiteState(entry["step"], moments, entry["moment_step"])
     why = state.problem(shapes)
     return (None, why) if why is not None else (state, None)

@@ -16,6 +16,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from powertrip import state_dict as sd
+from powertrip.selection.registration import PolicyMode, register_policy
 from powertrip.selection.scoring import (
     Ranking,
     ScoreForm,
@@ -247,3 +248,17 @@ class Centralized(SelectionPolicy):
 
     def select(self, ctx: RoundContext) -> NDArray[np.int64]:
         return np.arange(ctx.profile.size, dtype=np.int64)
+
+
+# -- the baselines a run builds by name (docs/selectors.md) -------------------------------------
+register_policy("static-optimal", lambda name, ctx: StaticTopK(ctx.need_k_star(name), name=name))
+register_policy("static-<k>", lambda name, ctx: StaticTopK(int(name.removeprefix("static-"))))
+register_policy("select-all", lambda name, ctx: SelectAll())
+register_policy("fixed-radius", lambda name, ctx: FixedRadius(ctx.radius_mi))
+register_policy("random", lambda name, ctx: RandomK(ctx.need_k_star(name)))
+for _name in ("centralized-25", "centralized-50"):
+    register_policy(
+        _name, lambda name, ctx: Centralized(int(name.removeprefix("centralized-")) / 100)
+    )
+# the curtailment study's run in which every connected site trains
+register_policy("curtailment", lambda name, ctx: SelectAll(), modes=[PolicyMode.CURTAILMENT])

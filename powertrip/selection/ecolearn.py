@@ -32,9 +32,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 from powertrip import state_dict as sd
-from powertrip.footprint import SiteGrid
 from powertrip.selection.base import RoundContext, RoundFeedback, SelectionPolicy
 from powertrip.selection.oort import OortConfig, OortUtility, participants, site_round_times
+from powertrip.selection.registration import register_policy
+from powertrip.sites.grid import SiteGrid
 
 
 @dataclass(frozen=True)
@@ -122,3 +123,6 @@ class EcoLearn(SelectionPolicy):
         where = f"policy {self.name} state"
         d = sd.fields(state, where, {"utility"})
         self.state.load_state_dict(d["utility"], f"{where}.utility")
+
+
+register_policy("ecolearn", lambda name, ctx: EcoLearn())  # its paper's defaults

@@ -38,6 +38,7 @@ from numpy.typing import NDArray
 from powertrip import state_dict as sd
 from powertrip.selection.base import RoundContext, RoundFeedback, SelectionPolicy
 from powertrip.selection.oort import OortConfig, OortUtility, participants, site_round_times
+from powertrip.selection.registration import register_policy
 
 #: (ctx, steps, step_s) -> forecast power fraction of every site in each step, shape (N, steps)
 Forecast = Callable[[RoundContext, int, float], NDArray[np.float64]]
@@ -187,3 +188,6 @@ class FedZero(SelectionPolicy):
 
 __all__ = ["FedZero", "FedZeroConfig", "Forecast", "persistence_forecast", "solve_selection"]
 __all__ += ["window_work"]
+
+
+register_policy("fedzero", lambda name, ctx: FedZero())  # its paper's defaults

@@ -15,8 +15,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from powertrip.selection.base import RoundContext
-from powertrip.selection.greedy import PowerTripGreedy
-from powertrip.sites import UNAVAILABLE_POWER
+from powertrip.selection.greedy import PROJECT_GREEDY, PowerTripGreedy, configured
+from powertrip.selection.registration import register_policy
+from powertrip.sites.profiles import UNAVAILABLE_POWER
 
 
 class ForecastGreedy(PowerTripGreedy):
@@ -54,3 +55,10 @@ def forecast_power(ctx: RoundContext, horizon_s: float) -> NDArray[np.float64]:
     if ctx.profile.available is not None:
         power = np.where(ctx.profile.available, power, UNAVAILABLE_POWER)
     return np.maximum(power, UNAVAILABLE_POWER)
+
+
+# The project's default over the forecast mean power of the round (docs/forecasts.md).
+register_policy(
+    "powertrip-forecast",
+    lambda name, context: ForecastGreedy(configured(PROJECT_GREEDY, context), name=name),
+)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
@@ -25,6 +25,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from powertrip import state_dict as sd
+from powertrip.config.sites import RoundTimeModel
 from powertrip.selection.base import (
     RankingConfig,
     RoundContext,
@@ -35,7 +36,8 @@ from powertrip.selection.base import (
     feedback_state,
 )
 from powertrip.selection.gains import GainModel, ProjectedGain, build_gain
-from powertrip.selection.scoring import Estimator, prefix_round_times
+from powertrip.selection.registration import PolicyContext, PolicyFactory, register_policy
+from powertrip.selection.scoring import Estimator, Ranking, prefix_round_times
 from powertrip.selection.topk import KeyedRanking, RankedPrefix
 
 __all__ = ["GainModel", "GreedyConfig", "PowerTripGreedy", "SearchMode"]
@@ -257,3 +259,59 @@ class PowerTripGreedy(SelectionPolicy):
             return k
         self._shrink_votes = 0
         return k
+
+
+# -- the variants a run builds by name (docs/reproduction.md §2) -------------------------------
+
+#: The paper's Algorithm 1 as reconstructed here (Eq. 8 ranking, log gain, mean-power estimate).
+PAPER_GREEDY = GreedyConfig()
+
+#: The project's previous default (``powertrip-noise``): rank by each site's own round time,
+#: project gains with the measured update noise scale B = tr(Sigma)/|G|^2, estimate the round by
+#: its true straggler.
+NOISE_GREEDY = GreedyConfig(
+    gain=GainModel.NOISE_SCALE,
+    estimator=Estimator.MAX,
+    ranking=RankingConfig(ranking=Ranking.ROUND_TIME),
+)
+
+#: The project's default (docs/reproduction.md §5): the same, with the noise scale measured along
+#: the direction the model moves (the projections of the updates on the last global delta).
+#: Two sites at least: one site measures no dispersion, so its noise scale would freeze.
+#: k0 and the window are the paper's at up to 100 sites and grow in proportion beyond
+#: (docs/scale.md: at 150 sites a ramp of 5 sites a round from 10 missed the target).
+PROJECT_GREEDY = replace(
+    NOISE_GREEDY, gain=GainModel.NOISE_DIRECTIONAL, min_sites=2, reference_sites=100
+)
+
+VARIANTS: dict[str, GreedyConfig] = {
+    "powertrip": PROJECT_GREEDY,
+    "powertrip-paper": PAPER_GREEDY,
+    "powertrip-noise": NOISE_GREEDY,
+    "powertrip-directional": PROJECT_GREEDY,
+    "powertrip-split": replace(NOISE_GREEDY, gain=GainModel.SPLIT_HALF, min_sites=2),
+    "powertrip-split-acc": replace(NOISE_GREEDY, gain=GainModel.SPLIT_HALF_ACCURACY, min_sites=2),
+    "powertrip-prefix": replace(PAPER_GREEDY, search=SearchMode.INCREMENTAL_PREFIX),
+    "powertrip-kappa": replace(PAPER_GREEDY, gain=GainModel.KAPPA_HEADROOM),
+    "powertrip-maxest": replace(PAPER_GREEDY, estimator=Estimator.MAX),
+    "highest-power": replace(PAPER_GREEDY, ranking=RankingConfig(ranking=Ranking.POWER)),
+    "lowest-latency": replace(PAPER_GREEDY, ranking=RankingConfig(ranking=Ranking.LATENCY)),
+}
+
+
+def configured(config: GreedyConfig, context: PolicyContext) -> GreedyConfig:
+    """A variant as a run configures it. The project's variants estimate a round with the
+    system's own time model (the straggler max for synchronous per-site rounds, Eq. 7 when work
+    is spread over the sites' power); the paper's keep Algorithm 1's mean-power estimate
+    whatever the system. Then the run's overrides, which ``GreedyConfig`` checks."""
+    if config.estimator is Estimator.MAX and context.round_time_model is RoundTimeModel.AGGREGATE:
+        config = replace(config, estimator=Estimator.AGGREGATE)
+    return replace(config, **context.greedy_overrides)
+
+
+def _variant(config: GreedyConfig) -> PolicyFactory:
+    return lambda name, context: PowerTripGreedy(configured(config, context), name=name)
+
+
+for _name, _config in VARIANTS.items():
+    register_policy(_name, _variant(_config))

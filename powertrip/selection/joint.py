@@ -20,13 +20,17 @@ where I_i and p_i are the site's carbon intensity and price now (``SiteGrid``).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 from numpy.typing import NDArray
 
-from powertrip.footprint import FootprintSettings, SiteGrid
+from powertrip.config.footprint import FootprintSettings
 from powertrip.selection.base import RoundContext
-from powertrip.selection.greedy import GreedyConfig, PowerTripGreedy
+from powertrip.selection.greedy import PROJECT_GREEDY, GreedyConfig, PowerTripGreedy, configured
+from powertrip.selection.registration import register_policy
 from powertrip.selection.topk import top_order
+from powertrip.sites.grid import SiteGrid
 
 
 class JointGreedy(PowerTripGreedy):
@@ -40,7 +44,7 @@ class JointGreedy(PowerTripGreedy):
     ) -> None:
         super().__init__(config, name=name)
         self.settings = settings or FootprintSettings()
-        self.grid: SiteGrid = self.settings.site_grid()
+        self.grid: SiteGrid = SiteGrid.from_settings(self.settings)
 
     def _grid(self, ctx: RoundContext) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         n = ctx.profile.size
@@ -76,3 +80,15 @@ class JointGreedy(PowerTripGreedy):
                 c = cost(series)
                 joint = joint + weight * c / max(c[k_r], 1e-12)
         return joint * times[k_r] / (1.0 + s.carbon_weight + s.price_weight)
+
+
+# The default weighs emissions and electricity cost against time on the study's grid
+# (``FootprintSettings``). Trading time for footprint runs few sites, so it keeps to the run's
+# round budget (3 decisions in a row behind the target's pace grow k; docs/joint-objective.md).
+JOINT_GREEDY = replace(PROJECT_GREEDY, round_budget=3)
+register_policy(
+    "powertrip-joint",
+    lambda name, context: JointGreedy(
+        configured(JOINT_GREEDY, context), context.footprint, name=name
+    ),
+)

@@ -29,6 +29,7 @@ from numpy.typing import NDArray
 
 from powertrip import state_dict as sd
 from powertrip.selection.base import RoundContext, RoundFeedback, SelectionPolicy
+from powertrip.selection.registration import register_policy
 
 #: the participants K per round when none is given: this share of the sites (at least one)
 DEFAULT_SHARE = 0.2
@@ -236,3 +237,6 @@ class Oort(SelectionPolicy):
         where = f"policy {self.name} state"
         d = sd.fields(state, where, {"utility"})
         self.state.load_state_dict(d["utility"], f"{where}.utility")
+
+
+register_policy("oort", lambda name, ctx: Oort())  # its paper's defaults

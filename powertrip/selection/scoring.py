@@ -13,7 +13,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from powertrip.selection.topk import full_order
-from powertrip.sites import SiteProfile
+from powertrip.sites.profiles import SiteProfile
 
 GB = 1e9  # update sizes are in decimal gigabytes
 

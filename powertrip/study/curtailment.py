@@ -29,7 +29,6 @@ from powertrip.curtailment.availability import (
     always_available,
     availability_from_trace,
 )
-from powertrip.curtailment.carbon_greedy import WallClockGreedy
 from powertrip.curtailment.cursor import ShardCursor
 from powertrip.curtailment.emissions import EnergyReport, account
 from powertrip.curtailment.engine import ElasticEngine
@@ -38,6 +37,7 @@ from powertrip.curtailment.sites import build_sites, load_carbon
 from powertrip.curtailment.wall_clock import WallClockRounds
 from powertrip.federation import StreamSetup, load_workload
 from powertrip.selection.base import SelectAll, SelectionPolicy
+from powertrip.selection.registry import PolicyContext, PolicyMode, build_policy
 from powertrip.traces.carbon import CarbonTrace
 
 Progress = Callable[[int, int, str], None]
@@ -74,14 +74,11 @@ class CurtailmentStudy:
         }
 
 
-def build_policy(name: str, cfg: CurtailmentConfig, rounds: WallClockRounds) -> SelectionPolicy:
-    """Who trains in a round: every connected site (curtailment), or Algorithm 1 (with the
-    carbon term for combined)."""
-    if name == "curtailment":
-        return SelectAll()
-    if name == "combined":
-        return WallClockGreedy(rounds, cfg.carbon_weight, name="combined")
-    return WallClockGreedy(rounds, 0.0, name=name)
+def policy_context(cfg: CurtailmentConfig, rounds: WallClockRounds) -> PolicyContext:
+    """What a curtailment run hands ``build_policy``: who trains in a round is every connected
+    site (``curtailment``) or Algorithm 1 over the wall-clock rounds (with the carbon term for
+    ``combined``; ``powertrip.selection.carbon_greedy``)."""
+    return PolicyContext(mode=PolicyMode.CURTAILMENT, curtailment=cfg, wall_clock=rounds)
 
 
 def build_engine(
@@ -126,7 +123,7 @@ def run_curtailment_study(
     plan: list[tuple[str, str, tuple[ElasticSite, ...], SelectionPolicy]] = []
     for name in cfg.policies:
         kind = "always-on" if name == "powertrip" else "curtailed"
-        plan.append((name, kind, sites, build_policy(name, cfg, rounds)))
+        plan.append((name, kind, sites, build_policy(name, policy_context(cfg, rounds))))
     plan.append(("always-on-fl", "always-on", sites[: cfg.always_on_sites], SelectAll()))
     single = replace(sites[0], power=1.0, comm_s=0.0, train_kw=cfg.train_kw)
     plan.append(("single-site", "always-on", (single,), SelectAll()))

@@ -17,8 +17,13 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
+from powertrip.aggregation.robust import Aggregation
 from powertrip.codecs import get_codec
-from powertrip.emulate import (
+from powertrip.config.experiment import ExperimentConfig
+from powertrip.federation import build_federation, load_workload
+from powertrip.footprint import Footprint, FootprintModel
+from powertrip.learning.lm_eval import validation_bytes
+from powertrip.rounds.emulate import (
     EmulatedRun,
     Emulator,
     RoundRecord,
@@ -26,15 +31,12 @@ from powertrip.emulate import (
     TimeModel,
     TrajectoryCache,
 )
-from powertrip.experiment import ExperimentConfig
-from powertrip.footprint import Footprint, FootprintModel
-from powertrip.forecast import build_forecaster
-from powertrip.learning.federation import build_federation, load_workload
-from powertrip.robust import Aggregation
 from powertrip.selection.base import StaticTopK
-from powertrip.selection.registry import build_policy
-from powertrip.sites import ModelledLinks, PowerSource, SiteSet, generate_sites
-from powertrip.traces.power_model import UNIFORM_LABEL, build_power
+from powertrip.selection.registry import PolicyContext, build_policy, validate_policy_name
+from powertrip.sites.forecast import build_forecaster
+from powertrip.sites.grid import SiteGrid
+from powertrip.sites.power_model import UNIFORM_LABEL, build_power
+from powertrip.sites.profiles import ModelledLinks, PowerSource, SiteSet, generate_sites
 
 #: progress hook: (finished runs, total runs, label of the run in progress)
 Progress = Callable[[int, int, str], None]
@@ -73,6 +75,8 @@ class StudyResult:
     cache_hits: int = 0
     cache_misses: int = 0
     power_label: str = UNIFORM_LABEL  # "synthetic-trace" must reach every output
+    #: an LM's (validation tokens, bytes they spell): its losses as bits per byte (lm_eval)
+    lm_validation: tuple[int, int] | None = None
 
     def model(self, policy: str, repeat: int = 0) -> dict[str, torch.Tensor]:
         """The final global model of ``policy``'s run in ``repeat`` as a ``state_dict`` (for
@@ -119,8 +123,8 @@ def choose_k_star(summaries: list[RunSummary], sweep: tuple[int, ...]) -> int:
 
     def cost(k: int) -> tuple[int, float]:
         rows = [s for s in summaries if s.policy == f"static-{k}"]
-        missed = sum(not s.reached for s in rows)
-        reached = [s.time_to_accuracy_s for s in rows if s.reached]
+        reached = [t for s in rows if (t := s.time_to_accuracy_s) is not None]
+        missed = len(rows) - len(reached)
         return missed, float(np.mean(reached)) if reached else math.inf
 
     return min(sweep, key=cost)
@@ -142,6 +146,14 @@ def wire_update_bytes(cfg: ExperimentConfig, params: Mapping[str, torch.Tensor])
     return cfg.update_bytes * get_codec(cfg.codec).ratio(tuple(t.shape) for t in params.values())
 
 
+def check_registered_names(cfg: ExperimentConfig) -> None:
+    """ValueError naming the first policy or codec no registry knows, before any work: the
+    configuration holds names, the registries above it resolve them."""
+    for name in cfg.policies:
+        validate_policy_name(name)
+    get_codec(cfg.codec)
+
+
 def run_study(
     cfg: ExperimentConfig,
     progress: Progress | None = None,
@@ -157,6 +169,7 @@ def run_study(
     ``keep_models``: which runs keep their final global model for ``StudyResult.model`` (one
     model in memory per kept run): none by default, every run with True, or the runs of the
     policies named (``"static-optimal"`` keeps static-k*'s)."""
+    check_registered_names(cfg)
     started = time.perf_counter()
     data = load_workload(cfg, seed=cfg.seed)
     sites, power, power_label = study_sites(cfg)
@@ -185,7 +198,7 @@ def run_study(
             if cfg.round_power == "integrated":
                 time_model = replace(time_model, power=power)
             footprint = FootprintModel(
-                power, cfg.ideal_compute_s, cfg.site_grid(), cfg.train_kw, cfg.idle_kw,
+                power, cfg.ideal_compute_s, SiteGrid.from_settings(cfg), cfg.train_kw, cfg.idle_kw,
                 integrated=cfg.round_power == "integrated",
             )  # fmt: skip
         emulators.append(
@@ -245,6 +258,7 @@ def run_study(
             run.model = None
 
     result = StudyResult(cfg, sites, target, k_star, power_label=power_label)
+    result.lm_validation = validation_bytes(data) if data.task == "lm" else None
     result.runs.extend(sweep_runs)
     result.summaries.extend(sweep_summaries)
     if "static-optimal" in cfg.policies and k_star is not None:
@@ -255,16 +269,15 @@ def run_study(
                 result.summaries.append(s)
 
     # Phase 2: every other policy.
-    overrides = cfg.greedy.overrides()
+    context = PolicyContext(
+        k_star=k_star,
+        greedy_overrides=cfg.greedy.overrides(),
+        round_time_model=cfg.ground_truth,
+        footprint=cfg,
+    )
     for rep in range(cfg.repeats):
         for name in others:
-            policy = build_policy(
-                name,
-                k_star=k_star,
-                greedy_overrides=overrides,
-                round_time_model=cfg.ground_truth,
-                footprint=cfg,
-            )
+            policy = build_policy(name, context)
             run = run_one(rep, policy, target)
             result.runs.append((rep, run))
             result.summaries.append(summarise(run, rep, target, footprint))

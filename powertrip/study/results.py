@@ -9,7 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from powertrip.sites import site_id
+from powertrip.learning.lm_eval import bits_per_byte as lm_bits_per_byte
+from powertrip.sites.profiles import site_id
 from powertrip.study.files import (
     data_label,
     json_safe,
@@ -58,6 +59,8 @@ class PolicyRow:
     energy_kwh: float | None = None
     emissions_kg: float | None = None
     cost_usd: float | None = None
+    #: an LM's validation bits per byte after its last round, mean over repeats; else None
+    bits_per_byte: float | None = None
 
 
 def _stats(values: list[float]) -> tuple[float | None, float | None]:
@@ -72,7 +75,7 @@ def policy_table(result: StudyResult) -> list[PolicyRow]:
     for s in result.summaries:
         by_policy.setdefault(s.policy, []).append(s)
     static = by_policy.get("static-optimal", [])
-    static_mean = _stats([s.time_to_accuracy_s for s in static if s.reached])[0]
+    static_mean = _stats([t for s in static if (t := s.time_to_accuracy_s) is not None])[0]
     rows = []
     for name in result.config.policies:
         runs = by_policy.get(name, [])
@@ -97,9 +100,31 @@ def policy_table(result: StudyResult) -> list[PolicyRow]:
                 energy_kwh=_stats([f.energy_kwh for f in priced])[0],
                 emissions_kg=_stats([f.emissions_kg for f in priced])[0],
                 cost_usd=_stats([f.cost_usd for f in priced])[0],
+                bits_per_byte=_stats(final_bits_per_byte(result, name))[0],
             )
         )
     return rows
+
+
+def bits_per_byte(result: StudyResult, loss: float) -> float | None:
+    """A mean validation loss per token of the study's LM as bits per byte; None for other
+    workloads and for token ids whose bytes are unknown (``lm_eval.validation_bytes``)."""
+    if result.lm_validation is None:
+        return None
+    return lm_bits_per_byte(loss, *result.lm_validation)
+
+
+def final_bits_per_byte(result: StudyResult, policy: str) -> list[float]:
+    """Bits per byte after the last round of each of ``policy``'s runs (static-optimal's are
+    static-k*'s); empty when the workload is not an LM."""
+    name = f"static-{result.k_star}" if policy == "static-optimal" else policy
+    out = []
+    for _, run in result.runs:
+        if run.policy == name and run.rounds:
+            bpb = bits_per_byte(result, run.rounds[-1].loss)
+            if bpb is not None:
+                out.append(bpb)
+    return out
 
 
 def sweep_table(result: StudyResult) -> list[tuple[int, float | None, float | None, int, int]]:
@@ -129,18 +154,20 @@ ROUND_FIELDS = (
 
 
 def write_outputs(result: StudyResult, out_dir: Path) -> dict[str, Path]:
-    """results.csv (policy x repeat), rounds.csv (every round), summary.json (table + config)."""
+    """results.csv (policy x repeat), rounds.csv (every round), summary.json (table + config).
+    An LM's runs also report bits per byte (final, per round) and its rounds perplexity."""
     out_dir.mkdir(parents=True, exist_ok=True)
     lm = result.config.workload == "lm"  # an LM's rounds also report perplexity = exp(loss)
+    bpb = result.lm_validation is not None
     paths = {
         "results": write_csv(
             out_dir / "results.csv",
-            RESULT_FIELDS,
+            [*RESULT_FIELDS, "final_bits_per_byte"] if bpb else RESULT_FIELDS,
             (_result_row(result, s) for s in result.summaries),
         ),
         "rounds": write_csv(
             out_dir / "rounds.csv",
-            (*ROUND_FIELDS, "perplexity") if lm else ROUND_FIELDS,
+            (*ROUND_FIELDS, *(["perplexity"] if lm else []), *(["bits_per_byte"] if bpb else [])),
             _round_lines(result, lm),
         ),
     }
@@ -182,7 +209,18 @@ def _result_row(result: StudyResult, s: RunSummary) -> dict[str, object]:
         "best_accuracy": f"{s.best_accuracy:.4f}",
         "power_model": result.power_label,
         **_footprint_cells(s),
+        **({"final_bits_per_byte": _bpb_cell(result, s)} if result.lm_validation else {}),
     }
+
+
+def _bpb_cell(result: StudyResult, s: RunSummary) -> str:
+    """The run's final bits per byte (a summary of static-optimal is static-k*'s run)."""
+    policy = f"static-{result.k_star}" if s.policy == "static-optimal" else s.policy
+    for rep, run in result.runs:
+        if rep == s.repeat and run.policy == policy and run.rounds:
+            bpb = bits_per_byte(result, run.rounds[-1].loss)
+            return "" if bpb is None else f"{bpb:.4f}"
+    return ""
 
 
 def _footprint_cells(s: RunSummary) -> dict[str, str]:
@@ -212,6 +250,8 @@ def _lm_quality(result: StudyResult) -> list[dict[str, object]]:
                 "final_loss": last,
                 "first_round_perplexity": math.exp(first),
                 "final_perplexity": math.exp(last),
+                "first_round_bits_per_byte": bits_per_byte(result, first),
+                "final_bits_per_byte": bits_per_byte(result, last),
             }
         )
     return out
@@ -220,6 +260,7 @@ def _lm_quality(result: StudyResult) -> list[dict[str, object]]:
 def _round_lines(result: StudyResult, lm: bool) -> Iterator[list[object]]:
     for rep, run in result.runs:
         for r in run.rounds:
+            bpb = bits_per_byte(result, r.loss)
             yield [
                 run.policy,
                 rep,
@@ -231,4 +272,5 @@ def _round_lines(result: StudyResult, lm: bool) -> Iterator[list[object]]:
                 f"{r.loss:.4f}",
                 " ".join(site_id(s) for s in r.selected),
                 *([f"{math.exp(r.loss):.4f}"] if lm else []),
+                *([] if bpb is None else [f"{bpb:.4f}"]),
             ]

@@ -67,7 +67,8 @@ from powertrip.services.common.fault_points import fault_point
 
 logger = logging.getLogger(__name__)
 KEEP = 2  # the newest and one fallback
-#: npz entries under this prefix are the outer optimizer's momentum (``powertrip.outer_step``),
+#: npz entries under this prefix are the outer optimizer's momentum
+# (``powertrip.aggregation.outer_step``),
 #: not model arrays: in the same file, so the model's SHA-256 covers them too
 MOMENTUM = "__outer_momentum__."
 #: npz entries under this prefix are the arrays of the run's component states (``pack``)

@@ -8,11 +8,13 @@ may send per-rank shards (``powertrip.services.aggregator.shards``), committed o
 Updates are checked chunk by chunk as they stream in (``TensorStreamReceiver``) and folded in the
 order the policy selected the sites, so the float32 sums, and hence the run, do not depend on
 network timing and equal the emulator's bit for bit. The update whose turn it is folds straight
-from its chunks (``direct_sink``, ``powertrip.fold_in_place``: undone exactly if its stream dies
+from its chunks (``direct_sink``, ``powertrip.aggregation.fold_in_place``: undone exactly if its
+stream dies
 or fails its checksum); one ahead of its turn waits in its spool (on disk when large). A stream
 that dies mid-way or carries a bad value leaves the sums as they were. Memory stays one
 accumulator (two with the split-half probe) plus a few chunks, whatever the number of uploads. A
-order-statistic rule (``powertrip.robust``, POWERTRIP_AGGREGATION trimmed-mean or median) must
+order-statistic rule (``powertrip.aggregation.robust``, POWERTRIP_AGGREGATION trimmed-mean or
+median) must
 hold every accepted update instead: n models (1.5 n with the split-half probe), still folded in
 selection order. The default ``robust`` rule judges an update by its whole norm, so it folds
 each from its spool once verified (read twice: the norm, then the fold), never in-place.
@@ -28,17 +30,18 @@ from typing import Any, BinaryIO
 
 from numpy.typing import NDArray
 
-from powertrip.fedavg import StreamingFedAvg
-from powertrip.fold_in_place import InPlaceFold
-from powertrip.fold_inputs import NumpyParams, weight_problem
-from powertrip.robust import Aggregation
-from powertrip.robust_fedavg import AdaptiveBound
+from powertrip.aggregation.fedavg import StreamingFedAvg
+from powertrip.aggregation.fold_in_place import InPlaceFold
+from powertrip.aggregation.fold_inputs import weight_problem
+from powertrip.aggregation.robust import Aggregation
+from powertrip.aggregation.robust_fedavg import AdaptiveBound
+from powertrip.learning.device import NumpyParams
 from powertrip.services.aggregator import metrics
 from powertrip.services.aggregator.shards import ShardedUpdate, ShardIntake
 from powertrip.services.common.errors import Duplicate, StaleRound
 from powertrip.services.common.fault_points import fault_point
 from powertrip.services.common.tensor_receiver import Sink, TensorStreamReceiver, VerifiedUpdate
-from powertrip.sites import site_id
+from powertrip.sites.profiles import site_id
 
 
 class CountedReceiver(TensorStreamReceiver):

@@ -1,6 +1,6 @@
 """Aggregator settings (POWERTRIP_* environment variables).
 
-The training run itself is an experiment configuration (``powertrip.experiment``): a preset
+The training run itself is an experiment configuration (``powertrip.config.experiment``): a preset
 plus overrides (``config_run.RunSettings``), so the service and ``powertrip experiment`` share
 one definition.
 """
@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from powertrip.curtailment.config import CurtailmentConfig
+from powertrip.config.curtailment import CurtailmentConfig
 from powertrip.services.aggregator.config_run import RunSettings
 from powertrip.services.common.config import DeviceSettings, ServiceConfig
 from powertrip.services.common.settings import CurtailSettings
@@ -171,7 +171,7 @@ class AggregatorConfig(ServiceConfig, RunSettings, CurtailSettings, DeviceSettin
             if self.mode == "curtailment":
                 c = self.curtailment()
                 return len(c.regions) * c.sites_per_region if c.regions else None
-            return self._build(self._partition()).num_sites
+            return self._build().num_sites
         except ValueError:  # the run's own checks report it
             return None
 

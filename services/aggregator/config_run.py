@@ -1,4 +1,5 @@
-"""The aggregator's training run: a preset of ``powertrip.experiment`` plus overrides that are the
+"""The aggregator's training run: a preset of ``powertrip.config.experiment`` plus overrides that
+are the
 library's ``ExperimentConfig`` fields under their own names (``POWERTRIP_NUM_SITES`` is
 ``num_sites``), so the service and ``powertrip experiment`` share one definition of each."""
 
@@ -8,8 +9,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
-from powertrip.config.recipe import LocalOptimizer
-from powertrip.experiment import (
+from powertrip.config.experiment import (
     AggregationRule,
     ExperimentConfig,
     ModelSize,
@@ -17,8 +17,10 @@ from powertrip.experiment import (
     build_config,
     needs_dataset_path,
 )
-from powertrip.forecast import ForecastModel
-from powertrip.outer_step import OuterRule
+from powertrip.config.forecast import ForecastModel
+from powertrip.config.outer import OuterRule
+from powertrip.config.recipe import LocalOptimizer
+from powertrip.config.workload_defaults import check_partition
 from powertrip.selection.registry import validate_policy_name
 from powertrip.services.common.config import ConfigError, config_error
 from powertrip.services.common.settings import env_name, library_field, library_fields
@@ -76,10 +78,7 @@ class RunSettings(BaseModel):
                 "POWERTRIP_FORECAST=oracle needs the true future power, which the aggregator "
                 "does not have: persistence or ewma (fitted on the profiler's reports)"
             )
-        if self.workload == "lm" and self.partition not in (None, "iid"):
-            raise ValueError(
-                "POWERTRIP_WORKLOAD=lm has no labels to split by: POWERTRIP_PARTITION=iid"
-            )
+        check_partition(self.workload, self.partition, f"{env_name('partition')}=")
         return self
 
     def experiment(self) -> ExperimentConfig:
@@ -89,20 +88,16 @@ class RunSettings(BaseModel):
             var = env_name("dataset_path")
             raise ConfigError(f"{var}={str(self.dataset_path)!r}: no such file or directory")
         try:
-            return self._build(self._partition())
+            return self._build()
         except ValidationError as exc:
             raise config_error(exc, {}) from None
 
-    def _partition(self) -> str | None:
-        if self.workload == "lm" and self.partition is None:
-            return "iid"  # the presets' label skew does not apply to a text corpus
-        return self.partition
-
-    def _build(self, partition: str | None) -> ExperimentConfig:
+    def _build(self) -> ExperimentConfig:
+        # unset settings leave the preset's value, over the workload's (lm: iid sites)
         overrides = {n: getattr(self, n) for n in library_fields(type(self), ExperimentConfig)}
         return build_config(
             self.preset,
-            **{**overrides, "partition": partition},
+            **overrides,
             policies=(self.policy,),
             static_sweep=(self.k_star,) if self.k_star else None,
         )

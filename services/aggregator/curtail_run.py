@@ -22,16 +22,17 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from powertrip.config.tokenizer import with_tokenizer_hash
 from powertrip.curtailment.cursor import ShardCursor
 from powertrip.curtailment.emissions import EnergyReport, account
 from powertrip.curtailment.engine import ElasticEngine, ElasticState
 from powertrip.curtailment.run_model import ElasticRound, ElasticRun, ElasticSite
 from powertrip.curtailment.sites import build_sites
+from powertrip.federation import StreamSetup
 from powertrip.learning.device import TorchParams, to_numpy, to_torch
-from powertrip.learning.federation import StreamSetup
-from powertrip.learning.tokenizer_settings import with_tokenizer_hash
-from powertrip.rounds import RoundRecord, policy_rng
+from powertrip.rounds.loop import RoundRecord, policy_rng
 from powertrip.selection.base import SelectionPolicy
+from powertrip.selection.registry import build_policy
 from powertrip.services.aggregator import checkpoint, journal_file, metrics
 from powertrip.services.aggregator.checkpoint_writer import CheckpointWriter
 from powertrip.services.aggregator.config import AggregatorConfig
@@ -41,9 +42,9 @@ from powertrip.services.aggregator.lifecycle import Registration, RunLifecycle
 from powertrip.services.aggregator.profile_feed import ProfileFeed
 from powertrip.services.aggregator.resume import fits_run, run_digest
 from powertrip.services.aggregator.run_status import StatusRound
-from powertrip.sites import site_id
+from powertrip.sites.profiles import site_id
 from powertrip.state_dict import fields
-from powertrip.study.curtailment import build_engine, build_policy
+from powertrip.study.curtailment import build_engine, policy_context
 from powertrip.traces.carbon import CarbonTrace
 
 logger = logging.getLogger(__name__)
@@ -202,7 +203,7 @@ class CurtailmentRun(RunLifecycle):
     ) -> tuple[SelectionPolicy, ShardCursor, ElasticState]:
         """The policy, the cursor and the engine's state of this run before its first round
         (the initial model not yet evaluated)."""
-        policy = build_policy(self.policy_name, self.config, self.rounds)
+        policy = build_policy(self.policy_name, policy_context(self.config, self.rounds))
         cursor = ShardCursor(len(self.setup.data.y_train), self.config.num_shards)
         run = ElasticRun(policy.name, sites, cursor.total_rows)
         return policy, cursor, ElasticState(run, policy_rng(self.config.seed, policy))

@@ -1,5 +1,6 @@
 """The service's RoundExecutor: broadcast the model to the workers of the selected sites, collect
-their streamed updates, then commit and report the round with ``powertrip.outcome`` (each site's
+their streamed updates, then commit and report the round with ``powertrip.rounds.outcome`` (each
+site's
 reported loss and samples added, ``site_reports``): the emulator's round loop and arithmetic.
 
 A round commits only with a quorum (POWERTRIP_MIN_CONTRIBUTIONS accepted updates); below it, or
@@ -17,12 +18,13 @@ import grpc
 import numpy as np
 from numpy.typing import NDArray
 
-from powertrip.fedavg import NumpyParams, delta_sketch, sketch_stride
-from powertrip.outcome import Evaluate, round_outcome
-from powertrip.outer_step import NesterovOuter
-from powertrip.robust import Aggregation
-from powertrip.robust_fedavg import AdaptiveBound
-from powertrip.rounds import RoundOutcome
+from powertrip.aggregation.fedavg import delta_sketch, sketch_stride
+from powertrip.aggregation.outer_step import NesterovOuter
+from powertrip.aggregation.robust import Aggregation
+from powertrip.aggregation.robust_fedavg import AdaptiveBound
+from powertrip.learning.device import NumpyParams
+from powertrip.rounds.loop import RoundOutcome
+from powertrip.rounds.outcome import Evaluate, round_outcome
 from powertrip.services.aggregator import metrics
 from powertrip.services.aggregator.collector import RoundCollector, RoundGate
 from powertrip.services.aggregator.registry import WorkerRegistry
@@ -36,7 +38,7 @@ from powertrip.services.common.tensor_stream import (
     specs_of,
     wrap_tensor_stream,
 )
-from powertrip.sites import SiteProfile, site_id
+from powertrip.sites.profiles import SiteProfile, site_id
 from powertrip.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 
 logger = logging.getLogger(__name__)
@@ -109,7 +111,8 @@ class GrpcRoundExecutor:
         self.site_weights = site_weights
         self.min_contributions = min_contributions  # quorum: fewer accepted updates fail a round
         self.failure: tuple[int, str] | None = None  # (round, reason) of the last failed round
-        self.aggregation = aggregation or Aggregation()  # the run's rule (powertrip.robust)
+        # the run's rule (powertrip.aggregation.robust)
+        self.aggregation = aggregation or Aggregation()
         #: the robust rule's bound from the rounds so far (checkpointed; ``restore_bound``),
         #: None for a rule that carries none
         self.bound: AdaptiveBound | None = None

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import logging
 
-from powertrip.experiment import ExperimentConfig
+from powertrip.config.experiment import ExperimentConfig
 from powertrip.footprint import FootprintModel
-from powertrip.rounds import RoundRecord
+from powertrip.rounds.loop import RoundRecord
 from powertrip.services.aggregator import metrics
-from powertrip.sites import PowerSource, site_id
+from powertrip.sites.grid import SiteGrid
+from powertrip.sites.profiles import PowerSource, site_id
 
 __all__ = ["FootprintMeter"]
 
@@ -33,7 +34,7 @@ class FootprintMeter:
         self.model = FootprintModel(
             power,
             ideal_compute_s,
-            exp.site_grid(),
+            SiteGrid.from_settings(exp),
             exp.train_kw,
             exp.idle_kw,
             integrated=exp.round_power == "integrated",

@@ -14,13 +14,13 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from powertrip.aggregation.outer_step import NesterovOuter
+from powertrip.aggregation.robust import AdaptiveBound, Aggregation
 from powertrip.curtailment.learner import Evaluate, FoldingLearner
 from powertrip.learning.device import TorchParams, to_numpy, to_torch
-from powertrip.outer_step import NesterovOuter
-from powertrip.robust import AdaptiveBound, Aggregation
 from powertrip.services.aggregator.delta_inbox import DeltaInbox
 from powertrip.services.aggregator.executor import GrpcRoundExecutor
-from powertrip.sites import site_id
+from powertrip.sites.profiles import site_id
 from powertrip.state_dict import fields, integer
 from powertrip.v1 import common_pb2
 

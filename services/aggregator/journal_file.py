@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from powertrip.journal import JournalEntry
+from powertrip.rounds.journal import JournalEntry
 from powertrip.services.aggregator import metrics
 from powertrip.services.aggregator.durable_files import commit_rename, fsync_dir, write_temp
 

@@ -36,7 +36,7 @@ UPDATES = Counter(
 )
 REPORTED_REFUSED = Counter(
     "powertrip_reported_values_refused_total",
-    "Numbers workers reported that no policy saw as reported (powertrip.reported): a loss "
+    "Numbers workers reported that no policy saw as reported (powertrip.rounds.reported): a loss "
     "replaced by the round's median, a sample count rounded; by field and reason.",
     ["field", "reason"],
 )
@@ -108,7 +108,8 @@ PROFILER_DEGRADED = Gauge(
 PROFILE_AGE = Gauge(
     "powertrip_profile_age_seconds", "Wall seconds since the profiler last answered."
 )
-# the default robust aggregation (powertrip.robust): its bound for the next round, in units of
+# the default robust aggregation (powertrip.aggregation.robust): its bound for the next round, in
+# units of
 # the global model's norm, and what it did to each update
 AGGREGATION_BOUND = Gauge(
     "powertrip_aggregation_bound_ratio",

@@ -16,7 +16,8 @@ import threading
 import numpy as np
 from numpy.typing import NDArray
 
-from powertrip.forecast import Forecaster, ForecastModel, build_forecaster
+from powertrip.config.forecast import ForecastModel
+from powertrip.sites.forecast import Forecaster, build_forecaster
 
 __all__ = ["ObservedPower", "observed_forecaster"]
 

@@ -28,14 +28,14 @@ import grpc
 import numpy as np
 
 from powertrip.curtailment.availability import SiteAvailability
-from powertrip.rounds import TimeModel
+from powertrip.rounds.loop import TimeModel
 from powertrip.services.aggregator import metrics
 from powertrip.services.aggregator.config import AggregatorConfig
 from powertrip.services.common.grpc_client import make_channel, retry_idempotent
 from powertrip.services.common.identity import PROFILER
 from powertrip.services.common.wire import from_availability_reply
-from powertrip.sites import SiteProfile, site_id, site_index
-from powertrip.timing import comm_time_s
+from powertrip.sites.profiles import SiteProfile, site_id, site_index
+from powertrip.sites.timing import comm_time_s
 from powertrip.traces.carbon import CarbonTrace
 from powertrip.v1 import profiler_pb2, profiler_pb2_grpc
 

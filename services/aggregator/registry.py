@@ -21,7 +21,7 @@ from numpy.typing import NDArray
 
 from powertrip.services.aggregator import metrics
 from powertrip.services.common.errors import BadRequest, Duplicate, NotFound
-from powertrip.sites import SiteProfile, site_id
+from powertrip.sites.profiles import SiteProfile, site_id
 
 logger = logging.getLogger(__name__)
 

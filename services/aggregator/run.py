@@ -19,18 +19,18 @@ from typing import Any
 
 import numpy as np
 
-from powertrip.clock import Clock, EmulatedClock, WallClock
-from powertrip.fedavg import NumpyParams
-from powertrip.journal import JournaledExecutor
-from powertrip.learning.device import to_numpy, to_torch
-from powertrip.learning.federation import build_federation, load_workload
+from powertrip.aggregation.outer_step import outer_for
+from powertrip.aggregation.robust import Aggregation
+from powertrip.aggregation.robust_fedavg import AdaptiveBound
+from powertrip.config.tokenizer import with_tokenizer_hash
+from powertrip.federation import build_federation, load_workload
+from powertrip.learning.device import NumpyParams, to_numpy, to_torch
 from powertrip.learning.site_params import running_statistics
-from powertrip.learning.tokenizer_settings import with_tokenizer_hash
-from powertrip.robust import Aggregation
-from powertrip.robust_fedavg import AdaptiveBound
-from powertrip.rounds import RoundLoop, RoundRecord, TimeModel
+from powertrip.rounds.clock import Clock, EmulatedClock, WallClock
+from powertrip.rounds.journal import JournaledExecutor
+from powertrip.rounds.loop import RoundLoop, RoundRecord, TimeModel
 from powertrip.selection.base import SelectionPolicy
-from powertrip.selection.registry import build_policy
+from powertrip.selection.registry import PolicyContext, build_policy
 from powertrip.services.aggregator import checkpoint, journal_file, metrics
 from powertrip.services.aggregator.checkpoint_writer import CheckpointWriter
 from powertrip.services.aggregator.config import AggregatorConfig
@@ -43,7 +43,7 @@ from powertrip.services.aggregator.registry import LivenessLog
 from powertrip.services.aggregator.resume import fits_run, run_digest
 from powertrip.services.aggregator.run_status import StatusRound
 from powertrip.services.common.fault_points import fault_point
-from powertrip.sites import SiteProfile, site_id
+from powertrip.sites.profiles import SiteProfile, site_id
 from powertrip.state_dict import fields, number
 
 logger = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ class AggregatorRun(RunLifecycle):
         )
         self.policy = self._build_policy()
         ckpt: checkpoint.Checkpoint | None = None
-        outer = exp.make_outer()  # None for FedAvg; its momentum is checkpointed (R6)
+        outer = outer_for(exp)  # None for FedAvg; its momentum is checkpointed (R6)
         keeps_momentum = outer is not None and outer.momentum > 0
         self._fits = fits_run(params, self.run_id, self._check_components, keeps_momentum)
         self._writer: CheckpointWriter | None = None  # checkpoints, in the background
@@ -145,9 +145,11 @@ class AggregatorRun(RunLifecycle):
         exp = self.experiment
         return build_policy(
             self.cfg.policy,
-            k_star=self.cfg.k_star,
-            greedy_overrides=exp.greedy.overrides(),
-            round_time_model=exp.ground_truth,
+            PolicyContext(
+                k_star=self.cfg.k_star,
+                greedy_overrides=exp.greedy.overrides(),
+                round_time_model=exp.ground_truth,
+            ),
         )
 
     def checkpoint_components(self) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 
 from powertrip.curtailment.emissions import EnergyReport
-from powertrip.rounds import RoundRecord
+from powertrip.rounds.loop import RoundRecord
 from powertrip.v1 import aggregator_pb2
 
 #: the rounds the status holds (the latest; older ones are in the logs, metrics, checkpoints):

@@ -8,7 +8,7 @@ from typing import Any
 
 import grpc
 
-from powertrip.fold_in_place import FoldCancelled
+from powertrip.aggregation.fold_in_place import FoldCancelled
 from powertrip.services.aggregator import metrics
 from powertrip.services.aggregator.coded_intake import assigned_codec, check_header, receive_coded
 from powertrip.services.aggregator.collector import CountedReceiver
@@ -31,7 +31,7 @@ from powertrip.services.common.identity import (
 from powertrip.services.common.tensor_receiver import Sink
 from powertrip.services.common.tensor_stream import StreamError, TensorSpec, shard_specs, specs_of
 from powertrip.services.common.update_codec import DecodedUpdate
-from powertrip.sites import site_id, site_index
+from powertrip.sites.profiles import site_id, site_index
 from powertrip.v1 import aggregator_pb2, aggregator_pb2_grpc
 
 logger = logging.getLogger(__name__)

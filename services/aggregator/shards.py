@@ -33,7 +33,7 @@ from powertrip.learning.shards import shard_rows
 from powertrip.services.common.errors import Duplicate, StaleRound
 from powertrip.services.common.tensor_receiver import TensorStreamReceiver, VerifiedUpdate
 from powertrip.services.common.tensor_stream import MiB, StreamError, TensorSpec
-from powertrip.sites import site_id
+from powertrip.sites.profiles import site_id
 
 __all__ = ["MAX_SHARDS", "ShardIntake", "ShardedUpdate"]
 

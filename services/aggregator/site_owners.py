@@ -16,7 +16,7 @@ from pathlib import Path
 
 from powertrip.services.common.allow_list import WatchedFile
 from powertrip.services.common.identity import SERVICES, id_problem
-from powertrip.sites import parse_site_list, site_id
+from powertrip.sites.profiles import parse_site_list, site_id
 
 logger = logging.getLogger(__name__)
 VARIABLE = "POWERTRIP_SITE_OWNERS"

@@ -2,10 +2,11 @@
 local training loss (``UpdateHeader.train_loss``) and the samples it trained on
 (``num_samples``, also the update's FedAvg weight). The executor passes them into the round's
 ``RoundOutcome`` as ``site_loss`` / ``site_samples``, aligned with ``selected`` as the emulator's
-(``powertrip.emulate``), so Oort's statistical utility and the baselines built on it see over
+(``powertrip.rounds.emulate``), so Oort's statistical utility and the baselines built on it see over
 the services what they see in the emulator (docs/selectors.md, "Over the services").
 
-Both numbers are a peer's claim, bounded by ``powertrip.reported`` (the one rule, shared with the
+Both numbers are a peer's claim, bounded by ``powertrip.rounds.reported`` (the one rule, shared
+with the
 round loop) once the round's model is evaluated: a loss outside [0, 3x the evaluated loss], or
 none, from a site whose update was folded counts as the round's median loss; a sample count
 outside [1, the site's shard as the aggregator assigned it] is refused with the update
@@ -24,10 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from powertrip.reported import Refusal, bound_losses, bound_samples, samples_problem
-from powertrip.rounds import RoundOutcome
+from powertrip.rounds.loop import RoundOutcome
+from powertrip.rounds.reported import Refusal, bound_losses, bound_samples, samples_problem
 from powertrip.services.aggregator import metrics
-from powertrip.sites import site_id
+from powertrip.sites.profiles import site_id
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +71,8 @@ class SiteReports:
         reference: float | None = None,
     ) -> tuple:
         """(site_loss, site_samples) of the round, float64 in the order of ``selected``, bounded
-        by ``powertrip.reported`` with ``reference`` (the loss of the round's evaluated model):
+        by ``powertrip.rounds.reported`` with ``reference`` (the loss of the round's evaluated
+        model):
         NaN for a site whose update was not folded; None for both when no folded site reported
         a loss (an executor that measures none: the policy's fallback)."""
         with self._lock:

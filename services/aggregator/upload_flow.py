@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from powertrip.services.common.tensor_stream import MiB
-from powertrip.sites import site_index
+from powertrip.sites.profiles import site_index
 from powertrip.v1 import aggregator_pb2
 
 MIN_WINDOW = 1 * MiB  # two of the worker's 512 KiB chunks: a stream never stalls on one

@@ -7,7 +7,7 @@ import contextlib
 import os
 import sys
 import tempfile
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import NoReturn
 
@@ -16,8 +16,8 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 
-from powertrip.experiment import ExperimentConfig
-from powertrip.workloads import BUILTIN_WORKLOADS, validate_workload
+from powertrip.config.experiment import ExperimentConfig
+from powertrip.config.workloads import BUILTIN_WORKLOADS, validate_workload
 
 err = Console(stderr=True, soft_wrap=True)
 out = Console(width=None if sys.stdout.isatty() else 160)
@@ -165,6 +165,46 @@ class CommaList(click.ParamType):
         except ValueError:
             kind = self.kind.__name__
             self.fail(f"{value!r} is not a comma-separated list of {kind}", param, ctx)
+
+
+class RegisteredNames(CommaList):
+    """A comma list of names a registry knows (``known()`` lists them in the help; ``check``
+    raises ValueError for an unknown one), so a typo is refused before anything starts."""
+
+    def __init__(self, known: Callable[[], Sequence[str]], check: Callable[[str], object]) -> None:
+        super().__init__(str)
+        self.known, self.check = known, check
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        return "NAME[,NAME...]"
+
+    def convert(self, value, param, ctx):  # noqa: ANN001 - click's signature
+        names = super().convert(value, param, ctx)
+        for name in names:
+            try:
+                self.check(name)
+            except ValueError as exc:
+                self.fail(str(exc), param, ctx)
+        return names
+
+
+class RegisteredName(click.ParamType):
+    """One name a registry knows (``powertrip.codecs``: ``int8``, ``topk-<p>``...)."""
+
+    name = "name"
+
+    def __init__(self, known: Callable[[], Sequence[str]], check: Callable[[str], object]) -> None:
+        self.known, self.check = known, check
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        return "[" + "|".join(self.known()) + "]"
+
+    def convert(self, value, param, ctx):  # noqa: ANN001 - click's signature
+        try:
+            self.check(str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+        return str(value)
 
 
 def preset_option(presets: Mapping[str, Mapping[str, object]], default: str):  # noqa: ANN201

@@ -12,7 +12,7 @@ import click
 from pydantic import ValidationError
 from rich.table import Table
 
-from powertrip.curtailment.config import (
+from powertrip.config.curtailment import (
     CURTAIL_POLICIES,
     CURTAIL_PRESETS,
     CurtailmentConfig,

@@ -1,5 +1,6 @@
 """``powertrip export-tensorboard`` and the ``--tensorboard DIR`` of the study commands: one way
-to turn an output folder into TensorBoard runs (``powertrip.tracking``), so a fresh study and a
+to turn an output folder into TensorBoard runs (``powertrip.study.tracking``), so a fresh study and
+a
 past one export alike. Bad input ends the command with one line (exit 2)."""
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ def require_tensorboard(logdir: Path | None) -> None:
     """Before a study with ``--tensorboard``: a missing package ends it now, not after the run."""
     if logdir is None:
         return
-    from powertrip.tracking import TrackingError, summary_writer
+    from powertrip.study.tracking import TrackingError, summary_writer
 
     try:
         summary_writer()
@@ -36,7 +37,7 @@ def write_tensorboard(results_dir: Path, logdir: Path | None) -> list[Path]:
     nothing without a ``logdir`` (a command run without ``--tensorboard``)."""
     if logdir is None:
         return []
-    from powertrip.tracking import TrackingError, export_tensorboard
+    from powertrip.study.tracking import TrackingError, export_tensorboard
 
     try:
         runs = export_tensorboard(results_dir, logdir)

@@ -8,7 +8,7 @@ import click
 from pydantic import ValidationError
 from rich.table import Table
 
-from powertrip.experiment import PRESETS, ExperimentConfig, GreedyParams, build_config
+from powertrip.config.experiment import PRESETS, ExperimentConfig, GreedyParams, build_config
 from powertrip.services.cli import export
 from powertrip.services.cli.certs import certs
 from powertrip.services.cli.common import (
@@ -147,6 +147,7 @@ def _print_table(result) -> None:  # noqa: ANN001 - StudyResult, imported lazily
         "max sites",
         "energy (kWh)",
         "CO2 (kg)",
+        *(["bits/byte (final)"] if result.lm_validation is not None else []),
     ):
         table.add_column(col, justify="left" if col == "policy" else "right")
     for row in result_rows(result):
@@ -182,9 +183,17 @@ def result_rows(result) -> list[list[str]]:  # noqa: ANN001
                 str(r.max_sites),
                 "—" if r.energy_kwh is None else f"{r.energy_kwh:.1f}",
                 "—" if r.emissions_kg is None else f"{r.emissions_kg:.2f}",
+                *_bits_per_byte_cell(result, r.bits_per_byte),
             ]
         )
     return rows
+
+
+def _bits_per_byte_cell(result, bpb: float | None) -> list[str]:  # noqa: ANN001
+    """An LM study's last column: the policy's final validation bits per byte."""
+    if result.lm_validation is None:
+        return []
+    return ["—" if bpb is None else f"{bpb:.3f}"]
 
 
 if __name__ == "__main__":

@@ -19,9 +19,11 @@ from typing import Any
 import click
 from pydantic import BaseModel
 
-from powertrip.curtailment.config import CurtailmentConfig
-from powertrip.experiment import ExperimentConfig, GreedyParams
-from powertrip.services.cli.common import CommaList, WorkloadName
+from powertrip.codecs import codec_names, get_codec
+from powertrip.config.curtailment import CurtailmentConfig
+from powertrip.config.experiment import ExperimentConfig, GreedyParams
+from powertrip.selection.registry import known_policy_names, validate_policy_name
+from powertrip.services.cli.common import CommaList, RegisteredName, RegisteredNames, WorkloadName
 
 __all__ = [
     "CLI_LESS",
@@ -77,6 +79,8 @@ CLI_LESS = {
 #: target, and the LM's sizes refused by click as before.
 _TYPES: dict[str, click.ParamType] = {
     "workload": WorkloadName(),
+    "policies": RegisteredNames(known_policy_names, validate_policy_name),
+    "codec": RegisteredName(codec_names, get_codec),
     "target_accuracy": TargetAccuracy(),
     **{n: click.IntRange(min=1) for n in ("n_layer", "n_head", "d_model", "context_length")},
 }
@@ -115,7 +119,10 @@ def model_options(
     for name in names:
         field = model.model_fields[name]
         kind = types_.get(name) or param_type(field.annotation)
-        options.append(click.option(flag_for(name, flags), name, type=kind, help=field.description))
+        help_text = field.description or ""
+        if isinstance(kind, RegisteredNames):  # too many to read in a metavar
+            help_text += " Known: " + ", ".join(kind.known()) + "."
+        options.append(click.option(flag_for(name, flags), name, type=kind, help=help_text))
 
     def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
         for option in reversed(options):

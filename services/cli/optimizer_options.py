@@ -13,6 +13,7 @@ import functools
 import click
 from pydantic import ValidationError
 
+from powertrip.config.optimizers import optimizer_names
 from powertrip.config.recipe import LocalOptimizer
 from powertrip.services.cli.common import describe_validation, fail
 
@@ -35,7 +36,7 @@ FLAG_FOR_FIELD["keep_state"] = "--reset-optimizer-state"
 _OPTIONS = [
     click.option(
         "--optimizer",
-        type=click.Choice(["sgd", "momentum", "nesterov", "adamw"]),
+        type=click.Choice(optimizer_names()),
         help="Each site's local optimizer (default: plain SGD at --lr).",
     ),
     click.option(

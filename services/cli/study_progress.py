@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 if TYPE_CHECKING:
-    from powertrip.rounds import RoundRecord
+    from powertrip.rounds.loop import RoundRecord
 
 __all__ = ["StudyProgress", "format_seconds"]
 

@@ -10,10 +10,9 @@ import click
 import numpy as np
 from rich.table import Table
 
+from powertrip.config.carbon import HOLD_S, THRESHOLD
 from powertrip.services.cli.common import err, fail, out
 from powertrip.traces.carbon import (
-    HOLD_S,
-    THRESHOLD,
     CarbonTrace,
     carbon_format,
     curtailment_windows,

@@ -12,8 +12,8 @@ from typing import get_args
 import click
 from rich.table import Table
 
-from powertrip.curtailment.config import CURTAIL_PRESETS
-from powertrip.experiment import PRESETS, Partition, needs_dataset_path
+from powertrip.config.curtailment import CURTAIL_PRESETS
+from powertrip.config.experiment import PRESETS, Partition, needs_dataset_path
 from powertrip.selection.registry import validate_policy_name
 from powertrip.services.cli.common import OutputDir, WorkloadName, device_option, err, fail, out
 from powertrip.services.cli.export import require_tensorboard, tensorboard_option, write_tensorboard

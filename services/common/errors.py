@@ -21,7 +21,7 @@ from typing import Any, NoReturn, TypeVar
 
 import grpc
 
-from powertrip.fedavg import UpdateRejected
+from powertrip.aggregation.fedavg import UpdateRejected
 from powertrip.services.common.handlers import split_method, wrap_handler
 from powertrip.services.common.log_limit import LogLimiter, one_line
 

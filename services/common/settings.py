@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import BaseModel, Field, PlainValidator, TypeAdapter, ValidationError, model_validator
 from pydantic.fields import FieldInfo
 
-from powertrip.curtailment.config import CurtailmentConfig, build_curtail_config
+from powertrip.config.curtailment import CurtailmentConfig, build_curtail_config
 
 logger = logging.getLogger(__name__)
 

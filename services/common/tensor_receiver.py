@@ -8,7 +8,7 @@ Given ``sink_for``, the receiver asks it before each chunk whether the stream ma
 to a consumer (the aggregator's fold, once it is this update's turn): from then on the spooled
 prefix is replayed into the sink and every further checked chunk is handed over as values
 instead of spooled. The sink must then be able to undo what it took if the stream fails
-(``powertrip.fold_in_place``).
+(``powertrip.aggregation.fold_in_place``).
 
 A bfloat16 tensor (``powertrip.services.common.bf16``) is scanned on its bits (exponent all
 ones: inf or NaN) and replayed widened to float32 piece by piece, never as a whole float32 copy.
@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from powertrip.fold_inputs import all_finite
+from powertrip.aggregation.fold_inputs import all_finite
 from powertrip.services.common.bf16 import BF16, all_finite_bf16, widen_into
 from powertrip.services.common.tensor_stream import (
     ALLOWED_DTYPES,

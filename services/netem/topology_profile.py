@@ -1,4 +1,4 @@
-"""Per-site link profiles for tc-scripts/, derived from the site model (powertrip.sites).
+"""Per-site link profiles for tc-scripts/, derived from the site model (powertrip.sites.profiles).
 
 Rate is B(d) and delay is the one-way d/c of spec §4.3, so an emulated topology has the same links
 the emulator assumes. ``--rate-scale`` shrinks every rate by one factor (a 2-core box cannot push
@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from powertrip.sites import generate_sites
-from powertrip.timing import bandwidth_bps, propagation_delay_s
+from powertrip.sites.profiles import generate_sites
+from powertrip.sites.timing import bandwidth_bps, propagation_delay_s
 
 MIN_RATE_BPS = 8e3  # tc's rate tables are coarse below a few kbit/s
 

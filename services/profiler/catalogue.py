@@ -10,9 +10,9 @@ import numpy as np
 from powertrip.services.profiler import metrics
 from powertrip.services.profiler.config import ProfilerConfig
 from powertrip.services.profiler.links import LinkEstimate
-from powertrip.sites import PowerSource, SiteSet, generate_sites
+from powertrip.sites.power_model import build_power
+from powertrip.sites.profiles import PowerSource, SiteSet, generate_sites
 from powertrip.traces.io import TraceError
-from powertrip.traces.power_model import build_power
 
 logger = logging.getLogger(__name__)
 

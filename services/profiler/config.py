@@ -6,16 +6,15 @@ from pathlib import Path
 
 from pydantic import Field, model_validator
 
-from powertrip.experiment import ExperimentConfig
+from powertrip.config.experiment import ExperimentConfig
+from powertrip.config.sites import DistanceMode, PowerModel
 from powertrip.services.common.config import ServiceConfig
 from powertrip.services.common.settings import CurtailSettings, library_field
-from powertrip.sites import DistanceMode
-from powertrip.traces.power_model import PowerModel
 
 
 class ProfilerConfig(ServiceConfig, CurtailSettings):
     # The site model: the same values as the aggregator's experiment, so both see one geography;
-    # power over time built by the emulator's own builder (powertrip/traces/power_model.py).
+    # power over time built by the emulator's own builder (powertrip/sites/power_model.py).
     num_sites: int = library_field(ExperimentConfig, "num_sites", default=50)
     site_seed: int = library_field(ExperimentConfig, "site_seed", default=0)
     distance_mode: DistanceMode = library_field(

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from powertrip.config.curtailment import CurtailmentConfig
 from powertrip.curtailment.availability import (
     AvailabilityRule,
     SiteAvailability,
     availability_from_trace,
 )
-from powertrip.curtailment.config import CurtailmentConfig
 from powertrip.curtailment.sites import build_sites, load_carbon
-from powertrip.sites import site_id
+from powertrip.sites.profiles import site_id
 from powertrip.traces.carbon import CarbonTrace
 
 

@@ -21,7 +21,7 @@ from powertrip.services.profiler.feed import CarbonFeed
 from powertrip.services.profiler.links import LinkEstimate
 from powertrip.services.profiler.probe_budget import ProbeBudget
 from powertrip.services.profiler.probes import measure_bandwidth, measure_rtt
-from powertrip.sites import site_id, site_index
+from powertrip.sites.profiles import site_id, site_index
 from powertrip.v1 import common_pb2, profiler_pb2, profiler_pb2_grpc, worker_pb2_grpc
 
 logger = logging.getLogger(__name__)

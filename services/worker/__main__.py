@@ -28,7 +28,7 @@ from powertrip.services.worker.runner import RoundRunner
 from powertrip.services.worker.servicer import WorkerServicer
 from powertrip.services.worker.state_dir import SavedRun, WorkerStateDir
 from powertrip.services.worker.uploader import GrpcUploader
-from powertrip.sites import site_id
+from powertrip.sites.profiles import site_id
 from powertrip.v1 import aggregator_pb2, aggregator_pb2_grpc, worker_pb2_grpc
 
 logger = logging.getLogger("powertrip.services.worker")

@@ -8,10 +8,10 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from powertrip.learning.site_engine.config import SiteEngineConfig
+from powertrip.config.site_engine import SiteEngineConfig
 from powertrip.services.common.config import ConfigError, DeviceSettings, ServiceConfig, env_name
 from powertrip.services.common.identity import validate_id
-from powertrip.sites import parse_site_list
+from powertrip.sites.profiles import parse_site_list
 
 
 class WorkerConfig(ServiceConfig, DeviceSettings):

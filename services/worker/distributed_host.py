@@ -21,16 +21,16 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from powertrip.emulate import site_seed
-from powertrip.experiment import ExperimentConfig
+from powertrip.config.experiment import ExperimentConfig
+from powertrip.config.site_engine import SiteEngineConfig
+from powertrip.federation import build_federation, load_workload, site_model_factory
 from powertrip.learning.batches import site_schedule
 from powertrip.learning.device import to_numpy, to_torch
-from powertrip.learning.federation import build_federation, load_workload, site_model_factory
-from powertrip.learning.site_engine.config import SiteEngineConfig
 from powertrip.learning.site_engine.group import RankFailed, SiteGroup
+from powertrip.rounds.emulate import site_seed
 from powertrip.services.worker.site_host import RoundJob, SiteUpdate, no_stream_rows
 from powertrip.services.worker.state_dir import SiteStateStore, kept_after_training
-from powertrip.sites import site_id
+from powertrip.sites.profiles import site_id
 from powertrip.v1 import common_pb2
 
 logger = logging.getLogger(__name__)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from powertrip.curtailment.config import CurtailmentConfig
-from powertrip.experiment import ExperimentConfig
+from powertrip.config.curtailment import CurtailmentConfig
+from powertrip.config.experiment import ExperimentConfig
 from powertrip.services.worker.config import WorkerConfig
 from powertrip.services.worker.site_host import SiteHost
 from powertrip.services.worker.state_dir import SavedRun, WorkerStateDir

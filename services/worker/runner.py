@@ -19,7 +19,7 @@ from numpy.typing import NDArray
 from powertrip.services.common.errors import Busy
 from powertrip.services.worker import metrics
 from powertrip.services.worker.site_host import RoundJob, SiteHost, SiteUpdate
-from powertrip.sites import site_id
+from powertrip.sites.profiles import site_id
 from powertrip.v1 import common_pb2
 
 __all__ = ["RoundJob", "RoundRunner", "Uploader", "release_delays"]

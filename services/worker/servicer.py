@@ -17,7 +17,7 @@ from powertrip.services.common.tensor_receiver import TensorStreamReceiver
 from powertrip.services.common.tensor_stream import StreamError
 from powertrip.services.worker import metrics
 from powertrip.services.worker.runner import RoundJob, RoundRunner
-from powertrip.sites import site_id, site_index
+from powertrip.sites.profiles import site_id, site_index
 from powertrip.v1 import worker_pb2, worker_pb2_grpc
 
 logger = logging.getLogger(__name__)

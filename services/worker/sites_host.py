@@ -15,11 +15,11 @@ from collections.abc import Mapping, Sequence
 import torch
 from numpy.typing import NDArray
 
-from powertrip.emulate import Federation, site_seed
-from powertrip.experiment import ExperimentConfig
+from powertrip.config.experiment import ExperimentConfig
+from powertrip.federation import build_federation, load_workload
 from powertrip.learning.device import row_to_numpy, to_numpy, to_torch
-from powertrip.learning.federation import build_federation, load_workload
 from powertrip.learning.site_optim import SiteState, SiteStateLog
+from powertrip.rounds.emulate import Federation, site_seed
 from powertrip.services.worker.site_host import RoundJob, SiteUpdate, no_stream_rows
 from powertrip.services.worker.state_dir import SiteStateStore, kept_after_training
 from powertrip.v1 import common_pb2

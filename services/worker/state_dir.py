@@ -38,7 +38,7 @@ from powertrip.learning.site_state_io import (
     set_aside,
     write_atomically,
 )
-from powertrip.sites import site_id
+from powertrip.sites.profiles import site_id
 
 if TYPE_CHECKING:
     import torch

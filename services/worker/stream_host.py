@@ -20,14 +20,14 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
-from powertrip.curtailment.config import CurtailmentConfig
+from powertrip.config.curtailment import CurtailmentConfig
 from powertrip.curtailment.learner import check_stream_trainer, train_stream_rows
+from powertrip.federation import StreamSetup
 from powertrip.learning.device import row_to_numpy, to_torch
-from powertrip.learning.federation import StreamSetup
 from powertrip.learning.site_optim import SiteState
 from powertrip.services.worker.site_host import RoundJob, SiteUpdate
 from powertrip.services.worker.state_dir import SiteStateStore, kept_after_training
-from powertrip.sites import site_index
+from powertrip.sites.profiles import site_index
 from powertrip.v1 import common_pb2
 
 #: rounds of history kept per site: the one a resumed aggregator may redo (its checkpoint of

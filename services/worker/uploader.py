@@ -37,7 +37,7 @@ from powertrip.services.common.tensor_stream import (
 )
 from powertrip.services.common.update_codec import WorkerCodec
 from powertrip.services.worker.upload_credit import upload
-from powertrip.sites import site_id
+from powertrip.sites.profiles import site_id
 from powertrip.v1 import aggregator_pb2, common_pb2
 
 if TYPE_CHECKING:  # a type only: importing sites_host loads torch

@@ -80,7 +80,7 @@ def test_default_variant_runs_powertrip_rounds(where):
 def test_curtailment_variant_runs_the_curtailment_mode_of_a_preset(where):
     cfg = load("aggregator", SETTINGS[where]("curtailment"))
     assert cfg.mode == "curtailment" and cfg.clock == "emulated"
-    presets = importlib.import_module("powertrip.curtailment.config").CURTAIL_PRESETS
+    presets = importlib.import_module("powertrip.config.curtailment").CURTAIL_PRESETS
     assert cfg.curtail_preset in presets
     cfg.curtailment()  # the preset plus the overrides builds a valid curtailment run
 

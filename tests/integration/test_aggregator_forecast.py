@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from powertrip.forecast import EwmaAR1, Persistence
 from powertrip.services.aggregator.observed_power import ObservedPower, observed_forecaster
 from powertrip.services.common.config import ConfigError
+from powertrip.sites.forecast import EwmaAR1, Persistence
 from tests.aggregator_in_process import small_run
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from powertrip.robust import Aggregation
+from powertrip.aggregation.robust import Aggregation
 from powertrip.services.aggregator.collector import RoundCollector
 from powertrip.services.worker.sites_host import SiteUpdate
 from powertrip.services.worker.uploader import update_messages

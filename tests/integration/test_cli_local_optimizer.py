@@ -11,7 +11,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from powertrip.experiment import build_config
+from powertrip.config.experiment import build_config
 from powertrip.services.cli.main import main as powertrip
 from powertrip.study.files import summary_header
 from tests.cli import run_powertrip

@@ -12,8 +12,8 @@ import grpc
 import numpy as np
 import pytest
 
+from powertrip.aggregation.fedavg import StreamingFedAvg
 from powertrip.codecs import get_codec, roundtrip
-from powertrip.fedavg import StreamingFedAvg
 from powertrip.services.aggregator.service_handlers import add_to_server
 from powertrip.services.aggregator.servicer import AggregatorServicer
 from powertrip.services.common.grpc_server import build_server, set_serving

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from powertrip.curtailment.config import build_curtail_config
+from powertrip.config.curtailment import build_curtail_config
 from powertrip.services.aggregator import checkpoint
 from powertrip.services.cli.launcher import ClusterPlan, LocalCluster
-from powertrip.sites import site_id
+from powertrip.sites.profiles import site_id
 from powertrip.study.curtailment import run_curtailment_study
 from powertrip.v1 import aggregator_pb2
 from tests.integration.test_crash_recovery import model_sha256

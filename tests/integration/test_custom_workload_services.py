@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from powertrip.experiment import build_config
+from powertrip.config.experiment import build_config
 from powertrip.services.cli.launcher import ClusterPlan, LocalCluster
 from powertrip.study.powertrip import run_study
 from powertrip.v1 import aggregator_pb2

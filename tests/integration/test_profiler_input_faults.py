@@ -25,7 +25,7 @@ from powertrip.services.profiler import metrics
 from powertrip.services.profiler.catalogue import SiteCatalogue
 from powertrip.services.profiler.config import ProfilerConfig
 from powertrip.services.profiler.servicer import LinkProber, ProfilerServicer
-from powertrip.sites import SiteProfile
+from powertrip.sites.profiles import SiteProfile
 from powertrip.traces.io import TraceError
 from powertrip.v1 import profiler_pb2, profiler_pb2_grpc
 from tests.unit.test_power_traces import CORRUPTIONS, corrupt, google_dir

@@ -12,9 +12,9 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from powertrip.experiment import build_config
+from powertrip.config.experiment import build_config
 from powertrip.services.cli.launcher import ClusterPlan, LocalCluster
-from powertrip.sites import site_id
+from powertrip.sites.profiles import site_id
 from powertrip.study.powertrip import run_study
 from powertrip.v1 import aggregator_pb2
 

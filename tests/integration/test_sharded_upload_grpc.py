@@ -11,7 +11,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from powertrip.fedavg import StreamingFedAvg
+from powertrip.aggregation.fedavg import StreamingFedAvg
 from powertrip.services.common.bf16 import bf16_bits, widen_into
 from powertrip.services.worker.sites_host import SiteUpdate
 from powertrip.services.worker.uploader import GrpcUploader, shard_updates, update_messages

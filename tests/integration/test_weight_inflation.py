@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from prometheus_client import REGISTRY
 
-from powertrip.outcome import round_outcome
-from powertrip.robust import Aggregation
+from powertrip.aggregation.robust import Aggregation
+from powertrip.rounds.outcome import round_outcome
 from tests.integration import test_aggregator_servicer as servicer_tests
 from tests.integration.test_aggregator_servicer import C, code_of, delta, register, submit
 

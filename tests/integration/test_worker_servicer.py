@@ -11,7 +11,7 @@ import grpc
 import numpy as np
 import pytest
 
-from powertrip.experiment import build_config
+from powertrip.config.experiment import build_config
 from powertrip.services.common.config import ServiceConfig
 from powertrip.services.common.grpc_server import build_server
 from powertrip.services.common.tensor_stream import encode, wrap_tensor_stream

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from powertrip.curtailment.config import build_curtail_config
-from powertrip.learning.federation import StreamSetup
+from powertrip.config.curtailment import build_curtail_config
+from powertrip.federation import StreamSetup
 from powertrip.services.common.config import ServiceConfig
 from powertrip.services.common.grpc_server import build_server
 from powertrip.services.common.tensor_stream import encode, wrap_tensor_stream
@@ -20,7 +20,7 @@ from powertrip.services.worker.servicer import WorkerServicer
 from powertrip.services.worker.site_host import RoundJob
 from powertrip.services.worker.state_dir import SavedRun, WorkerStateDir
 from powertrip.services.worker.stream_host import StreamHost
-from powertrip.sites import site_id
+from powertrip.sites.profiles import site_id
 from powertrip.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 
 HOSTED = [0, 1]

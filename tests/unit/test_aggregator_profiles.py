@@ -7,14 +7,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from powertrip.clock import EmulatedClock
-from powertrip.rounds import RoundOutcome, TimeModel, run_rounds
-from powertrip.selection.registry import build_policy
+from powertrip.rounds.clock import EmulatedClock
+from powertrip.rounds.loop import RoundOutcome, TimeModel, run_rounds
+from powertrip.selection.registry import PolicyContext, build_policy
 from powertrip.services.aggregator.config import AggregatorConfig
 from powertrip.services.aggregator.run import AggregatorRun
 from powertrip.services.common.config import load_config
-from powertrip.sites import SiteProfile
-from powertrip.timing import comm_time_s
+from powertrip.sites.profiles import SiteProfile
+from powertrip.sites.timing import comm_time_s
 from powertrip.v1 import common_pb2, profiler_pb2
 
 
@@ -111,7 +111,7 @@ def rounds_over(masks: list[list[bool] | None], policy: str = "select-all", k: i
         )  # fmt: skip
 
     rec = Recorder()
-    policy_ = build_policy(policy, k_star=k)
+    policy_ = build_policy(policy, PolicyContext(k_star=k))
     result = run_rounds(
         policy_, rec, profile_at, TimeModel(1.0, 1e3), EmulatedClock(), 0, None, len(masks)
     )

@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from powertrip.emulate import site_seed
-from powertrip.fedavg import StreamingFedAvg
+from powertrip.aggregation.fedavg import StreamingFedAvg
 from powertrip.learning.batch_orders import epoch_orders, site_seeds
 from powertrip.learning.batches import (
     LocalTrainingConfig,
@@ -20,6 +19,7 @@ from powertrip.learning.batches import (
 )
 from powertrip.learning.models import build_model
 from powertrip.learning.trainer import SiteTrainer
+from powertrip.rounds.emulate import site_seed
 
 
 def test_site_seeds_equal_site_seed_including_the_fallback_range() -> None:

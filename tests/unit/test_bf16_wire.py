@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from powertrip.fedavg import StreamingFedAvg
-from powertrip.robust import Aggregation
+from powertrip.aggregation.fedavg import StreamingFedAvg
+from powertrip.aggregation.robust import Aggregation
 from powertrip.services.aggregator.collector import RoundCollector
 from powertrip.services.common.bf16 import all_finite_bf16, bf16_bits, widen_into
 from powertrip.services.common.tensor_receiver import TensorStreamReceiver

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from powertrip.curtailment.config import CurtailmentConfig
-from powertrip.experiment import ExperimentConfig
+from powertrip.config.curtailment import CurtailmentConfig
+from powertrip.config.experiment import ExperimentConfig
+from powertrip.config.tokenizer import bpe_vocab_size
 from powertrip.learning.datasets.bpe import (
     TokenizerMismatch,
     cached_bpe,
@@ -21,7 +22,6 @@ from powertrip.learning.datasets.bpe import (
     train_bpe,
 )
 from powertrip.learning.datasets.text import BYTE_VOCAB, load_text, synthetic_corpus
-from powertrip.learning.tokenizer_settings import bpe_vocab_size
 
 TEXT = synthetic_corpus(60_000, seed=3)
 TRAIN, VAL = TEXT[:54_000], TEXT[54_000:]
@@ -107,7 +107,7 @@ def test_the_config_dump_is_unchanged_by_default_and_carries_a_chosen_tokenizer(
 
 
 def test_the_lm_workload_takes_its_vocabulary_from_the_configured_tokenizer():
-    from powertrip.learning.federation import load_workload
+    from powertrip.federation import load_workload
 
     cfg = ExperimentConfig(workload="lm", num_samples=200, context_length=16, tokenizer="bpe-300")
 
@@ -129,8 +129,8 @@ def test_both_study_commands_take_a_tokenizer_flag_and_refuse_a_bad_one():
 def test_a_worker_with_another_tokenizer_refuses_the_aggregators_config(tmp_path, monkeypatch):
     """The aggregator stamps its BPE's hash into the config it hands out; a worker whose
     cached tokenizer differs (here: the cached file was altered) refuses to build its sites."""
-    from powertrip.learning.federation import load_workload
-    from powertrip.learning.tokenizer_settings import with_tokenizer_hash
+    from powertrip.config.tokenizer import with_tokenizer_hash
+    from powertrip.federation import load_workload
     from powertrip.services.worker.sites_host import SitesHost
 
     cfg = ExperimentConfig(

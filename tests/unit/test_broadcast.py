@@ -19,7 +19,7 @@ from powertrip.services.common.config import ServiceConfig
 from powertrip.services.common.grpc_server import build_server
 from powertrip.services.common.tensor_receiver import TensorStreamReceiver
 from powertrip.services.common.tensor_stream import encode, wrap_tensor_stream
-from powertrip.sites import SiteProfile, site_index
+from powertrip.sites.profiles import SiteProfile, site_index
 from powertrip.v1 import worker_pb2, worker_pb2_grpc
 
 CFG = ServiceConfig(insecure=True)

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from powertrip.clock import EmulatedClock
-from powertrip.rounds import RoundLoop, TimeModel
+from powertrip.rounds.clock import EmulatedClock
+from powertrip.rounds.loop import RoundLoop, TimeModel
 from powertrip.selection.registry import build_policy
 from powertrip.services.aggregator import checkpoint, checkpoint_verify, metrics
 from powertrip.services.aggregator.durable_files import canonical_sha256, sha256_file

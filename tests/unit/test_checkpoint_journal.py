@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from powertrip.journal import JournalEntry
-from powertrip.rounds import RoundOutcome
+from powertrip.rounds.journal import JournalEntry
+from powertrip.rounds.loop import RoundOutcome
 from powertrip.services.aggregator import checkpoint, journal_file, metrics
 from powertrip.services.aggregator.config import AggregatorConfig
 from powertrip.services.aggregator.journal_file import NAME, JournalFile

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from powertrip.rounds import RoundRecord
+from powertrip.rounds.loop import RoundRecord
 from powertrip.services.aggregator import checkpoint, journal_file, metrics
 from powertrip.services.aggregator.checkpoint_writer import CheckpointWriter
 from powertrip.services.aggregator.config import AggregatorConfig

@@ -7,11 +7,11 @@ import itertools
 import numpy as np
 import pytest
 
-from powertrip.fedavg import StreamingFedAvg
-from powertrip.journal import JournalEntry
-from powertrip.robust import Aggregation
-from powertrip.robust_fedavg import RobustFedAvg
-from powertrip.rounds import RoundOutcome
+from powertrip.aggregation.fedavg import StreamingFedAvg
+from powertrip.aggregation.robust import Aggregation
+from powertrip.aggregation.robust_fedavg import RobustFedAvg
+from powertrip.rounds.journal import JournalEntry
+from powertrip.rounds.loop import RoundOutcome
 from powertrip.services.aggregator.collector import RoundCollector, RoundGate
 from powertrip.services.common.errors import Duplicate, StaleRound
 from powertrip.services.common.tensor_receiver import TensorStreamReceiver

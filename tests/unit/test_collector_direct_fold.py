@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from powertrip.fold_in_place import FoldCancelled
-from powertrip.robust import Aggregation
+from powertrip.aggregation.fold_in_place import FoldCancelled
+from powertrip.aggregation.robust import Aggregation
 from powertrip.services.aggregator.collector import RoundCollector
 from powertrip.services.common.errors import StaleRound
 from powertrip.services.common.tensor_receiver import TensorStreamReceiver

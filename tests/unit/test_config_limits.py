@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from powertrip.curtailment.config import build_curtail_config
-from powertrip.experiment import build_config
+from powertrip.config.curtailment import build_curtail_config
+from powertrip.config.experiment import build_config
 from powertrip.services.cli.common import check_sweep, output_problem
 from powertrip.services.common.config import CurtailSettings
 

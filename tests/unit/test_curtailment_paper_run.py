@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from powertrip.config.curtailment import build_curtail_config
 from powertrip.curtailment.availability import always_available, availability_from_trace
-from powertrip.curtailment.config import build_curtail_config
 from powertrip.curtailment.cursor import ShardCursor
 from powertrip.curtailment.emissions import account
 from powertrip.curtailment.engine import ElasticEngine

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from powertrip.curtailment.config import build_curtail_config
+from powertrip.config.curtailment import build_curtail_config
 from powertrip.study.curtailment import build_sites, load_carbon
 
 

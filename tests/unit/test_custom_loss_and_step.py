@@ -11,14 +11,14 @@ import torch
 from torch import nn
 
 import powertrip as pt
-from powertrip.emulate import Emulator, TimeModel, TrajectoryCache
-from powertrip.learning.federation import build_federation, load_workload, site_model_factory
-from powertrip.learning.site_loop import train_sites_in_turn
+from powertrip.aggregation.robust import Aggregation
+from powertrip.config.sites import RoundTimeModel
+from powertrip.federation import build_federation, load_workload, site_model_factory
+from powertrip.learning.engines import train_sites_in_turn
 from powertrip.learning.trainer import LocalTrainingConfig, SiteTrainer, get_params
-from powertrip.robust import Aggregation
+from powertrip.rounds.emulate import Emulator, TimeModel, TrajectoryCache
 from powertrip.selection.base import SelectAll
-from powertrip.sites import ModelledLinks, StaticPower, generate_sites
-from powertrip.timing import RoundTimeModel
+from powertrip.sites.profiles import ModelledLinks, StaticPower, generate_sites
 from tests.workloads import blobs, halves, normalised_mlp, plain_mlp
 
 LR, BATCH = 0.2, 8

@@ -10,10 +10,10 @@ import torch
 from torch import nn
 
 import powertrip as pt
+from powertrip.learning.custom import custom_workload
+from powertrip.learning.engines import batched_training_blocker, train_sites_in_turn
 from powertrip.learning.models import CNN1D
-from powertrip.learning.site_loop import batched_training_blocker, train_sites_in_turn
 from powertrip.learning.trainer import LocalTrainingConfig, SiteTrainer, get_params
-from powertrip.workloads import custom_workload
 from tests.workloads import blobs, normalised_blobs, normalised_mlp
 
 

@@ -35,15 +35,15 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
 
-from powertrip.curtailment.config import build_curtail_config
-from powertrip.emulate import Emulator, TimeModel, TrajectoryCache
-from powertrip.experiment import build_config
+from powertrip.config.curtailment import build_curtail_config
+from powertrip.config.experiment import build_config
+from powertrip.config.sites import RoundTimeModel
+from powertrip.federation import StreamSetup, build_federation, load_workload
 from powertrip.learning import device as boundary
-from powertrip.learning.federation import StreamSetup, build_federation, load_workload
+from powertrip.rounds.emulate import Emulator, TimeModel, TrajectoryCache
 from powertrip.selection.base import StaticTopK
 from powertrip.services.worker.sites_host import SitesHost
-from powertrip.sites import ModelledLinks, StaticPower, generate_sites
-from powertrip.timing import RoundTimeModel
+from powertrip.sites.profiles import ModelledLinks, StaticPower, generate_sites
 
 META = torch.device("meta")
 

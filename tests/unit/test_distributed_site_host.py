@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
+from powertrip.config.experiment import build_config
 from powertrip.config.recipe import LocalOptimizer
-from powertrip.experiment import build_config
+from powertrip.config.site_engine import SiteEngineConfig
 from powertrip.learning.shards import shard_rows
-from powertrip.learning.site_engine.config import SiteEngineConfig
 from powertrip.services.common.config import load_config
 from powertrip.services.worker.config import WorkerConfig
 from powertrip.services.worker.distributed_host import DistributedSitesHost

@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from powertrip.curtailment.carbon_greedy import CarbonRanking, CarbonSiteProfile, WallClockGreedy
 from powertrip.curtailment.wall_clock import WallClockRounds
 from powertrip.selection.base import RoundContext, RoundFeedback
+from powertrip.selection.carbon_greedy import CarbonRanking, CarbonSiteProfile, WallClockGreedy
 from powertrip.selection.scoring import Ranking, rank_sites, score_weights
-from powertrip.sites import SiteProfile
+from powertrip.sites.profiles import SiteProfile
 
 ROUNDS = WallClockRounds(step_s=64.08, round_min_s=600.0, overhead_s=45.0)
 

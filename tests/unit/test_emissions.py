@@ -8,7 +8,8 @@ from datetime import UTC, datetime
 import numpy as np
 import pytest
 
-from powertrip.curtailment.emissions import IDLE_KW, TRAIN_KW, SitePowerLog, account
+from powertrip.config.footprint import IDLE_KW, TRAIN_KW
+from powertrip.curtailment.emissions import SitePowerLog, account
 from powertrip.traces.carbon import CarbonTrace
 
 

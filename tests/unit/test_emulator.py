@@ -5,14 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from powertrip.emulate import Emulator, TimeModel, TrajectoryCache
-from powertrip.experiment import build_config
-from powertrip.learning.federation import build_federation, load_workload
+from powertrip.config.experiment import build_config
+from powertrip.config.sites import RoundTimeModel
+from powertrip.federation import build_federation, load_workload
+from powertrip.rounds.emulate import Emulator, TimeModel, TrajectoryCache
 from powertrip.selection.base import Centralized, SelectAll, StaticTopK
 from powertrip.selection.registry import build_policy
-from powertrip.sites import ModelledLinks, StaticPower, generate_sites
+from powertrip.sites.profiles import ModelledLinks, StaticPower, generate_sites
 from powertrip.study.powertrip import run_study
-from powertrip.timing import RoundTimeModel
 
 TINY = {
     "num_sites": 8,

@@ -8,13 +8,13 @@ import dataclasses
 import numpy as np
 import pytest
 
+from powertrip.config.experiment import build_config
 from powertrip.config.recipe import LocalOptimizer
-from powertrip.emulate import Emulator, TimeModel, TrajectoryCache
-from powertrip.experiment import build_config
-from powertrip.learning.federation import build_federation, load_workload
+from powertrip.config.sites import RoundTimeModel
+from powertrip.federation import build_federation, load_workload
+from powertrip.rounds.emulate import Emulator, TimeModel, TrajectoryCache
 from powertrip.selection.base import StaticTopK
-from powertrip.sites import ModelledLinks, StaticPower, generate_sites
-from powertrip.timing import RoundTimeModel
+from powertrip.sites.profiles import ModelledLinks, StaticPower, generate_sites
 
 TINY = {"num_sites": 6, "num_samples": 600, "static_sweep": (2,), "max_rounds": 3,
         "policies": ("select-all",), "ideal_compute_s": 10.0}  # fmt: skip

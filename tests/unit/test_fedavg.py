@@ -8,7 +8,7 @@ import weakref
 import numpy as np
 import pytest
 
-from powertrip.fedavg import StreamingFedAvg, UpdateRejected
+from powertrip.aggregation.fedavg import StreamingFedAvg, UpdateRejected
 
 
 def template(dtype=np.float64) -> dict[str, np.ndarray]:
@@ -341,8 +341,8 @@ def test_sliced_updates_give_the_same_projection_as_whole_ones():
 def test_a_large_model_projects_on_a_strided_sketch_of_the_direction(monkeypatch):
     """Above SKETCH_MAX coordinates only every stride-th one is kept: projections are those of
     the updates restricted to the sketch, however the update arrives in slices."""
-    import powertrip.fedavg as fedavg
-    import powertrip.fold_inputs as fold_inputs
+    import powertrip.aggregation.fedavg as fedavg
+    import powertrip.aggregation.fold_inputs as fold_inputs
 
     monkeypatch.setattr(fold_inputs, "SKETCH_MAX", 4)
     rng = np.random.default_rng(0)
@@ -370,7 +370,7 @@ def test_a_large_model_projects_on_a_strided_sketch_of_the_direction(monkeypatch
 def test_a_tensor_larger_than_a_fold_block_folds_bit_for_bit_as_one_expression(update, accumulate):
     """The fold multiplies and adds block by block (a cache-sized temporary); the sum must be
     the very bits of ``acc += w * delta`` on the whole tensor."""
-    from powertrip.fedavg import FOLD_BLOCK
+    from powertrip.aggregation.fedavg import FOLD_BLOCK
 
     rng = np.random.default_rng(0)
     template = {"w": np.zeros(2 * FOLD_BLOCK + 12_345, dtype=update)}
@@ -387,7 +387,7 @@ def test_a_tensor_larger_than_a_fold_block_folds_bit_for_bit_as_one_expression(u
 def test_a_large_updates_squared_norm_keeps_float32_partial_sums_short():
     """One float32 dot product over millions of values drifts (2e-5 at 4 M values, 1.5e-3 at
     64 M); blocked partial sums summed as floats stay at float32's own precision."""
-    from powertrip.fold_inputs import sq_norm
+    from powertrip.aggregation.fold_inputs import sq_norm
 
     a = np.random.default_rng(1).standard_normal(1 << 22, dtype=np.float32) * 0.01
     exact = float(np.dot(a.astype(np.float64), a.astype(np.float64)))
@@ -397,7 +397,7 @@ def test_a_large_updates_squared_norm_keeps_float32_partial_sums_short():
 def test_validation_and_a_streamed_fold_measure_the_same_norm():
     """``add`` takes the update's squared norm from its validation, ``add_pieces`` while it
     folds: the same blocks, so the same dispersion, bit for bit, above one block too."""
-    from powertrip.fedavg import FOLD_BLOCK
+    from powertrip.aggregation.fedavg import FOLD_BLOCK
 
     rng = np.random.default_rng(2)
     template = {"w": np.zeros(FOLD_BLOCK + 999, np.float32), "b": np.zeros(7, np.float32)}

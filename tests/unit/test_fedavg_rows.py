@@ -6,8 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from powertrip.fedavg import StreamingFedAvg, UpdateRejected, delta_sketch, sketch_stride
-from powertrip.robust import Aggregation
+from powertrip.aggregation.fedavg import (
+    StreamingFedAvg,
+    UpdateRejected,
+    delta_sketch,
+    sketch_stride,
+)
+from powertrip.aggregation.robust import Aggregation
 
 SHAPES = {"conv.weight": (24, 1, 5), "conv.bias": (24,), "head.weight": (10, 240), "one": (1,)}
 
@@ -107,7 +112,7 @@ def test_every_other_row_as_a_strided_view_folds_like_those_rows_copied():
 
 
 def test_a_fold_block_smaller_than_a_tensor_changes_no_bit(monkeypatch):
-    import powertrip.fedavg as fedavg
+    import powertrip.aggregation.fedavg as fedavg
 
     stacked = stacked_round(30, seed=13)
     weights = np.arange(1.0, 31.0)

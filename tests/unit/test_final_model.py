@@ -9,12 +9,12 @@ import pytest
 import torch
 
 import powertrip as pt
-from powertrip.emulate import EmulatedRun, Emulator, TimeModel, TrajectoryCache
-from powertrip.experiment import build_config
-from powertrip.learning.federation import build_federation, load_workload
+from powertrip.config.experiment import build_config
+from powertrip.config.sites import RoundTimeModel
+from powertrip.federation import build_federation, load_workload
+from powertrip.rounds.emulate import EmulatedRun, Emulator, TimeModel, TrajectoryCache
 from powertrip.selection.base import SelectAll, StaticTopK
-from powertrip.sites import ModelledLinks, StaticPower, generate_sites
-from powertrip.timing import RoundTimeModel
+from powertrip.sites.profiles import ModelledLinks, StaticPower, generate_sites
 from tests.workloads import normalised_blobs
 
 TINY = {

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 import numpy as np
 import pytest
 
-from powertrip.robust_fedavg import CLIP
+from powertrip.aggregation.robust_fedavg import CLIP
 
 flwr = pytest.importorskip("flwr", reason="the Flower extra is not installed (powertrip[flower])")
 
@@ -33,6 +33,7 @@ from flwr.serverapp import Grid  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
 from powertrip.config.recipe import LocalOptimizer  # noqa: E402
+from powertrip.config.sites import RoundTimeModel
 from powertrip.integrations.flower import (  # noqa: E402
     BANDWIDTH_MBPS,
     DEFAULT_POLICY,
@@ -49,8 +50,8 @@ from powertrip.integrations.flower import (  # noqa: E402
 from powertrip.integrations.flower.client import properties_reply  # noqa: E402
 from powertrip.selection.base import RoundContext, RoundFeedback, StaticTopK  # noqa: E402
 from powertrip.selection.registry import build_policy  # noqa: E402
-from powertrip.sites import ModelledLinks, StaticPower, generate_sites, profile_at  # noqa: E402
-from powertrip.timing import RoundTimeModel, round_time_s  # noqa: E402
+from powertrip.sites.profiles import ModelledLinks, StaticPower, generate_sites, profile_at  # noqa: E402
+from powertrip.sites.timing import round_time_s
 
 TAU = 50.0
 UPDATE = 1.5e9
@@ -520,8 +521,9 @@ def test_honest_rounds_give_flowers_fedavg_up_to_float32_rounding(rule):
 
 def test_the_robust_bound_is_carried_from_round_to_round():
     """Each round is judged by what the earlier ones left: honest norms below the clip shrink
-    it by exp(-lr * (1 - gamma)) per round (quantile matching, ``powertrip.robust_fedavg``)."""
-    from powertrip.robust_fedavg import AdaptiveBound
+    it by exp(-lr * (1 - gamma)) per round (quantile matching,
+    ``powertrip.aggregation.robust_fedavg``)."""
+    from powertrip.aggregation.robust_fedavg import AdaptiveBound
 
     _, grid = sites_and_grid()
     s = every_node("powertrip")

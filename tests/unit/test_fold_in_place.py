@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from powertrip.fedavg import StreamingFedAvg, delta_sketch, sketch_stride
-from powertrip.fold_in_place import FoldCancelled, InPlaceFold
+from powertrip.aggregation.fedavg import StreamingFedAvg, delta_sketch, sketch_stride
+from powertrip.aggregation.fold_in_place import FoldCancelled, InPlaceFold
 
 TEMPLATE = {
     "w": np.zeros((37, 11), np.float32),

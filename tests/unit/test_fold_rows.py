@@ -8,8 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from powertrip.fedavg import StreamingFedAvg, UpdateRejected, delta_sketch, sketch_stride
-from powertrip.fold_rows import dense_direction, shared_matrix
+from powertrip.aggregation.fedavg import (
+    StreamingFedAvg,
+    UpdateRejected,
+    delta_sketch,
+    sketch_stride,
+)
+from powertrip.aggregation.fold_rows import dense_direction, shared_matrix
 from powertrip.learning.device import host_rows, to_numpy
 
 SHAPES = {"conv.weight": (24, 1, 5), "conv.bias": (24,), "head.weight": (10, 240), "one": (1,)}

@@ -8,10 +8,12 @@ import csv
 import numpy as np
 import pytest
 
-from powertrip.experiment import build_config
-from powertrip.footprint import Footprint, FootprintModel, FootprintSettings, SiteGrid
-from powertrip.rounds import RoundRecord
-from powertrip.sites import StaticPower
+from powertrip.config.experiment import build_config
+from powertrip.config.footprint import FootprintSettings
+from powertrip.footprint import Footprint, FootprintModel
+from powertrip.rounds.loop import RoundRecord
+from powertrip.sites.grid import SiteGrid
+from powertrip.sites.profiles import StaticPower
 from powertrip.study.powertrip import run_study
 from powertrip.study.results import write_outputs
 

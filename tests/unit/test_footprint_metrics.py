@@ -6,13 +6,14 @@ import numpy as np
 import pytest
 from prometheus_client import REGISTRY
 
-from powertrip.experiment import ExperimentConfig
+from powertrip.config.experiment import ExperimentConfig
 from powertrip.footprint import FootprintModel
-from powertrip.rounds import RoundRecord
+from powertrip.rounds.loop import RoundRecord
 from powertrip.services.aggregator import metrics
 from powertrip.services.aggregator.footprint_metrics import FootprintMeter
 from powertrip.services.aggregator.observed_power import ObservedPower
-from powertrip.sites import site_id
+from powertrip.sites.grid import SiteGrid
+from powertrip.sites.profiles import site_id
 
 NAMES = (
     "powertrip_energy_joules_total",
@@ -49,7 +50,7 @@ def test_a_completed_round_adds_its_per_site_footprint(round_power):
     added = counters() - before
 
     model = FootprintModel(
-        power, tau, exp.site_grid(), 1.5, 0.3, integrated=round_power == "integrated"
+        power, tau, SiteGrid.from_settings(exp), 1.5, 0.3, integrated=round_power == "integrated"
     )
     kwh, kg, usd = model.per_site(record)
     np.testing.assert_allclose(added[0], kwh * metrics.JOULES_PER_KWH, rtol=1e-12)

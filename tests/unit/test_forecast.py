@@ -1,4 +1,4 @@
-"""Spare-power forecasts (powertrip/forecast.py), the RoundContext seam and forecast-aware
+"""Spare-power forecasts (powertrip/sites/forecast.py), the RoundContext seam and forecast-aware
 PowerTrip (powertrip/selection/forecast_greedy.py)."""
 
 from __future__ import annotations
@@ -6,8 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from powertrip.experiment import build_config
-from powertrip.forecast import (
+from powertrip.config.experiment import build_config
+from powertrip.rounds.loop import RoundRecord, TimeModel, run_rounds
+from powertrip.selection.base import RoundContext, SelectionPolicy
+from powertrip.selection.forecast_greedy import ForecastGreedy
+from powertrip.selection.greedy import GreedyConfig
+from powertrip.selection.registry import build_policy
+from powertrip.sites.forecast import (
     EwmaAR1,
     NoisyOracle,
     Persistence,
@@ -16,12 +21,7 @@ from powertrip.forecast import (
     reversion,
     window_mean,
 )
-from powertrip.rounds import RoundRecord, TimeModel, run_rounds
-from powertrip.selection.base import RoundContext, SelectionPolicy
-from powertrip.selection.forecast_greedy import ForecastGreedy
-from powertrip.selection.greedy import GreedyConfig
-from powertrip.selection.registry import build_policy
-from powertrip.sites import SiteProfile, StaticPower
+from powertrip.sites.profiles import SiteProfile, StaticPower
 
 
 class Ramp:
@@ -151,7 +151,7 @@ def test_forecast_none_leaves_the_context_without_one():
         def execute(self, r, selected, profile, split_half):
             return None
 
-    from powertrip.clock import EmulatedClock
+    from powertrip.rounds.clock import EmulatedClock
 
     profile = _ctx(None).profile
     records: list[RoundRecord] = []

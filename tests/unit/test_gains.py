@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from powertrip.fedavg import StreamingFedAvg
+from powertrip.aggregation.fedavg import StreamingFedAvg
 from powertrip.selection.base import RoundFeedback
 from powertrip.selection.gains import (
     DirectionalNoiseGain,

@@ -87,6 +87,6 @@ def test_the_configs_size_names_are_the_models_size_table():
     """The torch-free run definition lists the sizes by name; the model owns their shapes."""
     from typing import get_args
 
-    from powertrip.experiment import ModelSize
+    from powertrip.config.experiment import ModelSize
 
     assert list(get_args(ModelSize)) == list(GPT_SIZES)

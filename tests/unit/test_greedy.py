@@ -27,7 +27,7 @@ from powertrip.selection.gains import (
 )
 from powertrip.selection.greedy import GainModel, GreedyConfig, PowerTripGreedy, SearchMode
 from powertrip.selection.scoring import Estimator, Ranking
-from powertrip.sites import SiteProfile
+from powertrip.sites.profiles import SiteProfile
 
 N = 8
 FLAT = [0.0] * N

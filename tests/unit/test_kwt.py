@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, grad, stack_module_state, vmap
 
-from powertrip.experiment import MODEL_FOR_WORKLOAD, WORKLOAD_DEFAULTS
+from powertrip.config.experiment import MODEL_FOR_WORKLOAD, WORKLOAD_DEFAULTS
 from powertrip.learning.datasets import load_dataset
 from powertrip.learning.kwt import KWT, KWT_SIZES, KWTShape, kwt_shape
 from powertrip.learning.models import DEFAULT_MODELS, MODEL_NAMES, build_model, num_parameters
@@ -37,7 +37,8 @@ def test_kwt_is_registered_for_both_speech_workloads():
     assert "kwt" in MODEL_NAMES
     for workload in ("speech-commands", "fsdd"):
         assert MODEL_FOR_WORKLOAD[workload] == DEFAULT_MODELS[workload] == "kwt"
-        assert WORKLOAD_DEFAULTS[workload] == {"lr": 0.05, "batch_size": 20}
+        defaults = WORKLOAD_DEFAULTS[workload]
+        assert (defaults.lr, defaults.batch_size) == (0.05, 20)
 
 
 def test_frames_in_class_logits_out():

@@ -7,8 +7,8 @@ import csv
 import json
 import math
 
-from powertrip.curtailment.config import build_curtail_config
-from powertrip.experiment import build_config
+from powertrip.config.curtailment import build_curtail_config
+from powertrip.config.experiment import build_config
 from powertrip.study.curtailment import run_curtailment_study
 from powertrip.study.curtailment_report import write_curtailment_outputs
 from powertrip.study.powertrip import run_study

@@ -8,10 +8,10 @@ import json
 import pytest
 from pydantic import ValidationError
 
+from powertrip.config.curtailment import CurtailmentConfig, build_curtail_config
+from powertrip.config.experiment import build_config
 from powertrip.config.recipe import LocalOptimizer
-from powertrip.curtailment.config import CurtailmentConfig, build_curtail_config
-from powertrip.experiment import build_config
-from powertrip.learning.federation import StreamSetup, build_federation, load_workload
+from powertrip.federation import StreamSetup, build_federation, load_workload
 
 
 def test_unset_it_is_left_out_of_the_dumped_configuration():

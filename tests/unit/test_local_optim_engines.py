@@ -11,8 +11,8 @@ from torch import nn
 
 from powertrip.config.recipe import LocalOptimizer, decays
 from powertrip.learning.batches import site_schedule
+from powertrip.learning.engines import train_sites_in_turn
 from powertrip.learning.lr_schedule import lr_factors
-from powertrip.learning.site_loop import train_sites_in_turn
 from powertrip.learning.trainer import LocalTrainingConfig, SiteTrainer, get_params
 
 ADAMW = LocalOptimizer(
@@ -61,7 +61,7 @@ def _alone(start: dict, x, y, idx, sched_rounds, recipe: LocalOptimizer) -> dict
     return {n: p.detach() - start[n] for n, p in ps.items()}
 
 
-@pytest.mark.parametrize("engine", ["stacked", "vmap", "compiled", "in-turn"])
+@pytest.mark.parametrize("engine", ["stacked", "vmap", "in-turn"])
 def test_adamw_with_schedule_and_clipping_matches_torch_per_site_over_two_rounds(engine):
     x, y = _problem()
     model = _model()
@@ -75,13 +75,7 @@ def test_adamw_with_schedule_and_clipping_matches_torch_per_site_over_two_rounds
                 model, start, x, y, SITES, scheds, cfg.recipe, torch.device("cpu"), states
             )
     else:
-        compiled = engine == "compiled"  # gradients from the graph, the update outside it
-        trainer = SiteTrainer(
-            model, cfg, device="cpu", stacked=engine == "stacked", compile_step=compiled
-        )
-        assert (trainer._stacked is not None) == (
-            engine == "stacked"
-        ) and trainer.compiled == compiled
+        trainer = SiteTrainer(model, cfg, device="cpu", engine=engine)
 
         def train(seeds, states):
             return trainer.train(start, x, y, SITES, seeds, states)
@@ -90,7 +84,6 @@ def test_adamw_with_schedule_and_clipping_matches_torch_per_site_over_two_rounds
     assert [s.step for s in first.opt_state] == [3, 7, 2]
     # round two: the sites come back in the same order with their own state
     second = train([s + 100 for s in SEEDS], first.opt_state)
-    assert engine != "compiled" or trainer.compiled  # it did not fall back to eager
     assert [s.step for s in second.opt_state] == [6, 14, 4]
     for j, idx in enumerate(SITES):
         rounds = [site_schedule(cfg, len(idx), s) for s in (SEEDS[j], SEEDS[j] + 100)]
@@ -108,7 +101,7 @@ def test_a_reset_recipe_rebuilds_adamw_each_round_on_the_schedule_of_cumulative_
     reset = ADAMW.model_copy(update={"keep_state": False})
     cfg = LocalTrainingConfig(lr=0.3, batch_size=4, optimizer=reset)
     start = get_params(model)
-    trainer = SiteTrainer(model, cfg, device="cpu", stacked=engine == "stacked")
+    trainer = SiteTrainer(model, cfg, device="cpu", engine=engine)
     first = trainer.train(start, x, y, SITES, SEEDS)
     second = trainer.train(
         start,

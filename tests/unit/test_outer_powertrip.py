@@ -8,18 +8,18 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from powertrip.curtailment.config import CurtailmentConfig
-from powertrip.emulate import Emulator, TimeModel, TrajectoryCache
-from powertrip.experiment import build_config
-from powertrip.fedavg import StreamingFedAvg
-from powertrip.learning.federation import build_federation, load_workload
-from powertrip.outcome import round_outcome
-from powertrip.outer_step import NesterovOuter
+from powertrip.aggregation.fedavg import StreamingFedAvg
+from powertrip.aggregation.outer_step import NesterovOuter, outer_for
+from powertrip.config.curtailment import CurtailmentConfig
+from powertrip.config.experiment import build_config
+from powertrip.config.sites import RoundTimeModel
+from powertrip.federation import build_federation, load_workload
+from powertrip.rounds.emulate import Emulator, TimeModel, TrajectoryCache
+from powertrip.rounds.outcome import round_outcome
 from powertrip.selection.base import SelectAll, StaticTopK
 from powertrip.services.aggregator.config import AggregatorConfig
 from powertrip.services.common.config import ConfigError, load_config
-from powertrip.sites import ModelledLinks, StaticPower, generate_sites
-from powertrip.timing import RoundTimeModel
+from powertrip.sites.profiles import ModelledLinks, StaticPower, generate_sites
 
 TINY = {"num_sites": 6, "num_samples": 600, "static_sweep": (3, 6), "ideal_compute_s": 10.0}
 MODEL = {"w": np.array([1.0, -2.0, 3.0], np.float32), "b": np.array([0.5], np.float32)}
@@ -66,7 +66,7 @@ def test_the_split_half_model_takes_the_same_step_without_advancing_the_momentum
 def test_experiment_config_has_the_curtailment_studys_outer_settings_and_checks():
     cfg = build_config("quick")
     assert (cfg.outer, cfg.outer_lr, cfg.outer_momentum) == ("fedavg", 0.7, 0.9)
-    assert cfg.make_outer() is None
+    assert outer_for(cfg) is None
     assert "outer" not in cfg.model_dump()  # FedAvg summaries are as before
     curtail = CurtailmentConfig()
     assert (curtail.outer, curtail.outer_lr, curtail.outer_momentum) == ("fedavg", 0.7, 0.9)
@@ -82,7 +82,7 @@ def test_experiment_config_has_the_curtailment_studys_outer_settings_and_checks(
             CurtailmentConfig(**bad)
     nesterov = build_config("quick", outer="nesterov", outer_lr=0.5, outer_momentum=0.8)
     assert nesterov.model_dump()["outer"] == "nesterov"
-    outer = nesterov.make_outer()
+    outer = outer_for(nesterov)
     assert isinstance(outer, NesterovOuter) and (outer.lr, outer.momentum) == (0.5, 0.8)
 
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from powertrip.fold_inputs import UpdateRejected
-from powertrip.outer_step import NesterovOuter, make_outer
+from powertrip.aggregation.fold_inputs import UpdateRejected
+from powertrip.aggregation.outer_step import NesterovOuter, make_outer
 
 SHAPES = {"conv.weight": (8, 1, 5), "conv.bias": (8,), "fc.weight": (10, 64), "scale": ()}
 

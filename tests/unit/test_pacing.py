@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from powertrip.emulate import Emulator, TimeModel, TrajectoryCache
-from powertrip.experiment import build_config
-from powertrip.learning.federation import build_federation, load_workload
-from powertrip.rounds import RoundRecord
+from powertrip.config.experiment import build_config
+from powertrip.config.sites import RoundTimeModel
+from powertrip.federation import build_federation, load_workload
+from powertrip.rounds.emulate import Emulator, TimeModel, TrajectoryCache
+from powertrip.rounds.loop import RoundRecord
 from powertrip.selection.registry import build_policy
 from powertrip.services.aggregator.config import AggregatorConfig
 from powertrip.services.aggregator.lifecycle import Registration, RunLifecycle
@@ -22,8 +23,7 @@ from powertrip.services.aggregator.run_status import RunState, StatusRound
 from powertrip.services.cli.up import up
 from powertrip.services.common.command_line import env_help
 from powertrip.services.common.config import ConfigError, load_config
-from powertrip.sites import ModelledLinks, StaticPower, generate_sites
-from powertrip.timing import RoundTimeModel
+from powertrip.sites.profiles import ModelledLinks, StaticPower, generate_sites
 
 AGG = {"POWERTRIP_PROFILER_ADDR": "profiler:50052", "POWERTRIP_INSECURE": "1"}
 

@@ -17,15 +17,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from powertrip.clock import EmulatedClock
-from powertrip.rounds import RoundLoop, RoundOutcome, TimeModel
-from powertrip.selection.registry import LITERATURE, SIMPLE, VARIANTS, build_policy
-from powertrip.sites import SiteProfile
+from powertrip.rounds.clock import EmulatedClock
+from powertrip.rounds.loop import RoundLoop, RoundOutcome, TimeModel
+from powertrip.selection.registry import PolicyContext, build_policy, known_policy_names
+from powertrip.sites.profiles import SiteProfile
 
 SITES = 24
 ROUNDS = 14
 FAILED_ROUND = 6  # the executor fails this round: the loop carries the last accuracy over it
-POLICIES = [*VARIANTS, "static-optimal", "static-5", *SIMPLE, *LITERATURE]
+POLICIES = ["static-5" if n == "static-<k>" else n for n in known_policy_names()]
 
 
 class Stand_in:  # noqa: N801 - a stand-in executor, named for what it is
@@ -71,7 +71,7 @@ class Forecast:
 
 
 def loop_for(name: str, stop_after: int | None = None) -> RoundLoop:
-    policy = build_policy(name, k_star=6)
+    policy = build_policy(name, PolicyContext(k_star=6))
     loop = RoundLoop(
         policy,
         Stand_in(),

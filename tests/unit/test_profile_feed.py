@@ -16,7 +16,7 @@ import grpc
 import pytest
 from prometheus_client import REGISTRY
 
-from powertrip.rounds import TimeModel
+from powertrip.rounds.loop import TimeModel
 from powertrip.services.aggregator.config import AggregatorConfig
 from powertrip.services.aggregator.profile_feed import ProfileFeed, ProfilerWaitStopped
 from powertrip.services.common.config import load_config

@@ -7,8 +7,8 @@ import grpc
 import numpy as np
 import pytest
 
+from powertrip.config.curtailment import build_curtail_config
 from powertrip.curtailment.availability import AvailabilityRule, availability_from_trace
-from powertrip.curtailment.config import build_curtail_config
 from powertrip.curtailment.sites import build_sites, load_carbon
 from powertrip.services.common.config import ConfigError, load_config
 from powertrip.services.common.grpc_server import build_server

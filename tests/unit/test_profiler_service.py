@@ -13,7 +13,7 @@ import grpc
 import numpy as np
 import pytest
 
-from powertrip.experiment import build_config
+from powertrip.config.experiment import build_config
 from powertrip.services.common.config import ConfigError, load_config
 from powertrip.services.common.grpc_server import build_server
 from powertrip.services.netem.latency import latency_path_message
@@ -29,7 +29,7 @@ from powertrip.services.profiler.probe_budget import (
 from powertrip.services.profiler.probes import probe_worker
 from powertrip.services.profiler.servicer import LinkProber, ProfilerServicer
 from powertrip.services.worker.servicer import WorkerServicer
-from powertrip.sites import ModelledLinks, profile_at, site_id
+from powertrip.sites.profiles import ModelledLinks, profile_at, site_id
 from powertrip.study.powertrip import study_sites
 from powertrip.v1 import profiler_pb2, profiler_pb2_grpc, worker_pb2_grpc
 

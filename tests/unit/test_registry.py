@@ -13,7 +13,7 @@ from prometheus_client import REGISTRY
 
 from powertrip.services.aggregator.registry import LivenessLog, WorkerRegistry
 from powertrip.services.common.errors import BadRequest, Duplicate, NotFound
-from powertrip.sites import SiteProfile
+from powertrip.sites.profiles import SiteProfile
 
 
 def test_sites_count_once_their_worker_has_loaded_them():

@@ -1,4 +1,5 @@
-"""Every number a peer reports is bounded before a policy sees it (powertrip.reported, reliability
+"""Every number a peer reports is bounded before a policy sees it (powertrip.rounds.reported,
+reliability
 R36): a training loss outside [0, 3x the evaluated loss], or none, counts as the round's median,
 so the site that claimed it gains no selection under Oort, EcoLearn or FedZero.
 
@@ -15,20 +16,20 @@ import math
 import numpy as np
 import pytest
 
-from powertrip.reported import (
+from powertrip.rounds.loop import RoundOutcome, policy_rng, round_feedback
+from powertrip.rounds.reported import (
     LOSS_CEILING_FACTOR,
     bound_losses,
     bound_samples,
     loss_ceiling,
     samples_problem,
 )
-from powertrip.rounds import RoundOutcome, policy_rng, round_feedback
 from powertrip.selection.base import RoundContext, SelectionPolicy
 from powertrip.selection.ecolearn import EcoLearn
 from powertrip.selection.fedzero import FedZero
 from powertrip.selection.oort import Oort
 from powertrip.services.aggregator.site_reports import SiteReports, with_site_reports
-from powertrip.sites import SiteProfile
+from powertrip.sites.profiles import SiteProfile
 from powertrip.v1 import aggregator_pb2
 
 NAN = math.nan

@@ -10,10 +10,10 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from powertrip.fedavg import StreamingFedAvg
-from powertrip.outcome import round_outcome
-from powertrip.robust import CHUNK, Aggregation, RobustAggregator, make_aggregator
-from powertrip.robust_fedavg import RobustFedAvg
+from powertrip.aggregation.fedavg import StreamingFedAvg
+from powertrip.aggregation.robust import CHUNK, Aggregation, RobustAggregator, make_aggregator
+from powertrip.aggregation.robust_fedavg import RobustFedAvg
+from powertrip.rounds.outcome import round_outcome
 from powertrip.services.aggregator.collector import RoundCollector
 from powertrip.services.common.tensor_receiver import TensorStreamReceiver
 from powertrip.services.common.tensor_stream import encode, specs_of

@@ -24,11 +24,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from powertrip.aggregation.fedavg import StreamingFedAvg, UpdateRejected
+from powertrip.aggregation.robust_fedavg import CLIP as CLIP_ESTIMATE
+from powertrip.aggregation.robust_fedavg import AdaptiveBound, RobustFedAvg
 from powertrip.codecs import get_codec
-from powertrip.fedavg import StreamingFedAvg, UpdateRejected
-from powertrip.outcome import round_outcome
-from powertrip.robust_fedavg import CLIP as CLIP_ESTIMATE
-from powertrip.robust_fedavg import AdaptiveBound, RobustFedAvg
+from powertrip.rounds.outcome import round_outcome
 from powertrip.services.common.tensor_stream import TensorSpec
 from powertrip.services.common.update_codec import PART, StreamError, decode_update
 

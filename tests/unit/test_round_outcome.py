@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from powertrip.fedavg import StreamingFedAvg, delta_sketch, sketch_stride
-from powertrip.outcome import round_outcome
+from powertrip.aggregation.fedavg import StreamingFedAvg, delta_sketch, sketch_stride
+from powertrip.rounds.outcome import round_outcome
 
 MODEL = {"w": np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4), "b": np.ones(3, np.float32)}
 SITES = [

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 from prometheus_client import REGISTRY
 
-from powertrip.rounds import RoundRecord
+from powertrip.rounds.loop import RoundRecord
 from powertrip.services.aggregator.config import AggregatorConfig
 from powertrip.services.aggregator.lifecycle import Registration, RunLifecycle
 from powertrip.services.aggregator.run_status import RunState, StatusRound

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from powertrip.config.sites import RoundTimeModel
 from powertrip.selection.scoring import (
     Estimator,
     Ranking,
@@ -15,8 +16,8 @@ from powertrip.selection.scoring import (
     rank_sites,
     score_weights,
 )
-from powertrip.sites import SiteProfile
-from powertrip.timing import RoundTimeModel, round_time_s
+from powertrip.sites.profiles import SiteProfile
+from powertrip.sites.timing import round_time_s
 
 GB = 1e9
 

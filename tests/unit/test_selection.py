@@ -15,15 +15,15 @@ from powertrip.selection.base import (
     SelectAll,
     StaticTopK,
 )
-from powertrip.selection.greedy import GainModel, PowerTripGreedy, SearchMode
+from powertrip.selection.greedy import PAPER_GREEDY, GainModel, PowerTripGreedy, SearchMode
 from powertrip.selection.registry import (
-    PAPER_GREEDY,
+    PolicyContext,
     build_policy,
     known_policy_names,
     validate_policy_name,
 )
 from powertrip.selection.scoring import Estimator, Ranking, WeightSchedule
-from powertrip.sites import SiteProfile
+from powertrip.sites.profiles import SiteProfile
 
 GB = 1e9
 
@@ -326,7 +326,7 @@ def test_paper_greedy_uses_the_reconstructed_defaults():
 
 
 def test_build_policy_applies_greedy_overrides():
-    policy = build_policy("powertrip-paper", greedy_overrides={"k0": 3, "window": 2})
+    policy = build_policy("powertrip-paper", PolicyContext(greedy_overrides={"k0": 3, "window": 2}))
     assert isinstance(policy, PowerTripGreedy)
     assert (policy.config.k0, policy.config.window) == (3, 2)
     assert PAPER_GREEDY.k0 == 10  # the shared variant is untouched
@@ -348,13 +348,13 @@ def test_build_policy_parses_static_k(name, k):
 
 
 def test_static_optimal_is_static_top_k_star():
-    policy = build_policy("static-optimal", k_star=70)
+    policy = build_policy("static-optimal", PolicyContext(k_star=70))
     assert isinstance(policy, StaticTopK)
     assert (policy.k, policy.name) == (70, "static-optimal")
 
 
 def test_random_uses_k_star_sites():
-    policy = build_policy("random", k_star=70)
+    policy = build_policy("random", PolicyContext(k_star=70))
     assert isinstance(policy, RandomK)
     assert policy.k == 70
 
@@ -367,7 +367,7 @@ def test_policies_sized_by_k_star_refuse_to_build_without_it(name):
 
 def test_build_policy_builds_the_simple_baselines():
     assert isinstance(build_policy("select-all"), SelectAll)
-    radius = build_policy("fixed-radius", radius_mi=750.0)
+    radius = build_policy("fixed-radius", PolicyContext(radius_mi=750.0))
     assert isinstance(radius, FixedRadius) and radius.radius_mi == 750.0
     for name, fraction in (("centralized-25", 0.25), ("centralized-50", 0.5)):
         policy = build_policy(name)
@@ -380,7 +380,7 @@ def test_every_known_policy_name_builds():
     for name in known_policy_names():
         concrete = "static-10" if name == "static-<k>" else name
         assert validate_policy_name(concrete) == concrete
-        policy = build_policy(concrete, k_star=5)
+        policy = build_policy(concrete, PolicyContext(k_star=5))
         assert policy.select(ctx()).size >= 1
 
 
@@ -413,12 +413,14 @@ def test_static_names_need_a_positive_whole_k(name):
 
 
 def test_project_powertrip_estimates_rounds_with_the_systems_time_model():
+    from powertrip.config.sites import RoundTimeModel
     from powertrip.selection.scoring import Estimator
-    from powertrip.timing import RoundTimeModel
 
     per_site = build_policy("powertrip")
-    eq7 = build_policy("powertrip", round_time_model=RoundTimeModel.AGGREGATE)
-    paper = build_policy("powertrip-paper", round_time_model=RoundTimeModel.AGGREGATE)
+    eq7 = build_policy("powertrip", PolicyContext(round_time_model=RoundTimeModel.AGGREGATE))
+    paper = build_policy(
+        "powertrip-paper", PolicyContext(round_time_model=RoundTimeModel.AGGREGATE)
+    )
     assert per_site.config.estimator is Estimator.MAX
     assert eq7.config.estimator is Estimator.AGGREGATE
     assert paper.config.estimator is Estimator.MEAN_POWER  # Algorithm 1 as written, always
@@ -438,10 +440,12 @@ def test_the_default_scales_k0_and_window_with_the_sites_beyond_a_hundred():
 
 
 def test_an_explicit_k0_or_window_is_taken_as_given_at_any_site_count():
-    from powertrip.experiment import GreedyParams
+    from powertrip.config.experiment import GreedyParams
 
     overrides = GreedyParams(k0=4).overrides()
-    assert build_policy("powertrip", greedy_overrides=overrides).config.scaled(1000) == (4, 5)
+    assert build_policy("powertrip", PolicyContext(greedy_overrides=overrides)).config.scaled(
+        1000
+    ) == (4, 5)
 
 
 def test_round_budget_grows_k_only_after_enough_rounds_behind_the_targets_pace():
@@ -463,8 +467,8 @@ def test_round_budget_grows_k_only_after_enough_rounds_behind_the_targets_pace()
 
 
 def test_the_round_loop_tells_the_policy_its_target_and_rounds_left():
-    from powertrip.clock import EmulatedClock
-    from powertrip.rounds import RoundOutcome, TimeModel, run_rounds
+    from powertrip.rounds.clock import EmulatedClock
+    from powertrip.rounds.loop import RoundOutcome, TimeModel, run_rounds
 
     seen = []
 

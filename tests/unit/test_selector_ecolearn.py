@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from powertrip.experiment import build_config
-from powertrip.footprint import SiteGrid
-from powertrip.rounds import SiteFeedback
+from powertrip.config.experiment import build_config
+from powertrip.rounds.loop import SiteFeedback
 from powertrip.selection.base import RoundContext
 from powertrip.selection.ecolearn import EcoLearn, EcoLearnConfig, site_carbon
 from powertrip.selection.oort import OortConfig
 from powertrip.selection.registry import build_policy
-from powertrip.sites import SiteProfile
+from powertrip.sites.grid import SiteGrid
+from powertrip.sites.profiles import SiteProfile
 from powertrip.study.powertrip import run_study
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from powertrip.footprint import FootprintSettings
+from powertrip.config.footprint import FootprintSettings
 from powertrip.selection.base import RoundContext
-from powertrip.selection.greedy import PowerTripGreedy
+from powertrip.selection.greedy import PROJECT_GREEDY, PowerTripGreedy
 from powertrip.selection.joint import JointGreedy
-from powertrip.selection.registry import PROJECT_GREEDY, build_policy
-from powertrip.sites import SiteProfile
+from powertrip.selection.registry import PolicyContext, build_policy
+from powertrip.sites.profiles import SiteProfile
 
 
 def ctx(power, comm=None, now=3600.0):
@@ -55,6 +55,6 @@ def test_the_joint_cost_equals_the_round_time_at_the_current_count_and_grows_fas
 
 def test_the_registry_builds_it_with_the_studys_grid_and_weights() -> None:
     settings = FootprintSettings(carbon_weight=2.0, price_weight=0.0, grid_seed=3)
-    policy = build_policy("powertrip-joint", footprint=settings)
+    policy = build_policy("powertrip-joint", PolicyContext(footprint=settings))
     assert isinstance(policy, JointGreedy) and policy.settings is settings
     assert build_policy("powertrip-joint").settings == FootprintSettings()

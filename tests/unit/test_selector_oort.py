@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from powertrip.experiment import build_config
-from powertrip.rounds import SiteFeedback
+from powertrip.config.experiment import build_config
+from powertrip.rounds.loop import SiteFeedback
 from powertrip.selection.base import RoundContext
 from powertrip.selection.oort import (
     Oort,
@@ -18,7 +18,7 @@ from powertrip.selection.oort import (
     site_utilities,
 )
 from powertrip.selection.registry import build_policy, known_policy_names
-from powertrip.sites import SiteProfile
+from powertrip.sites.profiles import SiteProfile
 from powertrip.study.powertrip import run_study
 
 TAU = 50.0

@@ -18,9 +18,9 @@ import torch
 import torch.distributed as dist
 
 from powertrip.config.recipe import LocalOptimizer
+from powertrip.learning.engines import train_sites_in_turn
 from powertrip.learning.gpt import GPT, GPTShape
 from powertrip.learning.site_engine import RankFailed, SiteEngineConfig, SiteGroup
-from powertrip.learning.site_loop import train_sites_in_turn
 from powertrip.learning.trainer import get_params
 
 VOCAB, SHAPE = 20, GPTShape(n_layer=2, n_head=2, d_model=32, context_length=16)

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from powertrip.config.recipe import LocalOptimizer
+from powertrip.config.site_engine import SiteEngineConfig
 from powertrip.learning.shards import shard_rows
-from powertrip.learning.site_engine.config import SiteEngineConfig
 from powertrip.learning.site_engine.files import TensorFile, layout_of
 from powertrip.learning.site_engine.moments import (
     MomentFiles,

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from powertrip.config.recipe import LocalOptimizer
+from powertrip.learning.engines import train_sites_in_turn
 from powertrip.learning.gpt import GPT, GPTShape
 from powertrip.learning.site_engine import RankFailed, SiteEngineConfig, SiteGroup
-from powertrip.learning.site_loop import train_sites_in_turn
 from powertrip.learning.site_optim import SiteState
 from powertrip.learning.trainer import get_params
 

@@ -1,5 +1,6 @@
 """Each site's reported training loss and sample count reach the round's outcome in selection
-order; a hostile value counts as the round's median loss (powertrip.reported), with a log naming
+order; a hostile value counts as the round's median loss (powertrip.rounds.reported), with a log
+naming
 the site and the field, and a count by field and reason."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import math
 import numpy as np
 from prometheus_client import REGISTRY
 
-from powertrip.rounds import RoundOutcome, round_feedback
+from powertrip.rounds.loop import RoundOutcome, round_feedback
 from powertrip.services.aggregator.site_reports import SiteReports, with_site_reports
 from powertrip.v1 import aggregator_pb2
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from powertrip.sites import (
-    DistanceMode,
+from powertrip.config.sites import DistanceMode
+from powertrip.sites.profiles import (
     ModelledLinks,
     SiteProfile,
     SiteSet,

@@ -1,6 +1,6 @@
-"""The stacked trainer (one plain model over all sites, hand-written backward pass) must train
-exactly what the vmapped trainer trains, to float32 rounding, and fall back to vmap for any
-model it does not know."""
+"""The stacked engine (one plain model over all sites, hand-written backward pass) must train
+exactly what the vmap engine trains, to float32 rounding, and leave any model it does not know
+to vmap."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch import nn
 
+from powertrip.learning.engines.stacked import stacked_chain
 from powertrip.learning.models import CNN1D, CNN2D, CharLSTM
-from powertrip.learning.stacked import stacked_chain
 from powertrip.learning.trainer import LocalTrainingConfig, SiteTrainer, get_params
 
 
@@ -45,8 +45,8 @@ def _odd_convs() -> nn.Module:
 
 def _both(model: nn.Module, cfg: LocalTrainingConfig) -> tuple[SiteTrainer, SiteTrainer]:
     stacked = SiteTrainer(model, cfg, device="cpu")
-    assert stacked._stacked is not None  # the model takes the fast path
-    return stacked, SiteTrainer(model, cfg, device="cpu", stacked=False)
+    assert stacked.engine.name == "stacked"  # "auto" takes the fast path for this model
+    return stacked, SiteTrainer(model, cfg, device="cpu", engine="vmap")
 
 
 def _assert_same_updates(got, want, rtol: float = 1e-5) -> None:
@@ -122,7 +122,7 @@ def test_a_step_gathers_only_the_rows_its_fullest_site_has():
     model = _cnn1d()
     seen: list[int] = []
     model.register_forward_pre_hook(lambda _m, args: seen.append(args[0].shape[-3]))
-    vmapped = SiteTrainer(model, cfg, device="cpu", stacked=False)  # hooks run under vmap
+    vmapped = SiteTrainer(model, cfg, device="cpu", engine="vmap")  # hooks run under vmap
     tiny = [np.arange(0, 2), np.arange(2, 3), np.arange(3, 5)]
     start = get_params(model)
 
@@ -167,10 +167,10 @@ def test_labels_per_position_train_with_vmap():
 
 
 def test_the_trainer_says_once_which_model_trains_stacked(caplog):
-    with caplog.at_level(logging.INFO, logger="powertrip.learning.trainer"):
+    with caplog.at_level(logging.INFO, logger="powertrip.learning.engines"):
         SiteTrainer(_cnn1d(), LocalTrainingConfig(lr=0.1, batch_size=4), device="cpu")
         SiteTrainer(
-            _cnn1d(), LocalTrainingConfig(lr=0.1, batch_size=4), device="cpu", stacked=False
+            _cnn1d(), LocalTrainingConfig(lr=0.1, batch_size=4), device="cpu", engine="vmap"
         )
     assert caplog.text.count("training CNN1D sites stacked") == 1
 
@@ -178,13 +178,12 @@ def test_the_trainer_says_once_which_model_trains_stacked(caplog):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("model", [_cnn1d, _odd_convs], ids=["cnn1d", "odd-convs"])
 def test_stacked_training_on_cuda_gets_the_cpu_updates(model):
-    # eager on CUDA (compiled is CUDA's default), so the stacked chain is what runs there; the
-    # GPU's own summation order is the only difference, hence float32 tolerance, not equality
+    # the GPU's own summation order is the only difference, hence float32 tolerance, not equality
     x, y = _data()
     cfg = LocalTrainingConfig(lr=0.3, batch_size=5, local_epochs=2)
-    on_gpu = SiteTrainer(model(), cfg, device="cuda", compile_step=False)
+    on_gpu = SiteTrainer(model(), cfg, device="cuda")
     on_cpu = SiteTrainer(model(), cfg, device="cpu")
-    assert on_gpu._stacked is not None and on_gpu.device.type == "cuda"
+    assert on_gpu.engine.name == "stacked" and on_gpu.device.type == "cuda"
     start = get_params(on_cpu.model)
     seeds = [7, 8, 9, 10]
     _assert_same_updates(

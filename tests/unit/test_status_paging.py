@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from powertrip.rounds import RoundRecord
+from powertrip.rounds.loop import RoundRecord
 from powertrip.services.aggregator import run_status
 from powertrip.services.aggregator.config import AggregatorConfig
 from powertrip.services.aggregator.lifecycle import Registration, RunLifecycle

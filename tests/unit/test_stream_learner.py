@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
+from powertrip.aggregation.outer_step import NesterovOuter
 from powertrip.curtailment.learner import StreamLearner
 from powertrip.curtailment.run_model import Checkpoints, SiteWork
 from powertrip.learning.models import build_model
 from powertrip.learning.trainer import LocalTrainingConfig, SiteTrainer, get_params
-from powertrip.outer_step import NesterovOuter
 
 BATCH = 8
 

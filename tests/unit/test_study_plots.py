@@ -8,8 +8,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
-from powertrip.experiment import build_config
-from powertrip.sites import generate_sites
+from powertrip.config.experiment import build_config
+from powertrip.sites.profiles import generate_sites
 from powertrip.study.plots import draw_static_sweep, draw_tta_bars, write_plots
 from powertrip.study.powertrip import RunSummary, StudyResult
 

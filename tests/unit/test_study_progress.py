@@ -9,7 +9,7 @@ import time
 
 from rich.console import Console
 
-from powertrip.rounds import RoundRecord
+from powertrip.rounds.loop import RoundRecord
 from powertrip.services.cli.study_progress import StudyProgress, format_seconds
 
 

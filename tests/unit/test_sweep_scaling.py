@@ -1,11 +1,12 @@
-"""The static sweep's default scales with the site count (powertrip/presets.py, docs/scale.md)."""
+"""The static sweep's default scales with the site count (powertrip/config/presets.py,
+docs/scale.md)."""
 
 from __future__ import annotations
 
 import pytest
 
-from powertrip.experiment import ExperimentConfig, build_config
-from powertrip.presets import rescaled_sweep, scaled_sweep
+from powertrip.config.experiment import ExperimentConfig, build_config
+from powertrip.config.presets import rescaled_sweep, scaled_sweep
 
 
 def test_at_100_sites_the_rule_is_the_old_fixed_default():

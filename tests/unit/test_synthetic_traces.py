@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from powertrip.experiment import PRESETS, build_config
-from powertrip.sites import StaticPower, generate_sites
+from powertrip.config.experiment import PRESETS, build_config
+from powertrip.sites.power_model import build_power
+from powertrip.sites.profiles import StaticPower, generate_sites
 from powertrip.study.powertrip import StudyResult
 from powertrip.study.results import write_outputs
 from powertrip.traces.power import SYNTHETIC_LABEL, PowerTrace, TracePower
-from powertrip.traces.power_model import build_power
 from powertrip.traces.synthetic import DAY_S, synthetic_power_trace
 
 

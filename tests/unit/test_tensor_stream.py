@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import xxhash
 
-from powertrip.robust import make_aggregator
+from powertrip.aggregation.robust import make_aggregator
 from powertrip.services.common.tensor_receiver import TensorStreamReceiver
 from powertrip.services.common.tensor_stream import (
     StreamError,

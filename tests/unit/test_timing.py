@@ -12,9 +12,9 @@ import math
 import numpy as np
 import pytest
 
-from powertrip.clock import EmulatedClock, WallClock
-from powertrip.timing import (
-    RoundTimeModel,
+from powertrip.config.sites import RoundTimeModel
+from powertrip.rounds.clock import EmulatedClock, WallClock
+from powertrip.sites.timing import (
     bandwidth_bps,
     centralized_round_time_s,
     comm_time_s,

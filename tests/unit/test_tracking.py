@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from powertrip.tracking import INSTALL_HINT, TrackingError, export_tensorboard, read_runs
+from powertrip.study.tracking import INSTALL_HINT, TrackingError, export_tensorboard, read_runs
 
 needs_tensorboard = pytest.mark.skipif(
     importlib.util.find_spec("tensorboard") is None,
@@ -109,7 +109,7 @@ def test_each_run_reads_back_with_round_steps_and_the_run_clock_as_wall_time(tmp
 
 @needs_tensorboard
 def test_a_real_study_exports_what_its_rounds_csv_says(tmp_path):
-    from powertrip.experiment import build_config
+    from powertrip.config.experiment import build_config
     from powertrip.study.powertrip import run_study
     from powertrip.study.results import write_outputs
 

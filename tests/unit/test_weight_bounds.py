@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from powertrip.fedavg import StreamingFedAvg, UpdateRejected
-from powertrip.fold_inputs import MAX_WEIGHT, weight_problem
-from powertrip.outer_step import NesterovOuter
-from powertrip.robust import make_aggregator
+from powertrip.aggregation.fedavg import StreamingFedAvg, UpdateRejected
+from powertrip.aggregation.fold_inputs import MAX_WEIGHT, weight_problem
+from powertrip.aggregation.outer_step import NesterovOuter
+from powertrip.aggregation.robust import make_aggregator
 
 TEMPLATE = {"w": np.zeros((3, 4), np.float32), "b": np.zeros(4, np.float32)}
 ABSURD = [1e300, MAX_WEIGHT * 2, float("inf"), float("nan"), 0.0, -1.0, 5e-324]

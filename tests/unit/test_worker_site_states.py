@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
+from powertrip.config.experiment import build_config
 from powertrip.config.recipe import LocalOptimizer
-from powertrip.emulate import site_seed
-from powertrip.experiment import build_config
 from powertrip.learning.device import row_to_numpy, to_torch
+from powertrip.rounds.emulate import site_seed
 from powertrip.services.worker.sites_host import SitesHost
 from powertrip.services.worker.state_dir import SavedRun, WorkerStateDir
 

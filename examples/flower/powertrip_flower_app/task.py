@@ -18,13 +18,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from powertrip.config.experiment import build_config
 from powertrip.config.recipe import LocalOptimizer
-from powertrip.emulate import Federation, site_seed
-from powertrip.experiment import build_config
-from powertrip.learning.federation import build_federation, load_workload
+from powertrip.federation import build_federation, load_workload
 from powertrip.learning.site_optim import SiteState
 from powertrip.learning.trainer import SiteTrainer
-from powertrip.sites import SiteSet, generate_sites
+from powertrip.rounds.emulate import Federation, site_seed
+from powertrip.sites.profiles import SiteSet, generate_sites
 
 
 @dataclass(frozen=True)

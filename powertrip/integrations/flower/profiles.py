@@ -27,7 +27,7 @@ from powertrip.integrations.flower.site_info import (
     rows_of_sites,
     sub_profile,
 )
-from powertrip.sites import (
+from powertrip.sites.profiles import (
     LinkSource,
     ModelledLinks,
     PowerSource,
@@ -35,7 +35,7 @@ from powertrip.sites import (
     SiteSet,
     StaticPower,
 )
-from powertrip.sites import profile_at as siteset_profile_at
+from powertrip.sites.profiles import profile_at as siteset_profile_at
 
 QUERY_TYPE = f"{MessageType.QUERY}.{QUERY_ACTION}"
 #: how long the server waits for the nodes' property replies, in seconds. The first query of a

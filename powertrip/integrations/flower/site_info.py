@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from powertrip.sites import (
+from powertrip.sites.profiles import (
     LinkSource,
     ModelledLinks,
     PowerSource,
@@ -30,7 +30,7 @@ from powertrip.sites import (
     SiteSet,
     StaticPower,
 )
-from powertrip.timing import METERS_PER_MILE, SPEED_IN_FIBRE_M_PER_S, comm_time_s
+from powertrip.sites.timing import METERS_PER_MILE, SPEED_IN_FIBRE_M_PER_S, comm_time_s
 
 POWER_FRACTION = "power-fraction"
 RTT_MS = "rtt-ms"

@@ -8,7 +8,7 @@ Each round the strategy builds the nodes' SiteProfile (``profiles``), asks a Pow
 ``SelectionPolicy`` for the nodes, sends the global model to those nodes only, and folds their
 replies with the library's aggregation rule (``TimedFedAvg``: robust by default,
 ``aggregation="fedavg"`` for Flower's FedAvg). After the evaluation the policy ``observe``s the
-round (``powertrip.rounds.round_feedback``): its emulated duration, its accuracy and the
+round (``powertrip.rounds.loop.round_feedback``): its emulated duration, its accuracy and the
 dispersion of the updates (from the same fold, so it describes the updates the model took),
 which the noise-scale gain models need.
 
@@ -32,13 +32,14 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from powertrip.fedavg import NumpyParams, delta_sketch, sketch_stride
+from powertrip.aggregation.fedavg import delta_sketch, sketch_stride
+from powertrip.config.sites import RoundTimeModel
 from powertrip.integrations.flower.profiles import NodeProfiles
 from powertrip.integrations.flower.timed import PendingRound, TimedFedAvg
-from powertrip.rounds import RoundOutcome, policy_rng, round_feedback
+from powertrip.learning.device import NumpyParams
+from powertrip.rounds.loop import RoundOutcome, policy_rng, round_feedback
 from powertrip.selection.base import RoundContext, SelectionPolicy
-from powertrip.selection.registry import build_policy
-from powertrip.timing import RoundTimeModel
+from powertrip.selection.registry import PolicyContext, build_policy
 
 #: the adapter's default policy (see the module docstring for why not the library's ``powertrip``)
 DEFAULT_POLICY = "powertrip-noise"
@@ -67,7 +68,8 @@ class PowerTripStrategy(TimedFedAvg):
         **kwargs: object,
     ) -> None:
         if isinstance(policy, str):
-            policy = build_policy(policy, round_time_model=RoundTimeModel(time_model))
+            context = PolicyContext(round_time_model=RoundTimeModel(time_model))
+            policy = build_policy(policy, context)
         if policy.centralized_power is not None:
             raise ValueError(f"{policy.name} is a centralized baseline: it selects no nodes")
         if policy.wants_split_half:
@@ -125,7 +127,7 @@ class PowerTripStrategy(TimedFedAvg):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """``TimedFedAvg``'s aggregation, plus the fold's dispersion for the policy's gain model
         (the weighted mean of |delta_i|^2, |mean delta|^2, the effective number of nodes and
-        the projections on the last global delta, ``powertrip.fedavg``)."""
+        the projections on the last global delta, ``powertrip.aggregation.fedavg``)."""
         arrays, metrics = super().aggregate_train(server_round, replies)
         fold = self.fold
         self._measured = None
@@ -147,7 +149,7 @@ class PowerTripStrategy(TimedFedAvg):
     ) -> None:
         """Algorithm 1 learns from the round: its emulated time, accuracy gain and updates."""
         if pending.contributions == 0:
-            return  # nothing arrived: the model did not change (as in powertrip.rounds)
+            return  # nothing arrived: the model did not change (as in powertrip.rounds.loop)
         dispersion, projection = self._measured or (None, None)
         outcome = RoundOutcome(
             accuracy=self.accuracy,

@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from powertrip.config.tokenizer import BPE_MAX_VOCAB, BPE_MIN_VOCAB, bpe_vocab_size
 from powertrip.learning.datasets.record import DatasetError, default_cache_dir
-from powertrip.learning.tokenizer_settings import BPE_MAX_VOCAB, BPE_MIN_VOCAB, bpe_vocab_size
 
 __all__ = [
     "BPE_MAX_VOCAB",

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
+from powertrip.config.tokenizer import bpe_vocab_size
 from powertrip.learning.datasets.bpe import cached_bpe, encode, token_byte_lengths
 from powertrip.learning.datasets.record import Dataset, DatasetError, check_fraction
 from powertrip.learning.device import tensor
-from powertrip.learning.tokenizer_settings import bpe_vocab_size
 
 __all__ = [
     "BYTE_VOCAB",

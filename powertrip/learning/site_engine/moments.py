@@ -6,6 +6,11 @@ group's directory; the parent reads them as a ``SiteState`` (the project's per-s
 one ``SiteOptimizer`` keeps), and fresh ranks, after a failure or in a new group given a state,
 load them back into their torch optimizer, AdamW's step count included, so the next round is
 the one the lost ranks would have trained.
+
+The kinds are the recipe's rule's (``powertrip.learning.optimizers``): its ``MomentKind`` says
+torch's key for each and whether torch counts steps beside it. A kind's file holds every tensor
+of the model (zero where a tensor keeps no such moment: Muon's matrices have no ``exp_avg``);
+each torch param group names the kinds its tensors keep, and only those are loaded.
 """
 
 from __future__ import annotations
@@ -18,23 +23,35 @@ import torch
 
 from powertrip.config.recipe import LocalOptimizer
 from powertrip.learning.device import to_host
+from powertrip.learning.optimizers.base import MOMENTS, MomentKind
+from powertrip.learning.optimizers.registry import moment_kinds as registered_kinds
+from powertrip.learning.optimizers.registry import rule_for
 from powertrip.learning.site_engine.files import Layout, TensorFile
 from powertrip.learning.site_optim import SiteState
 
 __all__ = ["MomentFiles", "export_moments", "export_noted", "import_moments", "moment_kinds"]
 
-#: SiteState's kind -> torch's per-parameter state key
-_TORCH_KEY = {"exp_avg": "exp_avg", "exp_avg_sq": "exp_avg_sq", "momentum": "momentum_buffer"}
-
 
 def moment_kinds(recipe: LocalOptimizer) -> tuple[str, ...]:
-    """The moments ``recipe`` keeps across rounds (``SiteOptimizer``'s kinds); none for plain
-    sgd or ``keep_state=False``, whose moments never outlive a round."""
+    """The moments ``recipe`` keeps across rounds (its rule's kinds, ``SiteOptimizer``'s); none
+    for plain sgd or ``keep_state=False``, whose moments never outlive a round."""
     if not recipe.keep_state:
         return ()
-    if recipe.name == "adamw":
-        return ("exp_avg", "exp_avg_sq")
-    return ("momentum",) if recipe.name in ("momentum", "nesterov") and recipe.momentum else ()
+    return tuple(k.name for k in rule_for(recipe).kept(recipe))
+
+
+def _kept(opt: torch.optim.Optimizer, files: MomentFiles) -> dict[int, list[MomentKind]]:
+    """id(parameter) -> the kinds of ``files`` it keeps: those its param group names
+    (``MOMENTS``: a rule's groups do), or every kind of the files for a group naming none."""
+    catalogue = registered_kinds()
+    unknown = [k for k in files.files if k not in catalogue]
+    if unknown:
+        raise ValueError(f"moment kind {unknown[0]!r} is no registered optimizer's")
+    return {
+        id(p): [catalogue[k] for k in g.get(MOMENTS, files.files) if k in files.files]
+        for g in opt.param_groups
+        for p in g["params"]
+    }
 
 
 class MomentFiles:
@@ -88,16 +105,18 @@ def export_moments(
     """Write this rank's rows of every moment (``rows(p)``, as the update's); the steps since
     the moments began (AdamW's ``state[p]["step"]``; 0 when torch keeps no count)."""
     step = 0
+    kept = _kept(opt, files)
     for name, p in params.items():
         st = opt.state.get(p, {})
-        if "step" in st:
+        keys = {k.name: k.torch_key for k in kept[id(p)]}
+        if "step" in st and any(k.counted for k in kept[id(p)]):
             step = int(st["step"])
         r = rows(p)
         if r is None:
             continue
         for kind, f in files.files.items():
-            t = st.get(_TORCH_KEY[kind])
-            if t is None:  # no step since the moments began: a zero moment
+            t = st.get(keys[kind]) if kind in keys else None
+            if t is None:  # no step since the moments began, or none of this kind: zero
                 f[name][r].zero_()
                 continue
             mine = t.to_local() if fsdp else t[r]
@@ -129,10 +148,11 @@ def import_moments(
     """Replace the optimizer's state with the files' moments: the whole tensor under DDP, this
     rank's shard (the DTensor's local part) under FSDP2, and AdamW's step count."""
     opt.state.clear()
-    adamw = "exp_avg" in files.files
+    kept = _kept(opt, files)
     for name, p in params.items():
         st: dict = {}
-        for kind, f in files.files.items():
+        for kind in kept[id(p)]:
+            f = files.files[kind.name]
             buf = torch.zeros_like(p, memory_format=torch.preserve_format)
             if fsdp and p.dim() > 0:
                 buf.to_local().copy_(f[name][rows(p)])
@@ -140,8 +160,9 @@ def import_moments(
                 buf.to_local().copy_(f[name])
             else:
                 buf.copy_(f[name])
-            st[_TORCH_KEY[kind]] = buf
-        if adamw:  # torch's own placement: on the device for the fused kernel, else the host
+            st[kind.torch_key] = buf
+        if any(k.counted for k in kept[id(p)]):  # torch's own placement: on the device for
+            # the fused kernel, else the host
             where = p.device if fused else torch.device("cpu")
             st["step"] = torch.tensor(float(step), dtype=torch.float32, device=where)
         if st:

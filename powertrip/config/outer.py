@@ -1,0 +1,35 @@
+"""The optional DiLoCo outer step's settings, named alike in both study modes
+(``powertrip.aggregation.outer_step`` applies them)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+#: what ``outer`` accepts in either mode's configuration
+OuterRule = Literal["fedavg", "nesterov"]
+
+
+class OuterSettings(BaseModel):
+    """The outer step's settings, named alike in both modes' configurations (``ExperimentConfig``
+    inherits them); left out of dumps while at their defaults, so FedAvg summaries are as before."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    outer: OuterRule = Field(
+        "fedavg",
+        exclude_if=lambda v: v == "fedavg",
+        description="After FedAvg: nothing, or the DiLoCo outer step (Nesterov SGD on the "
+        "average).",
+    )
+    outer_lr: float = Field(
+        0.7,
+        gt=0,
+        allow_inf_nan=False,
+        exclude_if=lambda v: v == 0.7,
+        description="Outer step's learning rate (0.7).",
+    )
+    outer_momentum: float = Field(
+        0.9, ge=0, lt=1, exclude_if=lambda v: v == 0.9, description="Outer step's momentum (0.9)."
+    )
