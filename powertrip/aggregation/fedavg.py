@@ -25,7 +25,7 @@ from powertrip.aggregation.fold_inputs import (
     validate_update,
 )
 from powertrip.aggregation.fold_rows import dense_direction, row_sq_norms, shared_matrix
-from powertrip.learning.device import NumpyParams
+from powertrip.learning.params import NumpyParams
 
 __all__ = [  # the rules and, for callers' convenience, what an update is checked against
     "FOLD_BLOCK", "NumpyParams", "StreamingFedAvg", "UpdateFold", "UpdateRejected",

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from powertrip.learning.device import NumpyParams
+from powertrip.learning.params import NumpyParams
 
 #: per-update numbers (weights, norms): a list or a numpy vector
 Floats = Sequence[float] | NDArray[np.floating]

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from powertrip.learning.device import NumpyParams
+from powertrip.learning.params import NumpyParams
 
 __all__ = ["dense_direction", "row_sq_norms", "shared_matrix"]
 

@@ -35,7 +35,7 @@ from powertrip.aggregation.fedavg import StreamingFedAvg, UpdateFold, UpdateReje
 from powertrip.aggregation.fold_inputs import check_weight
 from powertrip.aggregation.robust_fedavg import AdaptiveBound, RobustFedAvg
 from powertrip.config.aggregation import check_settings
-from powertrip.learning.device import NumpyParams
+from powertrip.learning.params import NumpyParams
 
 if TYPE_CHECKING:
     from powertrip.config.experiment import ExperimentConfig

@@ -45,7 +45,7 @@ from numpy.typing import NDArray
 
 from powertrip.aggregation.fedavg import StreamingFedAvg
 from powertrip.aggregation.fold_inputs import NORM_BLOCK, Floats, check_weight, validate_update
-from powertrip.learning.device import NumpyParams
+from powertrip.learning.params import NumpyParams
 
 __all__ = [
     "CLIP",

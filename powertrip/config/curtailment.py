@@ -29,8 +29,13 @@ class CurtailmentConfig(LocalOptimizerSettings, TokenizerSettings, RunConfig):
     num_samples: int = Field(
         40_000, ge=100, description="mnist1d samples (80% train), or lm training windows"
     )
-    lr: float | None = Field(None, gt=0, allow_inf_nan=False)
-    batch_size: int = Field(32, ge=1)
+    lr: float | None = Field(
+        None,
+        gt=0,
+        allow_inf_nan=False,
+        description="Learning rate (default: the workload's, for its optimizer).",
+    )
+    batch_size: int = Field(32, ge=1, description="Samples per optimizer step.")
     num_shards: int = Field(240, ge=1, description="data shards of the global cursor (paper: 240)")
     # sites and their grids
     carbon_trace_path: Path | None = Field(
@@ -44,7 +49,9 @@ class CurtailmentConfig(LocalOptimizerSettings, TokenizerSettings, RunConfig):
     sites_per_region: int = Field(
         1, ge=1, description="Sites per region: site i is in region i // sites_per_region."
     )
-    site_power: tuple[float, ...] | None = None  # per site, fraction of full throughput
+    site_power: tuple[float, ...] | None = Field(
+        None, description="Per-site power fractions in (0, 1]; unset: every site at full power."
+    )
     update_gb: float = Field(
         1.1, ge=0, allow_inf_nan=False, description="update size (561M params in bf16 ~ 1.1 GB)"
     )
@@ -68,8 +75,12 @@ class CurtailmentConfig(LocalOptimizerSettings, TokenizerSettings, RunConfig):
     # wall-clock rounds: at least round_min_s of training after overhead_s of model loading; a
     # zero minimum lets the monitor stop a round before its first step: no data is used, and an
     # always-on run (no horizon) loops forever. Infinite times likewise never end (or overflow).
-    round_min_s: float = Field(600.0, gt=0, allow_inf_nan=False)
-    overhead_s: float = Field(45.0, ge=0, allow_inf_nan=False)
+    round_min_s: float = Field(
+        600.0, gt=0, allow_inf_nan=False, description="Minimum round length (s)."
+    )
+    overhead_s: float = Field(
+        45.0, ge=0, allow_inf_nan=False, description="Per-round load/aggregate time (s)."
+    )
     single_site_hours: float = Field(
         17.8,
         gt=0,
@@ -87,20 +98,35 @@ class CurtailmentConfig(LocalOptimizerSettings, TokenizerSettings, RunConfig):
     # updates
     # dropped, the rest clipped, norms per local step); "fedavg" is the logged runs' plain mean.
     # Then optionally a Nesterov outer step.
-    aggregation: Literal["robust", "fedavg"] = Field("robust", exclude_if=lambda v: v == "robust")
-    outer: Literal["fedavg", "nesterov"] = "fedavg"
-    outer_lr: float = Field(0.7, gt=0)
-    outer_momentum: float = Field(0.9, ge=0, lt=1)
+    aggregation: Literal["robust", "fedavg"] = Field(
+        "robust",
+        exclude_if=lambda v: v == "robust",
+        description="Averaging: robust (extreme updates dropped, the rest clipped to an adaptive "
+        "norm per local step) or fedavg (the paper's logged run: plain work-weighted mean).",
+    )
+    outer: Literal["fedavg", "nesterov"] = Field(
+        "fedavg",
+        description="Outer step: work-weighted FedAvg (the paper's logged run) or Nesterov "
+        "momentum on the average (DiLoCo).",
+    )
+    outer_lr: float = Field(0.7, gt=0, description="Nesterov outer step's learning rate.")
+    outer_momentum: float = Field(0.9, ge=0, lt=1, description="Nesterov outer step's momentum.")
     # energy: a training node draws train_kw, a provisioned idle one idle_kw
-    train_kw: float = Field(TRAIN_KW, gt=0)
-    idle_kw: float = Field(IDLE_KW, ge=0)
+    train_kw: float = Field(TRAIN_KW, gt=0, description="Power of a node training (kW).")
+    idle_kw: float = Field(IDLE_KW, ge=0, description="Power of a provisioned idle node (kW).")
     # protocol
-    policies: tuple[str, ...] = CURTAIL_POLICIES
+    policies: tuple[str, ...] = Field(
+        CURTAIL_POLICIES, description="Policies to run, comma-separated (baselines always run)."
+    )
     carbon_weight: float = Field(0.5, ge=0, le=1, description="γ of the combined policy's score")
     always_on_sites: int = Field(2, ge=1, description="sites of the always-on federated baseline")
-    target_accuracy: TargetAccuracy = None  # None: the lowest best accuracy of any run
-    seed: int = 0
-    site_seed: int = 0
+    target_accuracy: TargetAccuracy = Field(
+        None,
+        description="Target accuracy for time to accuracy, in (0, 1]; unset: the lowest best "
+        "accuracy of any run.",
+    )
+    seed: int = Field(0, description="Training seed (init, data order).")
+    site_seed: int = Field(0, description="Seed of the site distances.")
 
     @field_validator("policies")
     @classmethod

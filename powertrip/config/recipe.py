@@ -75,27 +75,63 @@ class LocalOptimizer(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    #: a registered optimizer (``optimizer_names()``); the fields below it does not read are
-    #: ignored (AdamW reads no momentum, SGD no betas)
-    name: OptimizerName = "sgd"
-    #: the peak lr; None: the workload's learning rate (``with_lr`` fills it in)
-    lr: float | None = Field(None, gt=0, le=MAX_LR, allow_inf_nan=False)
-    momentum: float = Field(0.9, ge=0, lt=1)  # momentum/nesterov (Muon: nanochat's 0.95)
-    betas: tuple[float, float] = (0.9, 0.95)
-    eps: float = Field(1e-8, gt=0, le=1, allow_inf_nan=False)
-    #: AdamW, Muon: decoupled; sgd/momentum/nesterov: added to the gradient (L2). Never on 1-D
-    #: parameters (biases, norm weights) nor tensors named as embeddings (``decays``).
-    weight_decay: float = Field(0.0, ge=0, le=MAX_WEIGHT_DECAY, allow_inf_nan=False)
-    schedule: ScheduleName = "constant"
-    warmup_steps: int = Field(0, ge=0)
-    total_steps: int | None = Field(None, ge=1)
-    min_lr_ratio: float = Field(0.0, ge=0, le=1)
-    decay_fraction: float = Field(0.2, gt=0, le=1)  # wsd: the decaying tail of the schedule
-    #: each site's own global gradient norm is clipped to this (torch's clip_grad_norm_)
-    clip_norm: float | None = Field(None, gt=0, allow_inf_nan=False)
-    #: True: moments persist across a site's rounds; False: fresh moments (and AdamW bias
-    #: correction) each round. The step count, and so the schedule's position, always persists.
-    keep_state: bool = True
+    name: OptimizerName = Field(
+        "sgd",
+        description="A registered optimizer; the settings it does not read are ignored (AdamW "
+        "reads no momentum, SGD no betas).",
+    )
+    lr: float | None = Field(
+        None,
+        gt=0,
+        le=MAX_LR,
+        allow_inf_nan=False,
+        description="The peak lr; unset: the run's learning rate (``with_lr`` fills it in).",
+    )
+    momentum: float = Field(
+        0.9, ge=0, lt=1, description="momentum, nesterov, Muon: the momentum (nanochat's: 0.95)."
+    )
+    betas: tuple[float, float] = Field(
+        (0.9, 0.95), description="AdamW: the moments' decay rates, beta1,beta2."
+    )
+    eps: float = Field(
+        1e-8, gt=0, le=1, allow_inf_nan=False, description="AdamW: added to sqrt(v)."
+    )
+    weight_decay: float = Field(
+        0.0,
+        ge=0,
+        le=MAX_WEIGHT_DECAY,
+        allow_inf_nan=False,
+        description="AdamW, Muon: decoupled; sgd, momentum, nesterov: added to the gradient "
+        "(L2). Never on 1-D parameters (biases, norm weights) nor tensors named as embeddings.",
+    )
+    schedule: ScheduleName = Field(
+        "constant",
+        description="The lr over each site's cumulative local steps (cosine, wsd: up to "
+        "total_steps).",
+    )
+    warmup_steps: int = Field(0, ge=0, description="Linear lr warm-up, in a site's local steps.")
+    total_steps: int | None = Field(
+        None, ge=1, description="The schedule's length, in a site's local steps."
+    )
+    min_lr_ratio: float = Field(
+        0.0, ge=0, le=1, description="cosine, wsd: the final lr as a share of the lr."
+    )
+    decay_fraction: float = Field(
+        0.2, gt=0, le=1, description="wsd: the decaying tail, as a share of the schedule."
+    )
+    clip_norm: float | None = Field(
+        None,
+        gt=0,
+        allow_inf_nan=False,
+        description="Each site's global gradient norm is clipped to this (torch's "
+        "clip_grad_norm_).",
+    )
+    keep_state: bool = Field(
+        True,
+        description="Keep each site's moments across its rounds, or start them fresh (and "
+        "AdamW's bias correction) every round; the step count, and so the schedule's position, "
+        "always persists.",
+    )
 
     @field_validator("eps")
     @classmethod

@@ -23,7 +23,8 @@ from powertrip.aggregation.outer_step import NesterovOuter
 from powertrip.aggregation.robust import Aggregation, Aggregator
 from powertrip.aggregation.robust_fedavg import AdaptiveBound, RobustFedAvg
 from powertrip.curtailment.run_model import Checkpoints, LearnOutcome, SiteWork
-from powertrip.learning.device import NumpyParams, TorchParams, to_host, to_numpy, to_torch
+from powertrip.learning.device import TorchParams, to_host, to_numpy, to_torch
+from powertrip.learning.params import NumpyParams
 from powertrip.learning.site_optim import SiteState
 from powertrip.learning.trainer import SiteTrainer, SiteUpdates
 

@@ -20,6 +20,8 @@ import numpy as np
 import torch
 from numpy.typing import ArrayLike, NDArray
 
+from powertrip.learning.params import NumpyParams
+
 __all__ = [
     "TorchParams",
     "array",
@@ -34,9 +36,6 @@ __all__ = [
     "to_torch",
 ]
 
-#: A model as numpy arrays by parameter name: what FedAvg folds and what travels on the wire
-#: (``TorchParams`` below is the same model as torch tensors).
-NumpyParams = dict[str, NDArray[np.floating]]
 
 #: A model as torch tensors by parameter name (``NumpyParams`` is the numpy form).
 TorchParams = dict[str, torch.Tensor]

@@ -23,7 +23,8 @@ from powertrip.config.hostile import HostileSettings
 from powertrip.config.outer import OuterSettings
 from powertrip.config.recipe import LocalOptimizer
 from powertrip.learning.batch_orders import site_seeds
-from powertrip.learning.device import NumpyParams, TorchParams, to_numpy, to_torch
+from powertrip.learning.device import TorchParams, to_numpy, to_torch
+from powertrip.learning.params import NumpyParams
 from powertrip.learning.site_optim import SiteState
 from powertrip.learning.site_params import running_statistics
 from powertrip.learning.trainer import SiteTrainer

@@ -20,7 +20,7 @@ import math
 import numpy as np
 
 from powertrip.config.hostile import Attack
-from powertrip.learning.device import NumpyParams
+from powertrip.learning.params import NumpyParams
 
 #: the value every coordinate of a ``huge`` update takes
 HUGE = 1e30

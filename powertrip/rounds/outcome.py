@@ -19,7 +19,7 @@ from dataclasses import replace
 from powertrip.aggregation.outer_step import NesterovOuter
 from powertrip.aggregation.robust import Aggregator
 from powertrip.aggregation.robust_fedavg import RobustFedAvg
-from powertrip.learning.device import NumpyParams
+from powertrip.learning.params import NumpyParams
 from powertrip.rounds.loop import RoundOutcome
 
 #: (accuracy, loss) of a model on the held-out set

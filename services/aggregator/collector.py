@@ -35,7 +35,7 @@ from powertrip.aggregation.fold_in_place import InPlaceFold
 from powertrip.aggregation.fold_inputs import weight_problem
 from powertrip.aggregation.robust import Aggregation
 from powertrip.aggregation.robust_fedavg import AdaptiveBound
-from powertrip.learning.device import NumpyParams
+from powertrip.learning.params import NumpyParams
 from powertrip.services.aggregator import metrics
 from powertrip.services.aggregator.shards import ShardedUpdate, ShardIntake
 from powertrip.services.common.errors import Duplicate, StaleRound

@@ -22,7 +22,7 @@ from powertrip.aggregation.fedavg import delta_sketch, sketch_stride
 from powertrip.aggregation.outer_step import NesterovOuter
 from powertrip.aggregation.robust import Aggregation
 from powertrip.aggregation.robust_fedavg import AdaptiveBound
-from powertrip.learning.device import NumpyParams
+from powertrip.learning.params import NumpyParams
 from powertrip.rounds.loop import RoundOutcome
 from powertrip.rounds.outcome import Evaluate, round_outcome
 from powertrip.services.aggregator import metrics

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from powertrip.curtailment.emissions import EnergyReport
-from powertrip.learning.device import NumpyParams
+from powertrip.learning.params import NumpyParams
 from powertrip.services.aggregator import metrics
 from powertrip.services.aggregator.collector import RoundGate
 from powertrip.services.aggregator.config import AggregatorConfig

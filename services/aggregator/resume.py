@@ -16,7 +16,7 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from powertrip.learning.device import NumpyParams
+from powertrip.learning.params import NumpyParams
 from powertrip.services.aggregator import checkpoint
 from powertrip.state_dict import fields, number
 

@@ -24,7 +24,8 @@ from powertrip.aggregation.robust import Aggregation
 from powertrip.aggregation.robust_fedavg import AdaptiveBound
 from powertrip.config.tokenizer import with_tokenizer_hash
 from powertrip.federation import build_federation, load_workload
-from powertrip.learning.device import NumpyParams, to_numpy, to_torch
+from powertrip.learning.device import to_numpy, to_torch
+from powertrip.learning.params import NumpyParams
 from powertrip.learning.site_params import running_statistics
 from powertrip.rounds.clock import Clock, EmulatedClock, WallClock
 from powertrip.rounds.journal import JournaledExecutor

@@ -169,9 +169,12 @@ class CommaList(click.ParamType):
 
 class RegisteredNames(CommaList):
     """A comma list of names a registry knows (``known()`` lists them in the help; ``check``
-    raises ValueError for an unknown one), so a typo is refused before anything starts."""
+    raises ValueError for an unknown one), so a typo is refused before anything starts. Without
+    ``check`` the configuration's model refuses it, with the command's other bad values."""
 
-    def __init__(self, known: Callable[[], Sequence[str]], check: Callable[[str], object]) -> None:
+    def __init__(
+        self, known: Callable[[], Sequence[str]], check: Callable[[str], object] | None = None
+    ) -> None:
         super().__init__(str)
         self.known, self.check = known, check
 
@@ -180,6 +183,8 @@ class RegisteredNames(CommaList):
 
     def convert(self, value, param, ctx):  # noqa: ANN001 - click's signature
         names = super().convert(value, param, ctx)
+        if self.check is None:
+            return names
         for name in names:
             try:
                 self.check(name)

@@ -12,14 +12,8 @@ import click
 from pydantic import ValidationError
 from rich.table import Table
 
-from powertrip.config.curtailment import (
-    CURTAIL_POLICIES,
-    CURTAIL_PRESETS,
-    CurtailmentConfig,
-    build_curtail_config,
-)
+from powertrip.config.curtailment import CURTAIL_PRESETS, CurtailmentConfig, build_curtail_config
 from powertrip.services.cli.common import (
-    CommaList,
     OutputDir,
     describe_validation,
     device_option,
@@ -30,83 +24,14 @@ from powertrip.services.cli.common import (
     require_output,
 )
 from powertrip.services.cli.export import require_tensorboard, tensorboard_option, write_tensorboard
-from powertrip.services.cli.model_options import lm_options
+from powertrip.services.cli.model_options import CURTAIL_FLAGS, curtail_options
 from powertrip.services.cli.optimizer_options import optimizer_options
-
-FLAG_FOR_FIELD = {
-    "carbon_trace_path": "--carbon-trace",
-    "hold_s": "--hold",
-    "provisioning_s": "--provisioning",
-    "round_min_s": "--round-min",
-    "overhead_s": "--overhead",
-    "num_shards": "--shards",
-    "target_accuracy": "--target",
-    "dataset_path": "--dataset-path",
-}
 
 
 @click.command()
 @preset_option(CURTAIL_PRESETS, "curtailment")
-@click.option(
-    "--workload",
-    type=click.Choice(["lm", "mnist1d"]),
-    help="What the sites train: the GPT-style LM (the preset's) or mnist1d's CNN.",
-)
-@click.option(
-    "--dataset-path",
-    type=click.Path(path_type=Path),
-    help="lm: a text file or a .npy of token ids (default: embedded synthetic corpus).",
-)
-@lm_options
 @click.option("--output", "-o", type=OutputDir(), help="Default: results/<preset>.")
-@click.option(
-    "--carbon-trace",
-    "carbon_trace_path",
-    type=click.Path(path_type=Path),
-    help="WattTime-style (time, one column per region) or Electricity Maps carbon file; "
-    "default: the embedded synthetic trace.",
-)
-@click.option("--regions", type=CommaList(str), help="Trace regions, one site each (A,B,C).")
-@click.option(
-    "--policies",
-    type=CommaList(str),
-    help=f"Comma-separated, from {', '.join(CURTAIL_POLICIES)} (baselines always run).",
-)
-@click.option("--hours", type=float, help="Observation period from the trace start.")
-@click.option("--threshold", type=float, help="Curtailed while intensity < this (gCO2/kWh).")
-@click.option("--hold", "hold_s", type=float, help="Seconds above threshold before removal.")
-@click.option("--provisioning", "provisioning_s", type=float, help="Provisioning delay (s).")
-@click.option("--round-min", "round_min_s", type=float, help="Minimum round length (s).")
-@click.option("--overhead", "overhead_s", type=float, help="Per-round load/aggregate time (s).")
-@click.option(
-    "--single-site-hours", type=float, help="Sizes the work: one full-power site needs this."
-)
-@click.option(
-    "--aggregation",
-    type=click.Choice(["robust", "fedavg"]),
-    help="Averaging: robust (default: extreme updates dropped, the rest clipped to an adaptive "
-    "norm per local step) or fedavg (the paper's logged run: plain work-weighted mean).",
-)
-@click.option(
-    "--outer",
-    type=click.Choice(["fedavg", "nesterov"]),
-    help="Outer step: work-weighted FedAvg (the paper's logged run) or Nesterov momentum.",
-)
-@click.option("--carbon-weight", type=float, help="γ: carbon term of the combined score.")
-@click.option("--site-power", type=CommaList(float), help="Per-site power fractions in (0, 1].")
-@click.option("--sites-per-region", type=int, help="Sites per region (default 1).")
-@click.option("--always-on-sites", type=int, help="Sites of the always-on federated baseline.")
-@click.option("--update-gb", type=float, help="Update size in decimal GB (upload time).")
-@click.option(
-    "--num-samples", type=int, help="mnist1d samples to generate, or lm training windows."
-)
-@click.option("--eval-samples", type=int, help="Held-out samples (lm: windows) per evaluation.")
-@click.option("--batch-size", type=int, help="Samples per optimizer step.")
-@click.option("--lr", type=float, help="Learning rate.")
-@click.option("--shards", "num_shards", type=int, help="Shards of the global data cursor.")
-@click.option("--target", "target_accuracy", type=float, help="Target accuracy for TTA.")
-@click.option("--seed", type=int, help="Training seed (init, data order).")
-@click.option("--site-seed", type=int, help="Seed of the site distances.")
+@curtail_options
 @optimizer_options
 @click.option("--plots/--no-plots", default=True, show_default=True, help="Write PNG figures.")
 @tensorboard_option
@@ -129,7 +54,7 @@ def curtail(
     try:
         cfg = build_curtail_config(preset, **options)
     except ValidationError as exc:
-        fail(describe_validation(exc, "curtailment configuration", FLAG_FOR_FIELD))
+        fail(describe_validation(exc, "curtailment configuration", CURTAIL_FLAGS))
     except ValueError as exc:
         fail(str(exc))
     require_tensorboard(tensorboard)

@@ -1,83 +1,91 @@
-"""The sites' local optimizer on the command line (``powertrip experiment`` and ``powertrip
-curtail``): flags folded into one validated ``local_optimizer`` before the run's configuration
-is built. No flag given: no recipe, the workload's plain SGD (results as before).
+"""The sites' local optimizer on the command line (``powertrip experiment``, ``curtail`` and
+``up``): one flag per ``LocalOptimizer`` field (``model_options``), folded into one validated
+``local_optimizer`` before the run's configuration is built. Only the flags given are set, so
+the preset's or the workload's recipe keeps the rest (``presets.layered_recipe``); no flag
+given: no recipe of the command's own.
 
 ``--local-clip-norm`` clips each site's gradient; ``--clip-norm`` was already the robust
-aggregation's per-update clip (an ``ExperimentConfig`` field, ``model_options``).
+aggregation's per-update clip (an ``ExperimentConfig`` field).
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from typing import Any
 
-import click
 from pydantic import ValidationError
 
-from powertrip.config.optimizers import optimizer_names
+from powertrip.config.optimizers import optimizer_entry, optimizer_names
 from powertrip.config.recipe import LocalOptimizer
-from powertrip.services.cli.common import describe_validation, fail
+from powertrip.services.cli.common import RegisteredName, describe_validation, fail
+from powertrip.services.cli.model_options import default_text, flag_for, model_options
 
-__all__ = ["optimizer_options"]
-
-#: flag -> LocalOptimizer field
-FIELD_FOR_FLAG = {
-    "optimizer": "name",
-    "lr_schedule": "schedule",
-    "warmup_steps": "warmup_steps",
-    "total_steps": "total_steps",
-    "min_lr_ratio": "min_lr_ratio",
-    "weight_decay": "weight_decay",
-    "local_clip_norm": "clip_norm",
-    "reset_optimizer_state": "keep_state",
-}
-FLAG_FOR_FIELD = {f: "--" + k.replace("_", "-") for k, f in FIELD_FOR_FLAG.items()}
-FLAG_FOR_FIELD["keep_state"] = "--reset-optimizer-state"
-
-_OPTIONS = [
-    click.option(
-        "--optimizer",
-        type=click.Choice(optimizer_names()),
-        help="Each site's local optimizer (default: plain SGD at --lr).",
-    ),
-    click.option(
-        "--lr-schedule",
-        type=click.Choice(["constant", "cosine", "wsd"]),
-        help="Local lr schedule over each site's cumulative steps (cosine/wsd: --total-steps).",
-    ),
-    click.option("--warmup-steps", type=int, help="Linear lr warm-up, in a site's local steps."),
-    click.option("--total-steps", type=int, help="Schedule length, in a site's local steps."),
-    click.option("--min-lr-ratio", type=float, help="cosine/wsd: the final lr as a share of lr."),
-    click.option(
-        "--weight-decay",
-        type=float,
-        help="AdamW: decoupled; others: L2. Never on 1-D tensors (biases, norms) or *emb* names.",
-    ),
-    click.option("--local-clip-norm", type=float, help="Clip each site's gradient L2 norm."),
-    click.option(
-        "--reset-optimizer-state",
-        is_flag=True,
-        default=None,
-        help="Fresh moments every round (default: kept); the schedule runs on all steps.",
-    ),
+__all__ = [
+    "OPTIMIZER_CLI_LESS",
+    "OPTIMIZER_FLAGS",
+    "local_optimizer",
+    "optimizer_options",
+    "option_name",
 ]
+
+#: ``LocalOptimizer`` fields whose flag is not ``--`` + the name with dashes; keep_state is a
+#: pair, so both ways can be said (``--reset-optimizer-state`` is the one users type today).
+OPTIMIZER_FLAGS = {
+    "name": "--optimizer",
+    "schedule": "--lr-schedule",
+    "clip_norm": "--local-clip-norm",
+    "keep_state": "--keep-optimizer-state/--reset-optimizer-state",
+}
+
+#: ``LocalOptimizer`` fields with no flag of their own, and why.
+OPTIMIZER_CLI_LESS = {
+    "lr": "the run's --lr: a recipe with no lr of its own trains at the run's (with_lr)",
+}
+
+FIELDS = [n for n in LocalOptimizer.model_fields if n not in OPTIMIZER_CLI_LESS]
+#: how a validation error names each field: the flag the user typed
+FLAG_FOR_FIELD = {n: flag_for(n, OPTIMIZER_FLAGS).split("/")[-1] for n in FIELDS}
+
+
+def option_name(field: str) -> str:
+    """The parameter a field's flag fills: the flag's name (``--lr-schedule`` ->
+    ``lr_schedule``), apart from the run's own fields (``clip_norm``, ``lr``)."""
+    return flag_for(field, OPTIMIZER_FLAGS).split("/")[0].removeprefix("--").replace("-", "_")
+
+
+def _recipe_default(name: str) -> str:
+    """Unset, a flag keeps the preset's or the workload's recipe (lm: the measured AdamW);
+    with none, or another optimizer named, the field's own default holds."""
+    own = default_text(LocalOptimizer.model_fields[name])
+    return f"the preset's or workload's recipe, else {own}"
+
+
+_decorate = model_options(
+    LocalOptimizer,
+    FIELDS,
+    OPTIMIZER_FLAGS,
+    {"name": RegisteredName(optimizer_names, optimizer_entry)},
+    default=_recipe_default,
+    dest=option_name,
+)
 
 
 def local_optimizer(options: dict[str, object]) -> LocalOptimizer | None:
-    """Pop the optimizer flags from ``options``: one validated recipe, or None when none was
-    given. A bad value ends the command with a one-line error naming the flag."""
-    given = {k: options.pop(k) for k in FIELD_FOR_FLAG if k in options}
-    fields = {FIELD_FOR_FLAG[k]: v for k, v in given.items() if v is not None}
+    """Pop the optimizer flags from ``options``: one validated recipe of the fields given (its
+    ``model_fields_set``, which the layering over a preset's recipe reads), or None when none
+    was given. A bad value ends the command with a one-line error naming the flag."""
+    given = {n: options.pop(option_name(n), None) for n in FIELDS}
+    fields = {n: v for n, v in given.items() if v is not None}
     if not fields:
         return None
-    if "keep_state" in fields:
-        fields["keep_state"] = not fields["keep_state"]
     try:
         return LocalOptimizer.model_validate(fields)
     except ValidationError as exc:
         fail(describe_validation(exc, "local optimizer", FLAG_FOR_FIELD))
 
 
-def optimizer_options(command):  # noqa: ANN001, ANN201 - a click decorator
+def optimizer_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """The local optimizer flags; the command receives ``local_optimizer`` (set only when a
     flag was given, so an unset recipe stays out of the configuration)."""
 
@@ -88,6 +96,4 @@ def optimizer_options(command):  # noqa: ANN001, ANN201 - a click decorator
             options["local_optimizer"] = recipe
         return command(**options)
 
-    for option in reversed(_OPTIONS):
-        wrapped = option(wrapped)
-    return wrapped
+    return _decorate(wrapped)

@@ -33,7 +33,7 @@ from flwr.serverapp import Grid  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
 from powertrip.config.recipe import LocalOptimizer  # noqa: E402
-from powertrip.config.sites import RoundTimeModel
+from powertrip.config.sites import RoundTimeModel  # noqa: E402
 from powertrip.integrations.flower import (  # noqa: E402
     BANDWIDTH_MBPS,
     DEFAULT_POLICY,
@@ -50,8 +50,13 @@ from powertrip.integrations.flower import (  # noqa: E402
 from powertrip.integrations.flower.client import properties_reply  # noqa: E402
 from powertrip.selection.base import RoundContext, RoundFeedback, StaticTopK  # noqa: E402
 from powertrip.selection.registry import build_policy  # noqa: E402
-from powertrip.sites.profiles import ModelledLinks, StaticPower, generate_sites, profile_at  # noqa: E402
-from powertrip.sites.timing import round_time_s
+from powertrip.sites.profiles import (  # noqa: E402
+    ModelledLinks,
+    StaticPower,
+    generate_sites,
+    profile_at,
+)
+from powertrip.sites.timing import round_time_s  # noqa: E402
 
 TAU = 50.0
 UPDATE = 1.5e9

@@ -8,6 +8,8 @@ dependency, it only moves the cost.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -145,3 +147,32 @@ def test_no_modules_import_each_other_around_a_circle():
 )
 def test_the_circle_finder_finds_circles(graph, expected):
     assert _circles(graph) == expected
+
+
+def _heavy_modules_after_import(module: str) -> list[str]:
+    code = (
+        f"import sys; import {module}; "
+        "print(sorted(m for m in ('torch', 'matplotlib', 'grpc') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=LIBRARY.parent, capture_output=True, text=True, check=True
+    )
+    return ast.literal_eval(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        "powertrip.config.experiment",
+        "powertrip.config.curtailment",
+        "powertrip.config.site_engine",
+        "powertrip.config.recipe",
+    ],
+)
+def test_the_settings_load_no_torch_and_no_grpc(module):
+    assert _heavy_modules_after_import(module) == []
+
+
+def test_the_profiler_loads_no_torch():
+    """It reads traces and measures links: nothing of it trains a model."""
+    assert "torch" not in _heavy_modules_after_import("powertrip.services.profiler.servicer")

@@ -417,10 +417,9 @@ def test_project_powertrip_estimates_rounds_with_the_systems_time_model():
     from powertrip.selection.scoring import Estimator
 
     per_site = build_policy("powertrip")
-    eq7 = build_policy("powertrip", PolicyContext(round_time_model=RoundTimeModel.AGGREGATE))
-    paper = build_policy(
-        "powertrip-paper", PolicyContext(round_time_model=RoundTimeModel.AGGREGATE)
-    )
+    eq7_system = PolicyContext(round_time_model=RoundTimeModel.AGGREGATE)
+    eq7 = build_policy("powertrip", eq7_system)
+    paper = build_policy("powertrip-paper", eq7_system)
     assert per_site.config.estimator is Estimator.MAX
     assert eq7.config.estimator is Estimator.AGGREGATE
     assert paper.config.estimator is Estimator.MEAN_POWER  # Algorithm 1 as written, always
@@ -443,9 +442,8 @@ def test_an_explicit_k0_or_window_is_taken_as_given_at_any_site_count():
     from powertrip.config.experiment import GreedyParams
 
     overrides = GreedyParams(k0=4).overrides()
-    assert build_policy("powertrip", PolicyContext(greedy_overrides=overrides)).config.scaled(
-        1000
-    ) == (4, 5)
+    policy = build_policy("powertrip", PolicyContext(greedy_overrides=overrides))
+    assert policy.config.scaled(1000) == (4, 5)
 
 
 def test_round_budget_grows_k_only_after_enough_rounds_behind_the_targets_pace():

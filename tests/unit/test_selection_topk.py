@@ -92,11 +92,9 @@ def test_every_policy_selects_the_same_sites_as_the_full_sort(name, n):
 @pytest.mark.parametrize("window", [0, 1, 50])
 def test_any_window_selects_the_same_sites(window):
     for seed in range(4):
-        overrides = {"window": window, "k0": 3}
-        new = build_policy("powertrip-paper", PolicyContext(greedy_overrides=overrides))
-        old = FullSortGreedy(
-            build_policy("powertrip-paper", PolicyContext(greedy_overrides=overrides)).config
-        )
+        context = PolicyContext(greedy_overrides={"window": window, "k0": 3})
+        new = build_policy("powertrip-paper", context)
+        old = FullSortGreedy(build_policy("powertrip-paper", context).config)
         drive(new, old, 200, seed, rounds=15)
 
 

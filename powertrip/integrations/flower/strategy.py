@@ -36,7 +36,7 @@ from powertrip.aggregation.fedavg import delta_sketch, sketch_stride
 from powertrip.config.sites import RoundTimeModel
 from powertrip.integrations.flower.profiles import NodeProfiles
 from powertrip.integrations.flower.timed import PendingRound, TimedFedAvg
-from powertrip.learning.device import NumpyParams
+from powertrip.learning.params import NumpyParams
 from powertrip.rounds.loop import RoundOutcome, policy_rng, round_feedback
 from powertrip.selection.base import RoundContext, SelectionPolicy
 from powertrip.selection.registry import PolicyContext, build_policy

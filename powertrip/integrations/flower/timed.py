@@ -54,7 +54,7 @@ from powertrip.integrations.flower.loop import EvaluateFn, run_rounds
 from powertrip.integrations.flower.profiles import NodeProfiles
 from powertrip.integrations.flower.recipe import add_recipe
 from powertrip.integrations.flower.site_info import NodeIndex
-from powertrip.learning.device import NumpyParams
+from powertrip.learning.params import NumpyParams
 from powertrip.rounds.clock import EmulatedClock
 from powertrip.rounds.loop import RoundRecord, RunResult
 from powertrip.sites.profiles import SiteProfile
