@@ -19,30 +19,50 @@ class SiteEngineConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    #: processes training the site together (one per GPU on CUDA)
-    ranks: int = Field(1, ge=1, le=64)
-    #: ddp: every rank holds the whole model; fsdp: FSDP2 ``fully_shard``, for a model that
-    #: does not fit one device
-    sharding: Literal["ddp", "fsdp"] = "ddp"
-    #: bf16: autocast to bfloat16 (weights, optimizer state and updates stay float32);
-    #: auto: bf16 on CUDA, fp32 on the CPU
-    precision: Literal["auto", "fp32", "bf16"] = "auto"
-    #: torch.compile the model; auto: on CUDA only (compiling on the CPU costs more than it saves
-    #: for the short rounds tested here)
-    compile: Literal["auto", "on", "off"] = "auto"
-    #: recompute each transformer block's activations in the backward pass (less memory)
-    activation_checkpointing: bool = False
-    #: sequences per rank per forward pass; a step's batch is split into micro-batches of this
-    #: size and their gradients accumulated (None: the rank's whole share at once)
-    micro_batch: int | None = Field(None, ge=1)
-    #: torch.distributed backend; auto: nccl on CUDA, gloo on the CPU
-    backend: Literal["auto", "gloo", "nccl"] = "auto"
-    #: after every round, the ranks write the optimizer's moments to files the parent reads
-    #: (``SiteGroup.site_state``) and fresh ranks load (after a rank failure), so a failure
-    #: does not reset them; False: the moments live in the ranks only
-    keep_moments: bool = True
-    #: seconds a collective may wait for a silent rank before the round fails
-    timeout_s: float = Field(300.0, gt=0)
+    ranks: int = Field(
+        1, ge=1, le=64, description="Processes training the site together (one per GPU on CUDA)."
+    )
+    sharding: Literal["ddp", "fsdp"] = Field(
+        "ddp",
+        description="ddp: every rank holds the whole model; fsdp: FSDP2 fully_shard, for a "
+        "model that does not fit one device.",
+    )
+    precision: Literal["auto", "fp32", "bf16"] = Field(
+        "auto",
+        description="bf16: autocast to bfloat16 (weights, optimizer state and updates stay "
+        "float32); auto: bf16 on CUDA, fp32 on the CPU.",
+    )
+    compile: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="torch.compile the model; auto: on CUDA only (compiling on the CPU costs "
+        "more than it saves for short rounds).",
+    )
+    activation_checkpointing: bool = Field(
+        False,
+        description="Recompute each transformer block's activations in the backward pass (less "
+        "memory).",
+    )
+    micro_batch: int | None = Field(
+        None,
+        ge=1,
+        description="Sequences per rank per forward pass; a step's batch is split into "
+        "micro-batches of this size and their gradients accumulated (unset: the rank's whole "
+        "share at once).",
+    )
+    backend: Literal["auto", "gloo", "nccl"] = Field(
+        "auto", description="torch.distributed backend; auto: nccl on CUDA, gloo on the CPU."
+    )
+    keep_moments: bool = Field(
+        True,
+        description="After every round the ranks write the optimizer's moments to files the "
+        "parent reads and fresh ranks load (after a rank failure), so a failure does not reset "
+        "them; false: the moments live in the ranks only.",
+    )
+    timeout_s: float = Field(
+        300.0,
+        gt=0,
+        description="Seconds a collective waits for a silent rank before the round fails.",
+    )
 
     def resolved_precision(self, device_type: str) -> Literal["fp32", "bf16"]:
         if self.precision != "auto":

@@ -8,14 +8,45 @@ one definition.
 from __future__ import annotations
 
 import os
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from powertrip.config.curtailment import CurtailmentConfig
+from powertrip.config.experiment import ExperimentConfig
 from powertrip.services.aggregator.config_run import RunSettings
-from powertrip.services.common.config import DeviceSettings, ServiceConfig
-from powertrip.services.common.settings import CurtailSettings
+from powertrip.services.common.config import DeviceSettings, ServiceConfig, config_error
+from powertrip.services.common.settings import CurtailSettings, library_settings, library_values
+
+#: ``CurtailmentConfig`` fields no aggregator variable sets, and why (the run's own fields are
+#: ``RunSettings``' variables, the sites' availability ``CurtailSettings``').
+CURTAIL_RUN_LESS = {
+    "name": "the preset's name (POWERTRIP_CURTAIL_PRESET)",
+    "description": "the preset's description",
+    "policies": "POWERTRIP_CURTAIL_POLICY: a service run trains one policy",
+    "tokenizer_sha256": "filled in by the aggregator for its workers",
+    "site_seed": "the profiler's: the sites' modelled distances",
+    "site_power": "the emulated study's; a service's sites train at the power they have",
+    "round_min_s": "the emulated study's round clock; a service's rounds are real "
+    "(POWERTRIP_ROUND_DEADLINE_S)",
+    "overhead_s": "the emulated study's round clock",
+    "single_site_hours": "the emulated study's step time; a service's sites really train",
+    "eval_every_s": "the emulated study's solo-training evaluations",
+    "always_on_sites": "the emulated study's always-on baseline",
+}
+#: the curtailment run's own fields (neither the PowerTrip run's nor the availability's)
+CURTAIL_DERIVED = [
+    n
+    for n in CurtailmentConfig.model_fields
+    if n not in ExperimentConfig.model_fields
+    and n not in CurtailSettings.model_fields
+    and n not in CURTAIL_RUN_LESS
+]
+
+if TYPE_CHECKING:  # derived at run time; read only through ``curtailment``
+    _CurtailRunFields = BaseModel
+else:
+    _CurtailRunFields = library_settings(CurtailmentConfig, CURTAIL_DERIVED, __name__)
 
 
 def default_checkpoint_dir() -> str:
@@ -27,7 +58,9 @@ def default_checkpoint_dir() -> str:
     return os.path.join(state, "powertrip", "checkpoints")
 
 
-class AggregatorConfig(ServiceConfig, RunSettings, CurtailSettings, DeviceSettings):
+class AggregatorConfig(
+    ServiceConfig, RunSettings, CurtailSettings, DeviceSettings, _CurtailRunFields
+):
     profiler_addr: str = Field(description="host:port of the profiler")
     mode: Literal["powertrip", "curtailment"] = Field(
         "powertrip",
@@ -171,7 +204,7 @@ class AggregatorConfig(ServiceConfig, RunSettings, CurtailSettings, DeviceSettin
             if self.mode == "curtailment":
                 c = self.curtailment()
                 return len(c.regions) * c.sites_per_region if c.regions else None
-            return self._build().num_sites
+            return self.build_experiment().num_sites
         except ValueError:  # the run's own checks report it
             return None
 
@@ -193,5 +226,16 @@ class AggregatorConfig(ServiceConfig, RunSettings, CurtailSettings, DeviceSettin
         return self
 
     def curtailment(self) -> CurtailmentConfig:
-        """The curtailment run: its preset, with this service's sample count and seed."""
-        return self.curtail_config(num_samples=self.num_samples, seed=self.seed)
+        """The curtailment run: its preset, with every variable set that is one of its fields
+        (the workload, its optimizer, the availability, ...); ConfigError naming the variable
+        when the combination is invalid."""
+        try:
+            return self.build_curtailment()
+        except ValidationError as exc:
+            raise config_error(exc, {}) from None
+
+    def build_curtailment(self) -> CurtailmentConfig:
+        """The curtailment run, or the library's ValidationError."""
+        run = library_values(self, ExperimentConfig)
+        shared = {n: v for n, v in run.items() if n in CurtailmentConfig.model_fields}
+        return self.curtail_config(**shared)

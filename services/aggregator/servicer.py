@@ -58,22 +58,16 @@ class AggregatorServicer(aggregator_pb2_grpc.AggregatorServiceServicer):
         self.track_worker = track_worker
         self.codec = assigned_codec(run)  # what every update must be coded with
         cfg = run.cfg
-        self.allow_list = AllowList(
-            cfg.allowed_worker_ids, getattr(cfg, "allowed_workers_file", None)
-        )
-        self.owners = SiteOwners(
-            getattr(cfg, "site_owners", None),
-            getattr(cfg, "site_owners_file", None),
-            run.registry.num_sites,
-        )
+        self.allow_list = AllowList(cfg.allowed_worker_ids, cfg.allowed_workers_file)
+        self.owners = SiteOwners(cfg.site_owners, cfg.site_owners_file, run.registry.num_sites)
         self.budget = ReceiveBudget(  # UploadUpdate's credits (upload_flow)
-            getattr(cfg, "receive_budget_mib", 32) * MiB,
-            getattr(cfg, "stream_window_mib", 32) * MiB,
+            cfg.receive_budget_mib * MiB,
+            cfg.stream_window_mib * MiB,
             getattr(run, "link_of", None),
         )
         # the owners map admits only the workers it names, besides the allow-list's own rule
         self.allow = all_of(self.allow_list, self.owners.verdict)
-        if getattr(cfg, "tls", False) and not self.owners.active:
+        if cfg.tls and not self.owners.active:
             logger.warning(
                 "sites are first-come: set POWERTRIP_SITE_OWNERS to bind them to worker "
                 "identities (any worker certificate can claim any free site)"

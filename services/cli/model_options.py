@@ -25,7 +25,8 @@ from pydantic.fields import FieldInfo
 
 from powertrip.codecs import codec_names, get_codec
 from powertrip.config.curtailment import CURTAIL_POLICIES, CURTAIL_PRESETS, CurtailmentConfig
-from powertrip.config.experiment import PRESETS, ExperimentConfig, GreedyParams
+from powertrip.config.experiment import ExperimentConfig, GreedyParams
+from powertrip.config.presets import PRESETS
 from powertrip.selection.registry import known_policy_names, validate_policy_name
 from powertrip.services.cli.common import CommaList, RegisteredName, RegisteredNames, WorkloadName
 
@@ -34,12 +35,15 @@ __all__ = [
     "CURTAIL_CLI_LESS",
     "CURTAIL_FLAGS",
     "EXPERIMENT_FLAGS",
+    "EXPERIMENT_NOTES",
+    "FIELD_TYPES",
     "TargetAccuracy",
     "curtail_options",
     "default_text",
     "experiment_options",
     "flag_for",
     "model_options",
+    "policys_own",
     "preset_defaults",
 ]
 
@@ -107,7 +111,7 @@ CURTAIL_CLI_LESS = {
 
 #: Parameter types a field's annotation does not say: a checked workload name, 'auto' as a
 #: target, the registries' names, and the LM's sizes refused by click as before.
-_TYPES: dict[str, click.ParamType] = {
+FIELD_TYPES: dict[str, click.ParamType] = {
     "workload": WorkloadName(),
     "policies": RegisteredNames(known_policy_names, validate_policy_name),
     "codec": RegisteredName(codec_names, get_codec),
@@ -118,7 +122,7 @@ _TYPES: dict[str, click.ParamType] = {
 #: ``curtail``'s: its two workloads, and its policies checked by the model (so a bad one is
 #: reported on one line with every other bad value).
 _CURTAIL_TYPES: dict[str, click.ParamType] = {
-    **_TYPES,
+    **FIELD_TYPES,
     "workload": click.Choice(["lm", "mnist1d"]),
     "policies": RegisteredNames(lambda: CURTAIL_POLICIES),
     "target_accuracy": click.FloatRange(0, 1, min_open=True),
@@ -127,7 +131,7 @@ _CURTAIL_TYPES: dict[str, click.ParamType] = {
 EXPERIMENT_NOTES = {"partition": "the preset's; the lm workload's: iid"}
 
 
-def _policys_own(name: str) -> str:
+def policys_own(name: str) -> str:
     """Algorithm 1's parameters, unset, are the policy variant's own."""
     return "the policy's own"
 
@@ -190,6 +194,7 @@ def preset_defaults(
     model: type[BaseModel],
     presets: Mapping[str, Mapping[str, object]],
     notes: Mapping[str, str] | None = None,
+    whose: str = "the preset's",
 ) -> DefaultNote:
     """The help's default of each field of ``model`` given a preset from ``presets``: "the
     preset's" where every preset sets the field; "the preset's, else X" where some do (X: the
@@ -203,9 +208,9 @@ def preset_defaults(
         setting = sum(name in values for values in presets.values())
         own = None if states_default(field) else default_text(field)
         if presets and setting == len(presets):
-            return "the preset's"
+            return whose
         if setting:
-            return f"the preset's, else {own}" if own else "the preset's, if it sets one"
+            return f"{whose}, else {own}" if own else f"{whose}, if it sets one"
         return own
 
     return note
@@ -215,7 +220,7 @@ def model_options(
     model: type[BaseModel],
     names: Iterable[str],
     flags: Mapping[str, str] = EXPERIMENT_FLAGS,
-    types_: Mapping[str, click.ParamType] = _TYPES,
+    types_: Mapping[str, click.ParamType] = FIELD_TYPES,
     *,
     default: DefaultNote | None = None,
     dest: Callable[[str], str] = str,
@@ -230,6 +235,7 @@ def model_options(
         field = model.model_fields[name]
         kind = types_.get(name) or param_type(field.annotation)
         text = (helps or {}).get(name) or field.description or ""
+        text += "." if text and text[-1] not in ".?!" else ""
         if isinstance(kind, RegisteredNames):  # too many to read in a metavar
             text += " Known: " + ", ".join(kind.known()) + "."
         note = default(name) if default is not None else default_text(field)
@@ -250,7 +256,7 @@ def experiment_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """Every ``ExperimentConfig`` field not in ``CLI_LESS``, then Algorithm 1's parameters
     (``GreedyParams``, flattened: ``--k0`` ...); the command receives them by field name."""
     names = [n for n in ExperimentConfig.model_fields if n not in CLI_LESS]
-    command = model_options(GreedyParams, GreedyParams.model_fields, default=_policys_own)(command)
+    command = model_options(GreedyParams, GreedyParams.model_fields, default=policys_own)(command)
     defaults = preset_defaults(ExperimentConfig, PRESETS, EXPERIMENT_NOTES)
     return model_options(ExperimentConfig, names, default=defaults)(command)
 

@@ -58,7 +58,14 @@ def _recipe_default(name: str) -> str:
     """Unset, a flag keeps the preset's or the workload's recipe (lm: the measured AdamW);
     with none, or another optimizer named, the field's own default holds."""
     own = default_text(LocalOptimizer.model_fields[name])
-    return f"the preset's or workload's recipe, else {own}"
+    return f"the recipe's, else {own}"
+
+
+#: said once, on the first flag: what "the recipe's" is
+_RECIPE = (
+    " A flag not given keeps the recipe's value: the preset's or the workload's recipe (lm: "
+    "its measured AdamW), if either has one."
+)
 
 
 _decorate = model_options(
@@ -68,6 +75,7 @@ _decorate = model_options(
     {"name": RegisteredName(optimizer_names, optimizer_entry)},
     default=_recipe_default,
     dest=option_name,
+    helps={"name": f"{LocalOptimizer.model_fields['name'].description}{_RECIPE}"},
 )
 
 

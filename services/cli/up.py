@@ -7,17 +7,18 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import get_args
 
 import click
 from rich.table import Table
 
 from powertrip.config.curtailment import CURTAIL_PRESETS
-from powertrip.config.experiment import PRESETS, Partition, needs_dataset_path
-from powertrip.selection.registry import validate_policy_name
-from powertrip.services.cli.common import OutputDir, WorkloadName, device_option, err, fail, out
+from powertrip.config.experiment import needs_dataset_path
+from powertrip.config.presets import PRESETS
+from powertrip.selection.registry import known_policy_names, validate_policy_name
+from powertrip.services.cli.common import OutputDir, RegisteredName, device_option, err, fail, out
 from powertrip.services.cli.export import require_tensorboard, tensorboard_option, write_tensorboard
 from powertrip.services.cli.launcher import ClusterPlan, LaunchError, LocalCluster
+from powertrip.services.cli.up_options import service_env, up_options
 from powertrip.services.cli.up_outputs import write_rounds_csv, write_scrape_config
 from powertrip.v1 import aggregator_pb2
 
@@ -26,7 +27,6 @@ AT_LEAST_1 = click.IntRange(min=1)
 #: long before the run starts, and minting a certificate per worker would take minutes first
 MAX_LOCAL_WORKERS = 256
 POSITIVE = click.FloatRange(0, min_open=True)
-ACCURACY = click.FloatRange(0, 1, min_open=True)  # (0, 1]
 
 
 @click.command()
@@ -41,7 +41,14 @@ ACCURACY = click.FloatRange(0, 1, min_open=True)  # (0, 1]
 @click.option(
     "--sites", type=AT_LEAST_1, default=12, show_default=True, help="Sites, split over workers."
 )
-@click.option("--policy", default="powertrip", show_default=True, help="Selection policy.")
+@click.option(
+    "--policy",
+    type=RegisteredName(known_policy_names, validate_policy_name),
+    metavar="NAME",
+    default="powertrip",
+    show_default=True,
+    help=f"Selection policy. Known: {', '.join(known_policy_names())}.",
+)
 @click.option(
     "--clock",
     type=click.Choice(["emulated", "wall"]),
@@ -79,27 +86,6 @@ ACCURACY = click.FloatRange(0, 1, min_open=True)  # (0, 1]
     default="curtailment",
     show_default=True,
     help="Curtailment preset (curtailment, curtailment-quick).",
-)
-@click.option("--target", type=ACCURACY, help="Target accuracy (default: the preset's).")
-@click.option("--max-rounds", type=AT_LEAST_1, help="Round budget (default: the preset's).")
-@click.option("--seed", type=int, help="Training seed.")
-@click.option("--samples", "num_samples", type=click.IntRange(100), help="Dataset size (mnist1d).")
-@click.option(
-    "--workload",
-    type=WorkloadName(),
-    help="What to train (default: the preset's, mnist1d); built-ins but mnist1d and lm need "
-    "--dataset-path; MODULE:ATTR names your powertrip.CustomWorkload (importable by every "
-    "service process).",
-)
-@click.option(
-    "--dataset-path",
-    type=click.Path(exists=True, path_type=Path, resolve_path=True),
-    help="The workload's dataset, read by the aggregator and every worker at this path.",
-)
-@click.option(
-    "--partition",
-    type=click.Choice(get_args(Partition)),
-    help="How sites split the data (default: the preset's); natural: by speaker or writer.",
 )
 @click.option("--k-star", type=AT_LEAST_1, help="k for static-optimal / random policies.")
 @click.option(
@@ -148,6 +134,7 @@ ACCURACY = click.FloatRange(0, 1, min_open=True)  # (0, 1]
 )
 @device_option
 @tensorboard_option
+@up_options
 def up(
     workers: int,
     sites: int,
@@ -157,13 +144,6 @@ def up(
     preset: str,
     mode: str,
     curtail_preset: str,
-    target: float | None,
-    max_rounds: int | None,
-    seed: int | None,
-    num_samples: int | None,
-    workload: str | None,
-    dataset_path: Path | None,
-    partition: str | None,
     k_star: int | None,
     deadline: float,
     insecure: bool,
@@ -175,13 +155,20 @@ def up(
     linger: float,
     site_ranks: int,
     device: str,
+    **options: object,
 ) -> None:
     """Start the profiler, the aggregator and W workers on loopback, train to the target,
-    print the summary and the metrics endpoints, then stop exactly those processes."""
+    print the summary and the metrics endpoints, then stop exactly those processes.
+
+    The run's settings (the workload, its optimizer, the codec, the aggregation, the
+    curtailment run's, the site engine's ...) are the services' own, one flag each; unset,
+    the preset's."""
+    workload = options.get("workload")
+    workload = workload if isinstance(workload, str) else None
     try:
         validate_policy_name(policy)
         require_tensorboard(tensorboard)
-        if needs_dataset_path(workload) and dataset_path is None:
+        if needs_dataset_path(workload) and options.get("dataset_path") is None:
             raise ValueError(f"--workload {workload} needs --dataset-path")
         if pace > 0 and clock != "emulated":
             raise ValueError("--pace paces the emulated clock; a --clock wall run is real time")
@@ -190,7 +177,12 @@ def up(
                 f"--site-ranks trains one site per worker over its ranks: use --sites {workers} "
                 "(as many as --workers), in the powertrip mode"
             )
-        extra_env = {"POWERTRIP_K_STAR": str(k_star)} if k_star else {}
+        own: dict[str, object] = {"mode": mode, "preset": preset, "curtail_preset": curtail_preset}
+        own |= {"policy": policy, "k_star": k_star, "clock": clock, "pace": pace or None}
+        own |= {"sites": sites, "site_ranks": site_ranks}
+        extra_env = service_env(options, own)
+        if k_star:
+            extra_env["POWERTRIP_K_STAR"] = str(k_star)
         if site_ranks:
             extra_env["POWERTRIP_SITE_RANKS"] = str(site_ranks)
         plan = ClusterPlan(
@@ -202,13 +194,6 @@ def up(
             preset=preset,
             mode=mode,
             curtail_preset=curtail_preset,
-            target=target,
-            max_rounds=max_rounds,
-            seed=seed,
-            num_samples=num_samples,
-            workload=workload,
-            dataset_path=dataset_path,
-            partition=partition,
             round_deadline_s=deadline,
             log_dir=output / "logs",
             checkpoint_dir=output / "checkpoints",

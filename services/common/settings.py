@@ -1,11 +1,13 @@
 """Service settings that are library fields under the same name, and the old names of the ones
 that were renamed to match.
 
-A service's ``POWERTRIP_<FIELD>`` is the library's ``<field>`` (``library_field``): the service
-declares only the name and the type it reads; the description, the constraints and the
-validators are the library model's own, so a value the library would refuse is refused when the
-service starts, with the same message. ``renamed`` keeps an older variable name working for one
-release: its value moves to the new name, with a warning.
+A service's ``POWERTRIP_<FIELD>`` is the library's ``<field>``: derived from the model
+(``library_settings``: every field the service runs, none declared again), or, where the
+service's code reads it by name, declared with that type (``library_field``). Either way the
+description, the constraints and the validators are the library model's own, so a value the
+library would refuse is refused when the service starts, with the same message. ``renamed``
+keeps an older variable name working for one release: its value moves to the new name, with a
+warning.
 """
 
 from __future__ import annotations
@@ -14,10 +16,18 @@ import json
 import logging
 import types
 import typing
-from pathlib import Path
-from typing import Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, Field, PlainValidator, TypeAdapter, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    Field,
+    PlainValidator,
+    TypeAdapter,
+    ValidationError,
+    create_model,
+    model_validator,
+)
 from pydantic.fields import FieldInfo
 
 from powertrip.config.curtailment import CurtailmentConfig, build_curtail_config
@@ -32,12 +42,16 @@ def env_name(field: str) -> str:
 
 
 class LibraryValue:
-    """The validator of a setting that is ``model``'s field ``name``: None, an empty variable
-    (for a setting that defaults to unset) or a value the library field accepts; text in the
-    environment's forms (``A,B,C`` for a tuple, JSON for a model) is parsed first."""
+    """The validator of a setting that is ``model``'s field ``name`` (read as ``prefix`` +
+    ``name``): None, an empty variable (for a setting that defaults to unset) or a value the
+    library field accepts; text in the environment's forms (``A,B,C`` for a tuple, JSON for a
+    model) is parsed first."""
 
-    def __init__(self, model: type[BaseModel], name: str, empty_is_unset: bool) -> None:
+    def __init__(
+        self, model: type[BaseModel], name: str, empty_is_unset: bool, prefix: str = ""
+    ) -> None:
         self.model, self.name, self.empty_is_unset = model, name, empty_is_unset
+        self.prefix = prefix
         self.info: FieldInfo = model.model_fields[name]
         self._adapter: TypeAdapter[Any] | None = None
 
@@ -74,13 +88,40 @@ def _members(annotation: object) -> tuple[object, ...]:
     return (annotation,)
 
 
-def library_field(model: type[BaseModel], name: str, default: object = None) -> Any:
+def library_field(
+    model: type[BaseModel], name: str, default: object = None, prefix: str = ""
+) -> Any:
     """A setting that is ``model.name``: the library's description, type checks, constraints
     and validators; unset (None) leaves the library's or the preset's value."""
     info = model.model_fields[name]
     field = FieldInfo.from_field(default, description=info.description)
-    field.metadata.append(PlainValidator(LibraryValue(model, name, default is None)))
+    field.metadata.append(PlainValidator(LibraryValue(model, name, default is None, prefix)))
     return field
+
+
+def library_settings(
+    model: type[BaseModel], names: Iterable[str], module: str, prefix: str = ""
+) -> type[BaseModel]:
+    """A mixin of settings that are ``model``'s fields ``names``, each read from
+    ``POWERTRIP_`` + ``prefix`` + the field's name and unset by default (``library_field``):
+    derived, so the service declares none of them again. ``module`` names the service's
+    module, where ``--help`` lists them."""
+    fields: dict[str, Any] = {}
+    for name in names:
+        annotation: Any = model.model_fields[name].annotation
+        fields[prefix + name] = (annotation | None, library_field(model, name, prefix=prefix))
+    mixin: type[BaseModel] = create_model(f"{model.__name__}Settings", __module__=module, **fields)
+    return mixin
+
+
+def library_values(settings: BaseModel, model: type[BaseModel]) -> dict[str, object]:
+    """``settings``' values of ``model``'s fields, under the library's names (None: unset)."""
+    out = {}
+    for name, info in type(settings).model_fields.items():
+        source = library_source(info)
+        if source is not None and source.model is model:
+            out[source.name] = getattr(settings, name)
+    return out
 
 
 def library_source(info: FieldInfo) -> LibraryValue | None:
@@ -89,16 +130,6 @@ def library_source(info: FieldInfo) -> LibraryValue | None:
         if isinstance(m, PlainValidator) and isinstance(m.func, LibraryValue):
             return m.func
     return None
-
-
-def library_fields(config: type[BaseModel], model: type[BaseModel]) -> list[str]:
-    """``config``'s settings that are fields of ``model``."""
-    out = []
-    for name, info in config.model_fields.items():
-        source = library_source(info)
-        if source is not None and source.model is model:
-            out.append(name)
-    return out
 
 
 def renamed(new: str) -> Any:
@@ -138,22 +169,32 @@ def move_renamed(cls: type[BaseModel], data: object) -> object:
     return data
 
 
-class CurtailSettings(BaseModel):
-    """The curtailment run as services read it from the environment: the library's
-    ``CurtailmentConfig`` fields under their own names (POWERTRIP_REGIONS="A,B,C",
+#: what the sites' availability needs (the profiler's, and the aggregator's to match)
+AVAILABILITY = (
+    "carbon_trace_path",
+    "regions",
+    "sites_per_region",
+    "threshold",
+    "hold_s",
+    "provisioning_s",
+    "hours",
+)
+
+if TYPE_CHECKING:  # derived at run time; read only through ``curtail_config``
+    _Availability = BaseModel
+else:
+    _Availability = library_settings(CurtailmentConfig, AVAILABILITY, __name__)
+
+
+class CurtailSettings(_Availability):
+    """The curtailment run's availability as services read it from the environment: the
+    library's ``CurtailmentConfig`` fields under their own names (POWERTRIP_REGIONS="A,B,C",
     POWERTRIP_THRESHOLD, ...); mixed into the profiler's and the aggregator's settings, so both
     build one ``CurtailmentConfig`` the same way."""
 
     curtail_preset: str = Field(
         "curtailment", description="the curtailment study's preset (CURTAIL_PRESETS)"
     )
-    carbon_trace_path: Path | None = library_field(CurtailmentConfig, "carbon_trace_path")
-    regions: tuple[str, ...] | None = library_field(CurtailmentConfig, "regions")
-    sites_per_region: int | None = library_field(CurtailmentConfig, "sites_per_region")
-    threshold: float | None = library_field(CurtailmentConfig, "threshold")
-    hold_s: float | None = library_field(CurtailmentConfig, "hold_s")
-    provisioning_s: float | None = library_field(CurtailmentConfig, "provisioning_s")
-    hours: float | None = library_field(CurtailmentConfig, "hours")
     site_regions: str | None = renamed("regions")
     curtail_threshold: str | None = renamed("threshold")
     curtail_hold_s: str | None = renamed("hold_s")
@@ -165,5 +206,6 @@ class CurtailSettings(BaseModel):
         return move_renamed(cls, data)
 
     def curtail_config(self, **overrides: object) -> CurtailmentConfig:
-        values = {n: getattr(self, n) for n in library_fields(type(self), CurtailmentConfig)}
+        """The preset, these settings and ``overrides`` (unset ones leave the preset's)."""
+        values = library_values(self, CurtailmentConfig)
         return build_curtail_config(self.curtail_preset, **{**values, **overrides})

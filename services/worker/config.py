@@ -4,17 +4,34 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from powertrip.config.site_engine import SiteEngineConfig
 from powertrip.services.common.config import ConfigError, DeviceSettings, ServiceConfig, env_name
 from powertrip.services.common.identity import validate_id
+from powertrip.services.common.settings import library_settings, library_values
 from powertrip.sites.profiles import parse_site_list
 
+#: ``SiteEngineConfig`` fields with no ``POWERTRIP_SITE_*`` variable of their own, and why
+SITE_ENGINE_LESS = {
+    "ranks": "POWERTRIP_SITE_RANKS, the worker's switch: 0 is its in-process engine",
+}
+SITE_PREFIX = "site_"
 
-class WorkerConfig(ServiceConfig, DeviceSettings):
+if TYPE_CHECKING:  # derived at run time; read only through ``site_engine``
+    _SiteEngineFields = BaseModel
+else:
+    _SiteEngineFields = library_settings(
+        SiteEngineConfig,
+        [n for n in SiteEngineConfig.model_fields if n not in SITE_ENGINE_LESS],
+        __name__,
+        prefix=SITE_PREFIX,
+    )
+
+
+class WorkerConfig(ServiceConfig, DeviceSettings, _SiteEngineFields):
     aggregator_addr: str = Field(description="host:port of the aggregator")
     sites: str = Field(description='the sites this worker hosts: "site-000,site-001" or "0-3"')
     worker_id: str = Field(
@@ -55,16 +72,6 @@ class WorkerConfig(ServiceConfig, DeviceSettings):
         "each site trains as a torch.distributed job over N rank processes, one per GPU on CUDA "
         "(a site that is a GPU cluster); the other site_* settings shape that job "
         "(SiteEngineConfig).",
-    )
-    site_sharding: Literal["ddp", "fsdp"] = Field(
-        "ddp", description="fsdp: FSDP2, a model too big for one GPU"
-    )
-    site_precision: Literal["auto", "fp32", "bf16"] = Field(
-        "auto", description="auto: bf16 on CUDA"
-    )
-    site_compile: Literal["auto", "on", "off"] = Field("auto", description="auto: on CUDA")
-    site_micro_batch: int | None = Field(
-        None, ge=1, description="sequences per rank per forward pass"
     )
 
     @field_validator("worker_state_dir", mode="before")
@@ -115,13 +122,8 @@ class WorkerConfig(ServiceConfig, DeviceSettings):
         """The distributed site job's settings; None: the in-process engine."""
         if self.site_ranks == 0:
             return None
-        return SiteEngineConfig(
-            ranks=self.site_ranks,
-            sharding=self.site_sharding,
-            precision=self.site_precision,
-            compile=self.site_compile,
-            micro_batch=self.site_micro_batch,
-        )
+        given = {k: v for k, v in library_values(self, SiteEngineConfig).items() if v is not None}
+        return SiteEngineConfig.model_validate({**given, "ranks": self.site_ranks})
 
     @property
     def site_indices(self) -> list[int]:
