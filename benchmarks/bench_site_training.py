@@ -13,7 +13,7 @@ site-updates per second (whole local trainings), min / median / max over ``--rep
 ratio is against the baseline's median (and max against max) from the same process.
 
     .venv/bin/python benchmarks/bench_site_training.py [--sites 100] [--steps 1,10]
-        [--models cnn1d,user] [--engines auto,vmap,stacked,compiled,in-turn] [--repeats 5]
+        [--models cnn1d,user] [--engines auto,vmap,stacked,in-turn] [--repeats 5] [--device cpu]
 """
 
 from __future__ import annotations
@@ -35,13 +35,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from powertrip.learning.batches import site_schedule  # noqa: E402
 from powertrip.learning.datasets import load_mnist1d  # noqa: E402
-from powertrip.learning.device import TorchParams  # noqa: E402
+from powertrip.learning.device import TorchParams, resolve_device, scalar  # noqa: E402
 from powertrip.learning.models import build_model  # noqa: E402
 from powertrip.learning.partition import partition_iid  # noqa: E402
 from powertrip.learning.trainer import LocalTrainingConfig, SiteTrainer, get_params  # noqa: E402
 
 NUM_PARTITIONS, BATCH, LR = 100, 20, 0.2
-ENGINES = ("vmap", "stacked", "compiled", "in-turn")
+ENGINES = ("vmap", "stacked", "in-turn")
 
 
 class UserCNN(nn.Module):
@@ -84,6 +84,10 @@ def train_one_by_one(
     return {name: torch.stack(d) for name, d in deltas.items()}
 
 
+def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return scalar((a.to(b.device) - b).abs().max())
+
+
 #: one round of k sites: (k) -> their deltas
 Round = Callable[[int], TorchParams]
 
@@ -91,6 +95,7 @@ Round = Callable[[int], TorchParams]
 def engine_rounds(
     model: nn.Module,
     cfg: LocalTrainingConfig,
+    device: torch.device,
     names: Sequence[str],
     start: TorchParams,
     data: tuple[torch.Tensor, torch.Tensor, list[np.ndarray], list[int]],
@@ -100,7 +105,7 @@ def engine_rounds(
     out: dict[str, Round] = {}
     for name in names:
         try:
-            trainer = SiteTrainer(copy.deepcopy(model), cfg, "cpu", engine=name)
+            trainer = SiteTrainer(copy.deepcopy(model), cfg, device, engine=name)
         except ValueError as exc:  # this engine cannot run this model
             print(f"  ({name}: {exc})")
             continue
@@ -110,9 +115,14 @@ def engine_rounds(
     return out
 
 
-def timed(fn: Round, k: int) -> tuple[float, TorchParams]:
+def timed(fn: Round, k: int, device: torch.device) -> tuple[float, TorchParams]:
+    """Seconds of ``fn(k)``, the device's queue drained before and after."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     begin = time.perf_counter()
     out = fn(k)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     return time.perf_counter() - begin, out
 
 
@@ -124,15 +134,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--engines", default=",".join(("auto", *ENGINES)), help="engine names")
     ap.add_argument("--repeats", type=int, default=5, help="timed rounds per method")
     ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
+    ap.add_argument("--device", default="cpu", help="cpu|cuda[:N]|auto: data and models there")
     args = ap.parse_args(argv)
     step_counts = [int(s) for s in args.steps.split(",")]
     if not 1 <= args.sites <= NUM_PARTITIONS or args.repeats < 1 or min(step_counts) < 1:
         ap.error(f"--sites in 1..{NUM_PARTITIONS}, --repeats and --steps >= 1")
+    try:
+        device = resolve_device(args.device)
+    except ValueError as exc:
+        ap.error(str(exc))
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
 
     data = load_mnist1d(num_samples=20000)
-    x, y = data.x_train, data.y_train
+    x, y = data.x_train.to(device), data.y_train.to(device)
     parts = partition_iid(len(y), NUM_PARTITIONS, np.random.default_rng(0))
     seeds = list(range(1000, 1000 + NUM_PARTITIONS))
     models = {
@@ -141,41 +156,42 @@ def main(argv: Sequence[str] | None = None) -> None:
     }
     k = args.sites
     print(
-        f"mnist1d, {k} sites of {len(parts[0])} samples, batch {BATCH}, lr {LR}, threads "
-        f"{args.threads}, torch {torch.__version__}; site-updates/s over {args.repeats} repeats; "
+        f"mnist1d on {device}, {k} sites of {len(parts[0])} samples, batch {BATCH}, lr {LR}, "
+        f"threads {args.threads}, torch {torch.__version__}; site-updates/s over {args.repeats} "
+        "repeats; "
         "ratio: median / the plain loop's median (max / its max)"
     )
     print("| model | steps | method | min | median | max | ratio (median) | ratio (max) |", end="")
     print(" max abs dd |")
     print("|---|---|---|---|---|---|---|---|---|")
     for model_name in args.models.split(","):
-        model = models[model_name]
+        model = models[model_name].to(device)
         start = get_params(model)
         plain = copy.deepcopy(model)  # the baseline's own module
         for n_steps in step_counts:
             cfg = LocalTrainingConfig(
                 lr=LR, batch_size=BATCH, local_epochs=-(-n_steps // 8), max_local_steps=n_steps
             )
-            ref = SiteTrainer(copy.deepcopy(model), cfg, "cpu")
+            ref = SiteTrainer(copy.deepcopy(model), cfg, device)
             methods: dict[str, Round] = {
                 "plain loop": lambda k, r=ref, p=plain, s=start: train_one_by_one(
                     r, p, s, x, y, parts[:k], seeds[:k]
                 )
             }
-            methods.update(engine_rounds(model, cfg, args.engines.split(","), start,
-                                         (x, y, parts, seeds)))  # fmt: skip
+            engines = args.engines.split(",")
+            methods.update(engine_rounds(model, cfg, device, engines, start, (x, y, parts, seeds)))
             for fn in methods.values():  # warm-up (allocator, tracing caches, compilation)
                 fn(k)
             times: dict[str, list[float]] = {name: [] for name in methods}
             out: dict[str, TorchParams] = {}
             for _ in range(args.repeats):  # interleaved so load changes hit all alike
                 for name, fn in methods.items():
-                    t, out[name] = timed(fn, k)
+                    t, out[name] = timed(fn, k, device)
                     times[name].append(t)
             base = [k / t for t in times["plain loop"]]
             for name, ts in times.items():
                 rates = [k / t for t in ts]
-                dd = max(float((out[name][n] - out["plain loop"][n]).abs().max()) for n in start)
+                dd = max(max_diff(out[name][n], out["plain loop"][n]) for n in start)
                 print(
                     f"| {model_name} | {n_steps} | {name} | {min(rates):,.0f} | "
                     f"{statistics.median(rates):,.0f} | {max(rates):,.0f} | "

@@ -1,0 +1,65 @@
+"""The vmap engine: one local step of every site is one ``vmap(grad(loss))`` call over the
+stacked site parameters (``torch.func.functional_call`` of the shared model).
+
+It runs any model whose state is its parameters and whose forward is a pure function of them
+(``batched_training_blocker``), with cross-entropy or a workload's own per-sample loss: the
+batched engine for a user's own ``nn.Module``, about 2-5x one model at a time
+(benchmarks/bench_site_training.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch.func import functional_call, grad_and_value, vmap
+
+from powertrip.learning.device import TorchParams
+from powertrip.learning.engines.base import EngineSpec, register_engine
+from powertrip.learning.engines.batched import BatchedEngine, why_not_batched
+from powertrip.learning.site_optim import SiteOptimizer
+from powertrip.learning.site_params import sample_losses
+
+__all__ = ["VmapSteps", "vmap_engine"]
+
+
+class VmapSteps:
+    """The round's local steps, one vmapped call each, shrinking as sites finish."""
+
+    def __init__(self, spec: EngineSpec) -> None:
+        model, per_sample_loss = spec.model, spec.loss or sample_losses
+
+        def site_loss(params: TorchParams, x: torch.Tensor, y: torch.Tensor, m: torch.Tensor):
+            logits = functional_call(model, params, (x,))
+            per_sample = per_sample_loss(logits, y)
+            return (per_sample * m).sum() / m.sum().clamp_min(1.0)
+
+        self._grad_and_loss = vmap(grad_and_value(site_loss))
+
+    def run(
+        self,
+        params: TorchParams,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        gather: torch.Tensor,
+        mask: torch.Tensor,
+        active: Sequence[int],
+        widths: Sequence[int],
+        loss_sum: torch.Tensor,
+        opt: SiteOptimizer,
+    ) -> None:
+        for s, (a, w) in enumerate(zip(active, widths, strict=True)):
+            g_idx = gather[s, :a, :w]
+            xb, yb, mb = x[g_idx], y[g_idx], mask[s, :a, :w]
+            live = {name: p[:a] for name, p in params.items()}
+            with torch.enable_grad():
+                grads, loss = self._grad_and_loss(live, xb, yb, mb)
+            loss_sum[:a] += loss
+            opt.update(live, grads, a)
+
+
+def vmap_engine(spec: EngineSpec) -> BatchedEngine:
+    return BatchedEngine("vmap", spec, VmapSteps(spec))
+
+
+register_engine("vmap", vmap_engine, why_not_batched, auto_rank=20)
