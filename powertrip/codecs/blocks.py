@@ -1,9 +1,13 @@
 """Per-block absmax scaling shared by the block codecs (int8, int4, fp8): split into blocks,
-scale, quantize, and the way back."""
+scale, quantize, and the way back; ``IntBlockCodec``, the integer codecs' encode and decode."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
+
+from powertrip.codecs.base import Codec, Payload
 
 BLOCK = 256  # entries per scale (one float32 scale each)
 
@@ -41,3 +45,30 @@ def unblocks(values: np.ndarray, scale: np.ndarray, n: int, shape: tuple[int, ..
     padded = np.zeros(scale.size * BLOCK, dtype=np.float32)
     padded[:n] = values[:n]
     return (padded.reshape(-1, BLOCK) * scale[:, None]).ravel()[:n].reshape(shape)
+
+
+class IntBlockCodec(Codec):
+    """Symmetric integers in [-qmax, qmax], one float32 absmax scale per block of ``BLOCK``
+    entries (round to nearest: each entry off by at most scale/2). The codes are stored by
+    ``pack`` (as they are unless a codec packs them tighter) and read back by ``unpack``."""
+
+    qmax: int
+
+    def encode(self, x: np.ndarray) -> Payload:
+        rows, n = blocks(x)
+        scale = absmax_scales(rows, self.qmax)
+        codes = self.pack(quantize(rows, scale, self.qmax)[:n])
+        return Payload(np.shape(x), {"codes": codes, "scales": scale})
+
+    def decode(self, payload: Payload) -> np.ndarray:
+        n = math.prod(payload.shape)
+        values = self.unpack(payload.parts["codes"], n)
+        return unblocks(values, payload.parts["scales"], n, payload.shape)
+
+    def pack(self, q: np.ndarray) -> np.ndarray:
+        """The wire form of the ``n`` integer codes ``q`` (int8)."""
+        return q
+
+    def unpack(self, codes: np.ndarray, n: int) -> np.ndarray:
+        """The ``n`` integer codes back from their wire form."""
+        return codes

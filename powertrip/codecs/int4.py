@@ -3,36 +3,27 @@ block of 256 entries (each entry off by at most scale/2)."""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
-from powertrip.codecs.base import Codec, Payload
-from powertrip.codecs.blocks import absmax_scales, blocks, n_blocks, quantize, unblocks
-
-QMAX = 7
+from powertrip.codecs.blocks import IntBlockCodec, n_blocks
 
 
-class Int4Codec(Codec):
+class Int4Codec(IntBlockCodec):
     name = "int4"
+    qmax = 7
 
-    def encode(self, x: np.ndarray) -> Payload:
-        rows, n = blocks(x)
-        scale = absmax_scales(rows, QMAX)
-        q = quantize(rows, scale, QMAX)[:n]
-        nibbles = (q + 8).astype(np.uint8)  # 1..15
-        if n % 2:
+    def pack(self, q: np.ndarray) -> np.ndarray:
+        """Two codes a byte, each shifted to 1..15 (a zero nibble pads an odd count)."""
+        nibbles = (q + 8).astype(np.uint8)
+        if q.size % 2:
             nibbles = np.append(nibbles, np.uint8(0))
-        packed = (nibbles[0::2] | (nibbles[1::2] << 4)).astype(np.uint8)
-        return Payload(np.shape(x), {"codes": packed, "scales": scale})
+        return (nibbles[0::2] | (nibbles[1::2] << 4)).astype(np.uint8)
 
-    def decode(self, payload: Payload) -> np.ndarray:
-        packed, scale = payload.parts["codes"], payload.parts["scales"]
-        n = math.prod(payload.shape)  # the entries (the codes hold a padding nibble when odd)
-        nibbles = np.empty(packed.size * 2, dtype=np.int16)
-        nibbles[0::2] = packed & 0x0F
-        nibbles[1::2] = packed >> 4
-        return unblocks(nibbles[:n] - 8, scale, n, payload.shape)
+    def unpack(self, codes: np.ndarray, n: int) -> np.ndarray:
+        nibbles = np.empty(codes.size * 2, dtype=np.int16)
+        nibbles[0::2] = codes & 0x0F
+        nibbles[1::2] = codes >> 4
+        return nibbles[:n] - 8
 
     def bytes_for(self, size: int) -> int:
         return -(-size // 2) + 4 * n_blocks(size)

@@ -3,25 +3,12 @@
 
 from __future__ import annotations
 
-import numpy as np
-
-from powertrip.codecs.base import Codec, Payload
-from powertrip.codecs.blocks import absmax_scales, blocks, n_blocks, quantize, unblocks
-
-QMAX = 127
+from powertrip.codecs.blocks import IntBlockCodec, n_blocks
 
 
-class Int8Codec(Codec):
+class Int8Codec(IntBlockCodec):
     name = "int8"
-
-    def encode(self, x: np.ndarray) -> Payload:
-        rows, n = blocks(x)
-        scale = absmax_scales(rows, QMAX)
-        return Payload(np.shape(x), {"codes": quantize(rows, scale, QMAX)[:n], "scales": scale})
-
-    def decode(self, payload: Payload) -> np.ndarray:
-        q, scale = payload.parts["codes"], payload.parts["scales"]
-        return unblocks(q, scale, q.size, payload.shape)
+    qmax = 127
 
     def bytes_for(self, size: int) -> int:
         return size + 4 * n_blocks(size)
