@@ -10,7 +10,7 @@ tuples as lists. The readers here accept exactly that and nothing else.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -54,19 +54,21 @@ def integer(value: object, where: str, optional: bool = False) -> int | None:
 
 
 def numbers(value: object, where: str) -> list[float]:
-    if isinstance(value, np.ndarray):
-        value = value.tolist()
-    if not isinstance(value, list):
-        raise TypeError(f"{where} is {kind(value)}, not a list of numbers")
-    return [number(v, f"{where}[{i}]") for i, v in enumerate(value)]  # type: ignore[misc]
+    return _entries(value, where, "numbers", number)
 
 
 def integers(value: object, where: str) -> list[int]:
+    return _entries(value, where, "integers", integer)
+
+
+def _entries(value: object, where: str, what: str, read: Callable[[object, str], Any]) -> list[Any]:
+    """A list (a numpy array accepted) read entry by entry with ``read`` (``number``,
+    ``integer``), each entry named ``where[i]``; TypeError otherwise."""
     if isinstance(value, np.ndarray):
         value = value.tolist()
     if not isinstance(value, list):
-        raise TypeError(f"{where} is {kind(value)}, not a list of integers")
-    return [integer(v, f"{where}[{i}]") for i, v in enumerate(value)]  # type: ignore[misc]
+        raise TypeError(f"{where} is {kind(value)}, not a list of {what}")
+    return [read(v, f"{where}[{i}]") for i, v in enumerate(value)]
 
 
 def array(value: object, where: str, dtype: type) -> NDArray:
