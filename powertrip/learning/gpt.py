@@ -17,7 +17,6 @@ and trains on a CPU, ``xl`` is the curtailment paper's 561 M scale and needs a G
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -25,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from powertrip.learning.shapes import named_shape
+from powertrip.learning.transformer import Block, check_size
 
 __all__ = ["GPT", "GPT_SIZES", "GPTShape", "gpt_shape"]
 
@@ -37,10 +37,7 @@ class GPTShape:
     context_length: int
 
     def __post_init__(self) -> None:
-        if min(self.n_layer, self.n_head, self.d_model, self.context_length) < 1:
-            raise ValueError(f"every GPT size field must be >= 1, got {self}")
-        if self.d_model % self.n_head:
-            raise ValueError(f"d_model {self.d_model} is not a multiple of n_head {self.n_head}")
+        check_size(self, "GPT", width="d_model", heads="n_head")
 
 
 #: tiny ~1 M (CPU), small ~11 M (nanoGPT's Shakespeare model), medium ~85 M (GPT-2 small's
@@ -59,36 +56,6 @@ def gpt_shape(size: str | None = None, **overrides: int | None) -> GPTShape:
     return named_shape(GPT_SIZES, size, "model", **overrides)
 
 
-class Block(nn.Module):
-    def __init__(self, d_model: int, n_head: int, n_layer: int, fused: bool = False) -> None:
-        super().__init__()
-        self.n_head = n_head
-        self.fused = fused
-        self.ln1 = nn.LayerNorm(d_model)
-        self.qkv = nn.Linear(d_model, 3 * d_model)
-        self.proj = nn.Linear(d_model, d_model)
-        self.ln2 = nn.LayerNorm(d_model)
-        self.fc = nn.Linear(d_model, 4 * d_model)
-        self.out = nn.Linear(4 * d_model, d_model)
-        for layer in (self.qkv, self.proj, self.fc, self.out):
-            nn.init.normal_(layer.weight, std=0.02)
-            nn.init.zeros_(layer.bias)
-        for layer in (self.proj, self.out):  # GPT-2: residual writes shrink with depth
-            nn.init.normal_(layer.weight, std=0.02 / math.sqrt(2 * n_layer))
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
-        q, k, v = (z.view(b, t, self.n_head, d // self.n_head).transpose(1, 2) for z in (q, k, v))
-        if self.fused:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:
-            att = (q @ k.transpose(-2, -1)) / math.sqrt(d // self.n_head)
-            y = att.masked_fill(~mask, float("-inf")).softmax(dim=-1) @ v
-        x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
-        return x + self.out(F.gelu(self.fc(self.ln2(x))))
-
-
 class GPT(nn.Module):
     """Next-token logits [B, T, vocab] for every position of token ids [B, T] (T <= context).
 
@@ -104,7 +71,7 @@ class GPT(nn.Module):
         nn.init.normal_(self.tok.weight, std=0.02)
         nn.init.normal_(self.pos.weight, std=0.02)
         self.blocks = nn.ModuleList(
-            Block(shape.d_model, shape.n_head, shape.n_layer, fused_attention)
+            Block(shape.d_model, shape.n_head, 4 * shape.d_model, shape.n_layer, fused_attention)
             for _ in range(shape.n_layer)
         )
         self.ln_f = nn.LayerNorm(shape.d_model)

@@ -17,14 +17,13 @@ to ``kwt3`` are the paper's KWT-1/2/3 (0.6 M, 2.4 M, 5.4 M).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from powertrip.learning.shapes import named_shape
+from powertrip.learning.transformer import Block, check_size
 
 __all__ = ["KWT", "KWT_SIZES", "KWTShape", "kwt_shape"]
 
@@ -37,10 +36,7 @@ class KWTShape:
     mlp_dim: int  # hidden width of each block's MLP
 
     def __post_init__(self) -> None:
-        if min(self.dim, self.depth, self.heads, self.mlp_dim) < 1:
-            raise ValueError(f"every KWT size field must be >= 1, got {self}")
-        if self.dim % self.heads:
-            raise ValueError(f"dim {self.dim} is not a multiple of heads {self.heads}")
+        check_size(self, "KWT", width="dim", heads="heads")
 
 
 #: tiny: the CPU size used by the studies here; kwt1-3: Berg et al.'s Table 1 (depth 12).
@@ -57,28 +53,6 @@ def kwt_shape(size: str | None = None, **overrides: int | None) -> KWTShape:
     return named_shape(KWT_SIZES, size, "KWT", **overrides)
 
 
-class EncoderBlock(nn.Module):
-    """Pre-norm block: x + MHSA(LN(x)), then x + MLP(LN(x))."""
-
-    def __init__(self, shape: KWTShape) -> None:
-        super().__init__()
-        self.heads = shape.heads
-        self.ln1 = nn.LayerNorm(shape.dim)
-        self.qkv = nn.Linear(shape.dim, 3 * shape.dim)
-        self.proj = nn.Linear(shape.dim, shape.dim)
-        self.ln2 = nn.LayerNorm(shape.dim)
-        self.fc = nn.Linear(shape.dim, shape.mlp_dim)
-        self.out = nn.Linear(shape.mlp_dim, shape.dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
-        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
-        att = ((q @ k.transpose(-2, -1)) / math.sqrt(d // self.heads)).softmax(dim=-1)
-        x = x + self.proj((att @ v).transpose(1, 2).reshape(b, t, d))
-        return x + self.out(F.gelu(self.fc(self.ln2(x))))
-
-
 class KWT(nn.Module):
     """Class logits [B, classes] for log-mel frames [B, frames, n_mels]."""
 
@@ -92,7 +66,9 @@ class KWT(nn.Module):
         self.cls = nn.Parameter(torch.zeros(1, 1, dim))
         self.pos = nn.Parameter(torch.empty(1, frames + 1, dim))
         nn.init.trunc_normal_(self.pos, std=0.02)
-        self.blocks = nn.ModuleList(EncoderBlock(self.shape) for _ in range(self.shape.depth))
+        self.blocks = nn.ModuleList(
+            Block(dim, self.shape.heads, self.shape.mlp_dim) for _ in range(self.shape.depth)
+        )
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, num_classes)
 
