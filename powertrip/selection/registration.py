@@ -61,6 +61,13 @@ class PolicyContext:
     curtailment: CurtailmentConfig | None = None
     wall_clock: WallClockTimer | None = None
 
+    @classmethod
+    def for_curtailment(cls, cfg: CurtailmentConfig, wall_clock: WallClockTimer) -> PolicyContext:
+        """A curtailment run's context: who trains in a round is every connected site
+        (``curtailment``) or Algorithm 1 over these wall-clock rounds (``powertrip``; with the
+        carbon term for ``combined``)."""
+        return cls(mode=PolicyMode.CURTAILMENT, curtailment=cfg, wall_clock=wall_clock)
+
     def need_k_star(self, policy: str) -> int:
         if self.k_star is None:
             raise ValueError(f"policy {policy!r} needs k* from a static sweep")

@@ -37,7 +37,7 @@ from powertrip.curtailment.sites import build_sites, load_carbon
 from powertrip.curtailment.wall_clock import WallClockRounds
 from powertrip.federation import StreamSetup, load_workload
 from powertrip.selection.base import SelectAll, SelectionPolicy
-from powertrip.selection.registry import PolicyContext, PolicyMode, build_policy
+from powertrip.selection.registry import PolicyContext, build_policy
 from powertrip.traces.carbon import CarbonTrace
 
 Progress = Callable[[int, int, str], None]
@@ -72,13 +72,6 @@ class CurtailmentStudy:
             r: mine / e.emissions_kg if e.emissions_kg > 0 else None
             for r, e in self.single_site.items()
         }
-
-
-def policy_context(cfg: CurtailmentConfig, rounds: WallClockRounds) -> PolicyContext:
-    """What a curtailment run hands ``build_policy``: who trains in a round is every connected
-    site (``curtailment``) or Algorithm 1 over the wall-clock rounds (with the carbon term for
-    ``combined``; ``powertrip.selection.carbon_greedy``)."""
-    return PolicyContext(mode=PolicyMode.CURTAILMENT, curtailment=cfg, wall_clock=rounds)
 
 
 def build_engine(
@@ -121,9 +114,10 @@ def run_curtailment_study(
     study = CurtailmentStudy(cfg, trace, sites, curtailed, rounds, total_rows)
 
     plan: list[tuple[str, str, tuple[ElasticSite, ...], SelectionPolicy]] = []
+    context = PolicyContext.for_curtailment(cfg, rounds)
     for name in cfg.policies:
         kind = "always-on" if name == "powertrip" else "curtailed"
-        plan.append((name, kind, sites, build_policy(name, policy_context(cfg, rounds))))
+        plan.append((name, kind, sites, build_policy(name, context)))
     plan.append(("always-on-fl", "always-on", sites[: cfg.always_on_sites], SelectAll()))
     single = replace(sites[0], power=1.0, comm_s=0.0, train_kw=cfg.train_kw)
     plan.append(("single-site", "always-on", (single,), SelectAll()))

@@ -32,7 +32,7 @@ from powertrip.federation import StreamSetup
 from powertrip.learning.device import TorchParams, to_numpy, to_torch
 from powertrip.rounds.loop import RoundRecord, policy_rng
 from powertrip.selection.base import SelectionPolicy
-from powertrip.selection.registry import build_policy
+from powertrip.selection.registry import PolicyContext, build_policy
 from powertrip.services.aggregator import checkpoint, journal_file, metrics
 from powertrip.services.aggregator.checkpoint_writer import CheckpointWriter
 from powertrip.services.aggregator.config import AggregatorConfig
@@ -44,7 +44,7 @@ from powertrip.services.aggregator.resume import fits_run, run_digest
 from powertrip.services.aggregator.run_status import StatusRound
 from powertrip.sites.profiles import site_id
 from powertrip.state_dict import fields
-from powertrip.study.curtailment import build_engine, policy_context
+from powertrip.study.curtailment import build_engine
 from powertrip.traces.carbon import CarbonTrace
 
 logger = logging.getLogger(__name__)
@@ -203,7 +203,8 @@ class CurtailmentRun(RunLifecycle):
     ) -> tuple[SelectionPolicy, ShardCursor, ElasticState]:
         """The policy, the cursor and the engine's state of this run before its first round
         (the initial model not yet evaluated)."""
-        policy = build_policy(self.policy_name, policy_context(self.config, self.rounds))
+        context = PolicyContext.for_curtailment(self.config, self.rounds)
+        policy = build_policy(self.policy_name, context)
         cursor = ShardCursor(len(self.setup.data.y_train), self.config.num_shards)
         run = ElasticRun(policy.name, sites, cursor.total_rows)
         return policy, cursor, ElasticState(run, policy_rng(self.config.seed, policy))

@@ -16,7 +16,7 @@ import powertrip as pt
 from powertrip.config.curtailment import CurtailmentConfig
 from powertrip.curtailment.wall_clock import WallClockRounds
 from powertrip.selection.base import RoundContext, SelectAll, SelectionPolicy
-from powertrip.selection.carbon_greedy import WallClockGreedy
+from powertrip.selection.carbon_greedy import CarbonRanking, WallClockGreedy
 from powertrip.selection.greedy import PowerTripGreedy
 from powertrip.selection.registry import (
     PolicyContext,
@@ -27,7 +27,6 @@ from powertrip.selection.registry import (
     unregister_policy,
     validate_policy_name,
 )
-from powertrip.study.curtailment import policy_context
 
 
 class NearestK(SelectionPolicy):
@@ -113,7 +112,7 @@ def test_a_factory_that_returns_no_policy_is_refused_naming_it():
 def test_one_name_means_each_modes_own_policy():
     rounds = WallClockRounds(step_s=64.08)
     cfg = CurtailmentConfig(carbon_weight=0.3)
-    curtailment = policy_context(cfg, rounds)
+    curtailment = PolicyContext.for_curtailment(cfg, rounds)
 
     assert known_policy_names(PolicyMode.CURTAILMENT) == ["curtailment", "powertrip", "combined"]
     assert type(build_policy("powertrip")) is PowerTripGreedy
@@ -121,8 +120,8 @@ def test_one_name_means_each_modes_own_policy():
     combined = build_policy("combined", curtailment)
     assert isinstance(eq8, WallClockGreedy) and eq8.rounds is rounds
     assert isinstance(combined, WallClockGreedy) and combined.name == "combined"
-    assert combined.config.ranking.carbon_weight == 0.3  # type: ignore[attr-defined]
-    assert eq8.config.ranking.carbon_weight == 0.0  # type: ignore[attr-defined]
+    assert combined.config.ranking == CarbonRanking(0.3)  # the run's carbon weight γ
+    assert eq8.config.ranking == CarbonRanking(0.0)
     assert type(build_policy("curtailment", curtailment)) is SelectAll
     with pytest.raises(ValueError, match="unknown policy 'combined'; known policies: static"):
         build_policy("combined")  # a rounds run
