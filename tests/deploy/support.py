@@ -1,7 +1,8 @@
 """Readers for the deploy files and for what the service code declares.
 
-The service code is read as source (``ast``), never imported: the deploy checks must run without
-torch, generated stubs or a cluster.
+The service code is read as source (``ast``), never imported, but for the services' config
+classes, which load no torch and no generated stubs: the deploy checks must run without torch,
+generated stubs or a cluster.
 """
 
 from __future__ import annotations
@@ -640,69 +641,25 @@ class ConfigClass:
     fields: dict[str, bool] = field(default_factory=dict)  # field -> required
 
 
-def _is_required(value: ast.expr | None) -> bool:
-    if value is None:
-        return True
-    if isinstance(value, ast.Call) and _call_name(value) == "Field":
-        kwargs = {k.arg for k in value.keywords}
-        first = value.args[0] if value.args else None
-        has_default = "default" in kwargs or "default_factory" in kwargs
-        return not has_default and (first is None or getattr(first, "value", None) is Ellipsis)
-    return False
-
-
-def _annotated_fields(node: ast.ClassDef) -> dict[str, bool]:
-    out = {}
-    for stmt in node.body:
-        target = getattr(stmt, "target", None)
-        annotated = isinstance(stmt, ast.AnnAssign) and isinstance(target, ast.Name)
-        if annotated and target.id != "model_config":
-            out[target.id] = _is_required(stmt.value)
-    return out
-
-
-def _mixin_fields(
-    tree: ast.Module, name: str, seen: frozenset[str] = frozenset()
-) -> dict[str, bool]:
-    """Fields of a settings mixin ``name`` used as a base class in ``tree``: defined there, or
-    imported ``from powertrip.services.x.y import name`` (read from services/x/y.py), with its
-    own bases."""
-    if name in seen or name in {"BaseModel", "ServiceConfig"}:
-        return {}
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef) and node.name == name:
-            fields: dict[str, bool] = {}
-            for base in node.bases:
-                fields.update(_mixin_fields(tree, getattr(base, "id", ""), seen | {name}))
-            return {**fields, **_annotated_fields(node)}
-    for node in tree.body:
-        module = (node.module or "") if isinstance(node, ast.ImportFrom) else ""
-        names = [(a.name, a.asname) for a in getattr(node, "names", [])]
-        if module.startswith("powertrip.services.") and (name, None) in names:
-            path = REPO / (module.removeprefix("powertrip.").replace(".", "/") + ".py")
-            return _mixin_fields(ast.parse(path.read_text(), str(path)), name, seen)
-    raise AssertionError(f"settings base class {name} not found")
-
-
 @functools.cache
 def config_classes() -> tuple[ConfigClass, ...]:
-    """``ServiceConfig`` and its subclasses, read from services/{common,<service>}/config.py,
-    with the fields of the settings mixins they inherit (e.g. ``CurtailSettings``)."""
+    """``ServiceConfig`` and each service's config with every field it reads. Imported, not
+    read as source: most of a service's library settings are derived from the library's
+    models (``services/common/settings.py``), which only the classes know; the settings load
+    no torch and no generated stubs (tests/unit/test_library_layers.py)."""
+    import importlib
+
+    classes = {
+        "common": "ServiceConfig",
+        "aggregator": "AggregatorConfig",
+        "profiler": "ProfilerConfig",
+        "worker": "WorkerConfig",
+    }
     out = []
-    for service in ("common", *SERVICES):
-        path = SERVICES_SRC / service / "config.py"
-        tree = ast.parse(path.read_text(), str(path))
-        for node in tree.body:
-            if not isinstance(node, ast.ClassDef):
-                continue
-            bases = [getattr(b, "id", getattr(b, "attr", None)) for b in node.bases]
-            if node.name != "ServiceConfig" and "ServiceConfig" not in bases:
-                continue
-            cls = ConfigClass(node.name, service)
-            for base in bases:
-                cls.fields.update(_mixin_fields(tree, str(base)))
-            cls.fields.update(_annotated_fields(node))
-            out.append(cls)
+    for service, name in classes.items():
+        cls = getattr(importlib.import_module(f"powertrip.services.{service}.config"), name)
+        fields = {f: info.is_required() for f, info in cls.model_fields.items()}
+        out.append(ConfigClass(name, service, fields))
     return tuple(out)
 
 
