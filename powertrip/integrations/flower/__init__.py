@@ -17,9 +17,10 @@ on first use, so listing the package (as the layering test does) imports no Flow
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from powertrip.lazy import lazy_exports
 
 if importlib.util.find_spec("flwr") is None:
     raise ImportError(
@@ -27,28 +28,29 @@ if importlib.util.find_spec("flwr") is None:
         "pip install 'powertrip[flower]'"
     )
 
+#: public name -> the module of this package defining it
 _EXPORTS = {
-    "PowerTripStrategy": "strategy",
-    "DEFAULT_POLICY": "strategy",
-    "TimedFedAvg": "timed",
-    "NodeProfiles": "profiles",
-    "ReportedProperties": "profiles",
-    "TracedSites": "profiles",
-    "query_properties": "profiles",
-    "PROPERTY_QUERY_TIMEOUT_S": "profiles",
-    "register_property_query": "client",
-    "properties_reply": "client",
-    "NodeIndex": "site_info",
-    "MissingNodeProperty": "site_info",
-    "profile_from_properties": "site_info",
-    "site_properties": "site_info",
-    "POWER_FRACTION": "site_info",
-    "RTT_MS": "site_info",
-    "BANDWIDTH_MBPS": "site_info",
-    "DISTANCE_MI": "site_info",
-    "RECIPE_PREFIX": "recipe",
-    "recipe_from_config": "recipe",
-    "recipe_to_config": "recipe",
+    "PowerTripStrategy": ".strategy",
+    "DEFAULT_POLICY": ".strategy",
+    "TimedFedAvg": ".timed",
+    "NodeProfiles": ".profiles",
+    "ReportedProperties": ".profiles",
+    "TracedSites": ".profiles",
+    "query_properties": ".profiles",
+    "PROPERTY_QUERY_TIMEOUT_S": ".profiles",
+    "register_property_query": ".client",
+    "properties_reply": ".client",
+    "NodeIndex": ".site_info",
+    "MissingNodeProperty": ".site_info",
+    "profile_from_properties": ".site_info",
+    "site_properties": ".site_info",
+    "POWER_FRACTION": ".site_info",
+    "RTT_MS": ".site_info",
+    "BANDWIDTH_MBPS": ".site_info",
+    "DISTANCE_MI": ".site_info",
+    "RECIPE_PREFIX": ".recipe",
+    "recipe_from_config": ".recipe",
+    "recipe_to_config": ".recipe",
 }
 __all__ = [
     "BANDWIDTH_MBPS",
@@ -76,17 +78,7 @@ __all__ = [
 assert sorted(__all__) == sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
-
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)
 
 if TYPE_CHECKING:
     from powertrip.integrations.flower.client import properties_reply, register_property_query
