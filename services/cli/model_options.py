@@ -81,9 +81,6 @@ EXPERIMENT_FLAGS = {
 CLI_LESS = {
     "name": "the preset's name (--preset), or 'custom'",
     "description": "the preset's description",
-    "batch_size": "the workload's; no flag yet",
-    "local_epochs": "one local epoch (or --local-steps); no flag yet",
-    "round_trip": "Eq. 3 is one way; no flag yet",
     "tokenizer_sha256": "filled in by the aggregator for its workers",
     "greedy": "its fields are flags of their own (--k0, --window, ...)",
     "local_optimizer": "its fields are the optimizer flags (optimizer_options)",

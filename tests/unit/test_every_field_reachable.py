@@ -276,3 +276,14 @@ def test_up_refuses_a_bad_or_ignored_flag_before_anything_starts(planned, tmp_pa
     assert not isinstance(result, up_command.ClusterPlan), args
     assert result.exit_code == 2 and words in result.stderr, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_the_experiments_former_cli_less_fields_parse_into_its_configuration():
+    from powertrip.config.experiment import build_config
+
+    ctx = main.commands["experiment"].make_context(
+        "experiment", ["--batch-size", "8", "--local-epochs", "2", "--round-trip", "true"]
+    )
+    given = {k: v for k, v in ctx.params.items() if k in ExperimentConfig.model_fields}
+    cfg = build_config("quick", **{k: v for k, v in given.items() if v is not None})
+    assert (cfg.batch_size, cfg.local_epochs, cfg.round_trip) == (8, 2, True)
