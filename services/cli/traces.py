@@ -4,6 +4,7 @@ it. A file the readers reject ends the command with one line naming file and lin
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import click
@@ -96,24 +97,35 @@ def carbon_summary(trace: CarbonTrace, threshold: float, hold_s: float) -> dict[
     }
 
 
+#: the columns holding text, left-aligned (the rest are numbers)
+_TEXT_COLUMNS = ("series", "region", "windows (h)")
+
+
+def _print_table(title: str, cols: Sequence[str], rows: Iterable[Sequence[str]]) -> None:
+    """One trace file's table: its text columns (names, windows) left-aligned, numbers right."""
+    table = Table(title=title, title_justify="left")
+    for col in cols:
+        table.add_column(col, justify="left" if col in _TEXT_COLUMNS else "right")
+    for row in rows:
+        table.add_row(*row)
+    out.print(table)
+
+
+def _counted(series: dict) -> tuple[str, str, str]:
+    """The cells every trace table starts a series with: its name, rows and flagged rows."""
+    return series["name"], str(series["rows"]), str(series["flagged"])
+
+
 def _print_power(summary: dict) -> None:
     title = (
         f"power trace — {summary['label']}, spare = 1 - {summary['column']}\n{summary['source']}"
     )
-    table = Table(title=title, title_justify="left")
-    for col in ("series", "rows", "flagged", "days", "mean spare", "min", "max"):
-        table.add_column(col, justify="left" if col == "series" else "right")
-    for s in summary["series"]:
-        table.add_row(
-            s["name"],
-            str(s["rows"]),
-            str(s["flagged"]),
-            f"{s['days']:g}",
-            f"{s['mean_spare']:.3f}",
-            f"{s['min_spare']:.3f}",
-            f"{s['max_spare']:.3f}",
-        )
-    out.print(table)
+    cols = ("series", "rows", "flagged", "days", "mean spare", "min", "max")
+    spare = ("mean_spare", "min_spare", "max_spare")
+    rows = (
+        (*_counted(s), f"{s['days']:g}", *(f"{s[k]:.3f}" for k in spare)) for s in summary["series"]
+    )
+    _print_table(title, cols, rows)
 
 
 def _fmt_windows(windows: list[list[float]], most: int = 4) -> str:
@@ -129,23 +141,18 @@ def _print_carbon(summary: dict) -> None:
         f"{summary['threshold']:g} g/kWh, exit after {summary['hold_s']:g} s above\n"
         f"{summary['source']}"
     )
-    table = Table(title=title, title_justify="left")
     cols = ("region", "rows", "flagged", "mean", "min", "max", "< θ", "curtailed h", "windows (h)")
-    for col in cols:
-        table.add_column(col, justify="left" if col in ("region", "windows (h)") else "right")
-    for r in summary["regions"]:
-        table.add_row(
-            r["name"],
-            str(r["rows"]),
-            str(r["flagged"]),
-            f"{r['mean']:.1f}",
-            f"{r['min']:.1f}",
-            f"{r['max']:.1f}",
+    rows = (
+        (
+            *_counted(r),
+            *(f"{r[k]:.1f}" for k in ("mean", "min", "max")),
             f"{100 * r['below_threshold_share']:.1f}%",
             f"{r['curtailed_hours']:.2f}",
             f"{len(r['windows'])}: {_fmt_windows(r['windows'])}",
         )
-    out.print(table)
+        for r in summary["regions"]
+    )
+    _print_table(title, cols, rows)
 
 
 def plot_power(trace: PowerTrace, path: Path, most: int = 10) -> None:
