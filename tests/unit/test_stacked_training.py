@@ -9,6 +9,7 @@ import logging
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from powertrip.learning.engines.stacked import stacked_chain
@@ -150,13 +151,70 @@ def test_models_that_are_not_known_chains_train_with_vmap(model):
     assert stacked_chain(model()) is None
 
 
-def test_a_subclass_with_its_own_forward_is_not_taken_for_its_parent():
+def test_a_subclass_with_its_own_forward_is_read_by_its_forward():
     class Doubled(CNN1D):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return 2 * super().forward(x)
 
     assert stacked_chain(Doubled()) is None
     assert stacked_chain(CNN1D()) is not None
+
+
+class _Own(nn.Module):
+    """A user's module: a conv, a hidden linear layer and a head, its forward given as ``f``."""
+
+    def __init__(self, forward) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(2, 3, 3, stride=2, padding=1)
+        self.hidden = nn.Linear(3 * 6, 5)
+        self.out = nn.Linear(5, 4)
+        self.act = nn.ReLU()
+        self.flat = nn.Flatten()
+        self.f = forward
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.f(self, x)
+
+
+CHAINS = {
+    "F.relu, .flatten(1)": lambda m, x: m.out(F.relu(m.hidden(F.relu(m.conv(x)).flatten(1)))),
+    "torch.relu, torch.flatten": lambda m, x: m.out(
+        torch.relu(m.hidden(torch.flatten(torch.relu(m.conv(x)), 1)))
+    ),
+    "modules, .relu(), tanh": lambda m, x: m.out(torch.tanh(m.hidden(m.flat(m.act(m.conv(x)))))),
+    "flatten(start_dim=1)": lambda m, x: m.out(m.hidden(m.conv(x).relu().flatten(start_dim=1))),
+}
+NOT_CHAINS = {
+    "flatten(0)": lambda m, x: m.out(m.hidden(F.relu(m.conv(x)).flatten(0))),
+    "view": lambda m, x: m.out(m.hidden(F.relu(m.conv(x)).view(x.shape[0], -1))),
+    "unused parameter": lambda m, x: m.out(torch.ones(x.shape[0], 5)),
+    "scaled": lambda m, x: m.out(m.hidden(m.conv(x).flatten(1))) * 2,
+    "skip": lambda m, x: m.out(m.hidden(m.conv(x).flatten(1)) + 1),
+}
+
+
+@pytest.mark.parametrize("forward", CHAINS.values(), ids=CHAINS)
+def test_a_users_own_module_whose_forward_is_a_chain_trains_stacked(forward):
+    x, y = _data()
+    cfg = LocalTrainingConfig(lr=0.3, batch_size=5, local_epochs=2)
+    torch.manual_seed(0)
+    model = _Own(forward)
+    stacked, vmapped = _both(model, cfg)
+    start = get_params(model)
+    _assert_same_updates(
+        stacked.train(start, x, y, UNEVEN, [1, 2, 3, 4]),
+        vmapped.train(start, x, y, UNEVEN, [1, 2, 3, 4]),
+    )
+
+
+@pytest.mark.parametrize("forward", NOT_CHAINS.values(), ids=NOT_CHAINS)
+def test_a_forward_that_is_not_one_straight_chain_is_not_stacked(forward):
+    assert stacked_chain(_Own(forward)) is None
+
+
+def test_a_layer_used_twice_is_not_stacked():
+    shared = nn.Linear(4, 4)
+    assert stacked_chain(nn.Sequential(nn.Flatten(), shared, nn.ReLU(), shared)) is None
 
 
 def test_labels_per_position_train_with_vmap():

@@ -31,15 +31,30 @@ SEEDS = [3, 4, 5]
 
 
 class OwnNet(nn.Module):
-    """A user's own class: batchable, but no chain the stacked engine knows."""
+    """A user's own class whose forward is a chain of layers the stacked engine knows."""
 
     def __init__(self) -> None:
         super().__init__()
         self.conv = nn.Conv1d(1, 3, 3, stride=2, padding=1)
+        self.hidden = nn.Linear(3 * 6, 5)
+        self.out = nn.Linear(5, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.flatten(F.relu(self.conv(x)), 1)
+        return self.out(torch.tanh(self.hidden(h)))
+
+
+class SkipNet(OwnNet):
+    """The same layers with a skip connection: not a chain, but batchable."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hidden = nn.Linear(3 * 6, 3 * 6)
         self.out = nn.Linear(3 * 6, 4)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.out(F.relu(self.conv(x)).flatten(1))
+        h = F.relu(self.conv(x)).flatten(1)
+        return self.out(h + self.hidden(h).relu())
 
 
 def _data(n: int = 40) -> tuple[torch.Tensor, torch.Tensor]:
@@ -53,6 +68,8 @@ def _model(kind: str) -> nn.Module:
         return CNN1D(num_classes=4, in_channels=1, length=12, channels=3)
     if kind == "own":
         return OwnNet()
+    if kind == "skip":
+        return SkipNet()
     return nn.Sequential(nn.Flatten(), nn.Linear(12, 6), nn.BatchNorm1d(6), nn.Linear(6, 4))
 
 
@@ -65,11 +82,12 @@ def _step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, lr: float) -> floa
     [
         ("cnn1d", {}, "stacked"),
         ("cnn1d", {"loss": lambda logits, y: F.cross_entropy(logits, y, reduction="none")}, "vmap"),
-        ("own", {}, "vmap"),
+        ("own", {}, "stacked"),
+        ("skip", {}, "vmap"),
         ("norm", {}, "in-turn"),
         ("cnn1d", {"train_step": _step}, "in-turn"),
     ],
-    ids=["chain", "chain-own-loss", "own-class", "batch-norm", "own-step"],
+    ids=["chain", "chain-own-loss", "own-chain", "own-skip", "batch-norm", "own-step"],
 )
 def test_auto_takes_the_first_engine_that_can_train_the_model(kind, extra, engine):
     assert SiteTrainer(_model(kind), CFG, "cpu", **extra).engine.name == engine
@@ -82,7 +100,7 @@ def test_the_built_in_engines_in_autos_order():
 @pytest.mark.parametrize(
     ("kind", "engine", "why"),
     [
-        ("own", "stacked", "OwnNet is not a chain it knows"),
+        ("skip", "stacked", "SkipNet is not a chain it knows"),
         ("norm", "vmap", "BatchNorm1d: batch normalisation updates buffers in place"),
         ("norm", "stacked", "BatchNorm1d"),
         ("cnn1d", "compiled", "unknown local engine 'compiled': known engines are auto, stacked"),
@@ -94,10 +112,10 @@ def test_an_engine_that_cannot_train_the_model_is_refused_saying_why(kind, engin
     assert why in str(info.value)
 
 
-@pytest.mark.parametrize("kind", ["cnn1d", "own"])
+@pytest.mark.parametrize("kind", ["cnn1d", "own", "skip"])
 def test_every_engine_that_can_train_a_model_gives_the_same_updates(kind):
     x, y = _data()
-    names = ["vmap", "in-turn"] + (["stacked"] if kind == "cnn1d" else [])
+    names = ["vmap", "in-turn"] + (["stacked"] if kind != "skip" else [])
     trainers = {n: SiteTrainer(_model(kind), CFG, "cpu", engine=n) for n in names}
     start = get_params(trainers["vmap"].model)
     got = {n: t.train(start, x, y, SITES, SEEDS) for n, t in trainers.items()}
@@ -143,7 +161,7 @@ def test_a_registered_engine_is_built_by_name_and_never_by_auto_unless_ranked(mo
     monkeypatch.setattr(base, "_ENGINES", dict(base._ENGINES))
     register_engine("half", HalfStep)
     x, y = _data()
-    model = _model("own")
+    model = _model("skip")
     start = get_params(model)
     assert SiteTrainer(model, CFG, "cpu").engine.name == "vmap"
     half = SiteTrainer(model, CFG, "cpu", engine="half").train(start, x, y, SITES, SEEDS)

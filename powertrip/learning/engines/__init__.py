@@ -4,12 +4,13 @@ parameters and states, give back their updates and states), engines chosen once,
 Built in, in ``"auto"``'s order of preference (the first that can train the model is taken;
 this list is the only place the choice is made):
 
-1. ``stacked`` (``stacked.py``): a chain of ``Conv1d``/``Linear``/``ReLU``/``Tanh``/
-   ``Flatten`` (the built-in ``CNN1D``) with cross-entropy, as batched matmuls with a
-   hand-written backward pass: ~1.5-2x vmap for the CNN1D on the CPU.
+1. ``stacked`` (``stacked.py``): a model whose forward is a chain of ``Conv1d``/``Linear``/
+   ReLU/tanh/flatten (the built-in ``CNN1D``, or a user's own module of that shape) with
+   cross-entropy, as batched matmuls with a hand-written backward pass: ~1.5-2x vmap on the
+   CPU.
 2. ``vmap`` (``vmap.py``): any model whose state is its parameters and whose forward is a pure
    function of them, with cross-entropy or the workload's own per-sample loss: the batched
-   engine for a user's own ``nn.Module``.
+   engine for every other model (a transformer, a skip connection, a 2-D convolution).
 3. ``in-turn`` (``in_turn.py``): one site after another, for a model no batched engine can run
    (batch normalisation, active dropout, torch's recurrent layers, buffers) and for a workload's
    own ``train_step``.

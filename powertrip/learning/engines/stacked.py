@@ -12,11 +12,13 @@ gradient of its own masked mean loss, whichever sites share the step. About 1.5-
 engine for the CNN1D (benchmarks/bench_site_training.py); the same update within float32
 rounding.
 
-Supported: ``CNN1D`` and any ``nn.Sequential`` of ``Conv1d`` (groups 1, no dilation, zero
-padding), ``Linear``, ``ReLU``, ``Tanh`` and ``Flatten``, with cross-entropy over one class
-label per sample (``stacked_chain`` returns None for anything else, and ``"auto"`` takes the
-vmap engine). A round whose data does not fit the chain (labels per position) takes vmap's
-step. Device-agnostic: only tensor ops, so it runs wherever the parameters are.
+Supported: any model whose forward is a straight chain of ``Conv1d`` (groups 1, no dilation,
+zero padding), ``Linear``, ReLU, tanh and a flatten (read from the forward itself with
+``torch.fx``: the built-in ``CNN1D``, an ``nn.Sequential`` or a user's own class;
+stacked_layers.py), with cross-entropy over one class label per sample (``stacked_chain``
+returns None for anything else, and ``"auto"`` takes the vmap engine). A round whose data does
+not fit the chain (labels per position) takes vmap's step. Device-agnostic: only tensor ops,
+so it runs wherever the parameters are.
 """
 
 from __future__ import annotations
@@ -266,8 +268,7 @@ def _backward(
 
 
 def stacked_chain(model: nn.Module) -> StackedChain | None:
-    """The stacked form of ``model``, or None when it is not a supported chain (exact class
-    match: a subclass may override ``forward``)."""
+    """The stacked form of ``model``, or None when its forward is not a supported chain."""
     layers = chain_layers(model)
     if layers is None:
         return None
@@ -307,8 +308,8 @@ def why_not_stacked(spec: EngineSpec) -> str | None:
         why = "its backward pass is cross-entropy's, and the workload brings its own loss"
     if why is None and chain_layers(spec.model) is None:
         why = (
-            f"{type(spec.model).__name__} is not a chain it knows (CNN1D, or nn.Sequential of "
-            "Conv1d, Linear, ReLU, Tanh and Flatten)"
+            f"{type(spec.model).__name__} is not a chain it knows (a forward of Conv1d, Linear, "
+            "ReLU, tanh and a flatten, one after another)"
         )
     return why
 

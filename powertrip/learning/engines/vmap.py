@@ -3,7 +3,8 @@ stacked site parameters (``torch.func.functional_call`` of the shared model).
 
 It runs any model whose state is its parameters and whose forward is a pure function of them
 (``batched_training_blocker``), with cross-entropy or a workload's own per-sample loss: the
-batched engine for a user's own ``nn.Module``, about 2-5x one model at a time
+batched engine for every model that is not a layer chain (transformers, skip connections, 2-D
+convolutions) or brings its own loss, about 4-6x one model at a time on the CPU
 (benchmarks/bench_site_training.py).
 """
 
