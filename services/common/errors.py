@@ -22,7 +22,7 @@ from typing import Any, NoReturn, TypeVar
 import grpc
 
 from powertrip.aggregation.fedavg import UpdateRejected
-from powertrip.services.common.handlers import split_method, wrap_handler
+from powertrip.services.common.handlers import HandlerInterceptor, wrap_handler
 from powertrip.services.common.log_limit import LogLimiter, one_line
 
 logger = logging.getLogger(__name__)
@@ -176,23 +176,19 @@ def _checked(requests: Iterator[Any]) -> Iterator[Any]:
         raise StreamBroken("the request stream broke off") from None
 
 
-class RequestGuard(grpc.ServerInterceptor):
+class RequestGuard(HandlerInterceptor):
     """Undecodable requests become INVALID_ARGUMENT before (unary) or as (streams) the handler
     reads them; exceptions that escape a handler are mapped and logged like ``translate_errors``
     does, so no RPC ends in gRPC's own unlimited traceback logging."""
 
-    def intercept_service(
-        self, continuation: Callable[[Any], Any], handler_call_details: grpc.HandlerCallDetails
-    ) -> Any:
-        handler = continuation(handler_call_details)
-        if handler is None:
-            return None
-        service, name = split_method(handler_call_details.method)
-        method = f"{service.rpartition('.')[2]}.{name}"  # as translate_errors names it
+    def wrap(
+        self, handler: grpc.RpcMethodHandler, service: str, method: str
+    ) -> grpc.RpcMethodHandler:
+        rpc = f"{service.rpartition('.')[2]}.{method}"  # as translate_errors names it
 
         def guard(request: Any, context: grpc.ServicerContext) -> Any:
             if isinstance(request, _Undecodable):
-                reject(method, MalformedRequest(request.reason), context)
+                reject(rpc, MalformedRequest(request.reason), context)
             if handler.request_streaming:
                 return _checked(request)
             return request
@@ -205,7 +201,7 @@ class RequestGuard(grpc.ServerInterceptor):
                 except Exception as exc:
                     if _aborted(context):
                         raise
-                    reject(method, exc, context)
+                    reject(rpc, exc, context)
 
             return wrapped
 
@@ -217,7 +213,7 @@ class RequestGuard(grpc.ServerInterceptor):
                 except Exception as exc:
                     if _aborted(context):
                         raise
-                    reject(method, exc, context)
+                    reject(rpc, exc, context)
 
             return wrapped
 

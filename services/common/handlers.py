@@ -1,8 +1,9 @@
-"""Wrapping a gRPC method handler's behaviour, whatever its streaming kind: the one dispatch the
-server interceptors (metrics, request guard) share."""
+"""Wrapping a gRPC method handler's behaviour, whatever its streaming kind: the one dispatch and
+the one interceptor shape the server interceptors (metrics, request guard) share."""
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Callable
 from typing import Any
 
@@ -32,3 +33,21 @@ def wrap_handler(
     if handler.stream_stream:
         return handler._replace(stream_stream=stream_response(handler.stream_stream))
     return handler
+
+
+class HandlerInterceptor(grpc.ServerInterceptor):
+    """A server interceptor that replaces each method's handler with ``wrap``'s, the method named
+    as (``"pkg.Service"``, ``"Method"``); unknown methods pass through untouched."""
+
+    def intercept_service(
+        self, continuation: Callable[[Any], Any], handler_call_details: grpc.HandlerCallDetails
+    ) -> Any:
+        handler = continuation(handler_call_details)
+        if handler is None:
+            return None
+        return self.wrap(handler, *split_method(handler_call_details.method))
+
+    @abstractmethod
+    def wrap(
+        self, handler: grpc.RpcMethodHandler, service: str, method: str
+    ) -> grpc.RpcMethodHandler: ...

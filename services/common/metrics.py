@@ -14,7 +14,7 @@ import grpc
 from prometheus_client import Counter, Histogram, start_http_server
 
 from powertrip.services.common.auth_metrics import note_call
-from powertrip.services.common.handlers import split_method, wrap_handler
+from powertrip.services.common.handlers import HandlerInterceptor, wrap_handler
 
 # Both the worker (bytes it sends) and the aggregator (bytes it accepts) count updates; one
 # definition lets them share a process (tests, a single-process deployment).
@@ -48,17 +48,13 @@ def _code(context: grpc.ServicerContext, failed: bool) -> str:
     return code.name
 
 
-class GrpcMetricsInterceptor(grpc.ServerInterceptor):
+class GrpcMetricsInterceptor(HandlerInterceptor):
     """Counts and times every RPC, including streaming ones, by service, method and code; and
     counts each authenticated TLS connection once (``auth_metrics.note_call``)."""
 
-    def intercept_service(
-        self, continuation: Callable[[Any], Any], handler_call_details: grpc.HandlerCallDetails
-    ) -> Any:
-        handler = continuation(handler_call_details)
-        if handler is None:
-            return None
-        service, method = split_method(handler_call_details.method)
+    def wrap(
+        self, handler: grpc.RpcMethodHandler, service: str, method: str
+    ) -> grpc.RpcMethodHandler:
 
         def observe(context: grpc.ServicerContext, start: float, failed: bool) -> None:
             GRPC_HANDLED.labels(service, method, _code(context, failed)).inc()
