@@ -27,6 +27,7 @@ from powertrip.services.common.identity import (
     deny,
     require_id,
     require_role,
+    require_site_ids,
 )
 from powertrip.services.common.tensor_receiver import Sink
 from powertrip.services.common.tensor_stream import StreamError, TensorSpec, shard_specs, specs_of
@@ -89,12 +90,7 @@ class AggregatorServicer(aggregator_pb2_grpc.AggregatorServiceServicer):
     ) -> aggregator_pb2.RegisterWorkerResponse:
         # the allow-list only: off the owners map, the refusal below names the sites
         check_worker(context, request.worker_id, self.allow_list, SERVICE, "RegisterWorker")
-        for s in request.site_ids:
-            require_id(SERVICE, "RegisterWorker", s, "site id")
-        try:
-            sites = [site_index(s) for s in request.site_ids]
-        except ValueError as exc:
-            raise BadRequest(str(exc)) from None
+        sites = require_site_ids(SERVICE, "RegisterWorker", request.site_ids)
         refusal = self.owners.refusal(request.worker_id, sites)
         if refusal is not None:
             raise deny(SERVICE, "RegisterWorker", "site_not_assigned", refusal)

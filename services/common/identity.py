@@ -12,12 +12,13 @@ there, as before TLS existed. That is why plaintext needs an explicit flag.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 
 import grpc
 
 from powertrip.services.common.auth_metrics import count_denied
 from powertrip.services.common.errors import BadRequest, Forbidden
+from powertrip.sites.profiles import site_index
 
 #: the service identities (certificate CNs) every cluster has besides its workers; the one place
 #: that names them (``powertrip certs`` mints exactly these)
@@ -76,6 +77,17 @@ def require_id(service: str, method: str, value: str, what: str = "worker id") -
     if problem:
         count_denied(service, method, "bad_id")
         raise BadRequest(problem)
+
+
+def require_site_ids(service: str, method: str, site_ids: Sequence[str]) -> list[int]:
+    """The site indices a request names (``site-007`` -> 7); BadRequest for an id that is not
+    valid (counted as ``bad_id``, as ``require_id`` does) or names no site."""
+    for s in site_ids:
+        require_id(service, method, s, "site id")
+    try:
+        return [site_index(s) for s in site_ids]
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from None
 
 
 def require_role(

@@ -12,7 +12,13 @@ import grpc
 from powertrip.services.common.config import ServiceConfig
 from powertrip.services.common.errors import BadRequest, NotFound, translate_errors
 from powertrip.services.common.grpc_client import make_channel
-from powertrip.services.common.identity import AGGREGATOR, OPERATOR, require_id, require_role
+from powertrip.services.common.identity import (
+    AGGREGATOR,
+    OPERATOR,
+    require_id,
+    require_role,
+    require_site_ids,
+)
 from powertrip.services.common.wire import availability_reply
 from powertrip.services.profiler import metrics
 from powertrip.services.profiler.catalogue import SiteCatalogue
@@ -21,7 +27,7 @@ from powertrip.services.profiler.feed import CarbonFeed
 from powertrip.services.profiler.links import LinkEstimate
 from powertrip.services.profiler.probe_budget import ProbeBudget
 from powertrip.services.profiler.probes import measure_bandwidth, measure_rtt
-from powertrip.sites.profiles import site_id, site_index
+from powertrip.sites.profiles import site_id
 from powertrip.v1 import common_pb2, profiler_pb2, profiler_pb2_grpc, worker_pb2_grpc
 
 logger = logging.getLogger(__name__)
@@ -204,12 +210,7 @@ class ProfilerServicer(profiler_pb2_grpc.ProfilerServiceServicer):
         if not request.worker_id or not request.address:
             raise BadRequest("TrackWorker needs worker_id and address")
         require_id(SERVICE, "TrackWorker", request.worker_id)
-        for s in request.site_ids:
-            require_id(SERVICE, "TrackWorker", s, "site id")
-        try:
-            sites = [site_index(s) for s in request.site_ids]
-        except ValueError as exc:
-            raise BadRequest(str(exc)) from None
+        sites = require_site_ids(SERVICE, "TrackWorker", request.site_ids)
         n = self.catalogue.sites.size
         unknown = [site_id(s) for s in sites if s >= n]
         if unknown:
