@@ -23,7 +23,7 @@ from powertrip.services.common.command_line import parse_service_args
 from powertrip.services.common.config import ConfigError, env_name, load_config
 from powertrip.services.common.fault_points import armed_faults
 from powertrip.services.common.grpc_client import make_channel, retry_idempotent
-from powertrip.services.common.grpc_server import build_server, exit_process, serve
+from powertrip.services.common.grpc_server import exit_process, serve, start_server
 from powertrip.services.common.identity import PROFILER
 from powertrip.services.common.logging import configure
 from powertrip.services.common.memory import pin_mmap_threshold
@@ -93,13 +93,7 @@ def main() -> int:
             logger.warning("profiler did not take worker %s: %s", worker_id, exc)
 
     servicer = AggregatorServicer(run, WorkerTracker(track_quietly).track)
-    server, port, health = build_server(
-        [lambda s: add_to_server(servicer, s)],
-        f"{cfg.bind_host}:{cfg.grpc_port}",
-        cfg,
-        [SERVICE],
-    )
-    server.start()
+    server, port, health = start_server(lambda s: add_to_server(servicer, s), cfg, SERVICE)
     thread = run.start()
     wake = threading.Event()
 

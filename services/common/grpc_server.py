@@ -86,6 +86,19 @@ def build_server(
     return server, port, health_servicer
 
 
+def start_server(
+    register: Registration, cfg: ServiceConfig, service: str
+) -> tuple[grpc.Server, int, health.HealthServicer]:
+    """A service's one server: ``build_server`` for its servicer ``register`` and its health
+    name ``service``, on the configured ``bind_host:grpc_port``, started (NOT_SERVING until
+    ``serve``). Returns (server, bound port, health servicer)."""
+    server, port, health_servicer = build_server(
+        [register], f"{cfg.bind_host}:{cfg.grpc_port}", cfg, [service]
+    )
+    server.start()
+    return server, port, health_servicer
+
+
 class HealthPort(grpc.Server):
     """The main server plus a plaintext one serving ONLY grpc.health.v1.Health.
 

@@ -8,7 +8,7 @@ import threading
 
 from powertrip.services.common.command_line import parse_service_args
 from powertrip.services.common.config import ConfigError, load_config
-from powertrip.services.common.grpc_server import build_server, exit_process, serve
+from powertrip.services.common.grpc_server import exit_process, serve, start_server
 from powertrip.services.common.logging import configure
 from powertrip.services.common.metrics import start_metrics_server
 from powertrip.services.env_names import warn_unknown_names
@@ -62,13 +62,9 @@ def main() -> int:
     log_latency_path(logger)
     prober = LinkProber(cfg)
     servicer = ProfilerServicer(catalogue, prober, carbon)
-    server, port, health = build_server(
-        [lambda s: profiler_pb2_grpc.add_ProfilerServiceServicer_to_server(servicer, s)],
-        f"{cfg.bind_host}:{cfg.grpc_port}",
-        cfg,
-        [SERVICE],
+    server, port, health = start_server(
+        lambda s: profiler_pb2_grpc.add_ProfilerServiceServicer_to_server(servicer, s), cfg, SERVICE
     )
-    server.start()
     threading.Thread(target=prober.run_periodically, name="prober", daemon=True).start()
     serve(
         "profiler",

@@ -16,7 +16,7 @@ from powertrip.services.common.command_line import parse_service_args
 from powertrip.services.common.config import ConfigError, load_config
 from powertrip.services.common.fault_points import armed_faults
 from powertrip.services.common.grpc_client import make_channel, retry_idempotent
-from powertrip.services.common.grpc_server import build_server, exit_process, serve
+from powertrip.services.common.grpc_server import exit_process, serve, start_server
 from powertrip.services.common.identity import AGGREGATOR
 from powertrip.services.common.logging import configure
 from powertrip.services.common.metrics import start_metrics_server
@@ -139,13 +139,9 @@ def main() -> int:
     uploader = GrpcUploader(channel, cfg.worker_id, DEFAULT_CHUNK_BYTES, bf16)
     runner = RoundRunner(uploader)
     servicer = WorkerServicer(runner, cfg.site_indices)
-    server, port, health = build_server(
-        [lambda s: worker_pb2_grpc.add_WorkerServiceServicer_to_server(servicer, s)],
-        f"{cfg.bind_host}:{cfg.grpc_port}",
-        cfg,
-        [SERVICE],
+    server, port, health = start_server(
+        lambda s: worker_pb2_grpc.add_WorkerServiceServicer_to_server(servicer, s), cfg, SERVICE
     )
-    server.start()
     address = f"{cfg.advertise_host}:{port}"
 
     @retry_idempotent(max_seconds=cfg.register_timeout_s, max_attempts=1000)
