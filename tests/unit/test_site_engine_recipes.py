@@ -13,9 +13,10 @@ import pytest
 import torch
 
 from powertrip.config.recipe import LocalOptimizer
-from powertrip.learning.engines import train_sites_in_turn
+from powertrip.learning.batches import LocalTrainingConfig
+from powertrip.learning.engines import EngineSpec, LocalRound, build_engine, train_sites_in_turn
 from powertrip.learning.gpt import GPT, GPTShape
-from powertrip.learning.site_engine import RankFailed, SiteEngineConfig, SiteGroup
+from powertrip.learning.site_engine import RankEngine, RankFailed, SiteEngineConfig, SiteGroup
 from powertrip.learning.site_optim import SiteState
 from powertrip.learning.trainer import get_params
 
@@ -108,6 +109,31 @@ def test_one_rank_equals_the_per_site_loop_over_two_rounds(groups, kind):
     assert got2.loss == pytest.approx(loss2, rel=1e-5)
     assert (got2.first_step, got2.fresh_state) == (6, not recipe.keep_state)
     assert group.step == 12
+
+
+def test_the_rank_engine_trains_through_the_local_engine_interface_as_in_turn_does(groups):
+    """The same rounds to the rank engine and to the in-turn engine: the same updates, losses,
+    step counts and moments, resuming from nothing, from the state handed back (kept in the
+    ranks) and from another state (loaded into them: the same step, moments afresh)."""
+    recipe = RECIPES["adamw"]
+    cfg = LocalTrainingConfig(lr=0.01, batch_size=8, optimizer=recipe)
+    ranks = RankEngine(groups("adamw-engine"), cfg)  # a group of its own, at step 0
+    in_turn = build_engine("in-turn", EngineSpec(GPT(VOCAB, SHAPE), cfg, torch.device("cpu")))
+    x, y = data()
+    params, mine, theirs = start_params(), None, None
+    for rnd, seed in enumerate((1, 2, 3)):
+        if rnd == 2:  # a state not handed out by the engine: loaded, not assumed
+            mine, theirs = mine.fresh_moments(), theirs.fresh_moments()
+        got = ranks.train(LocalRound(params, x, y, [np.arange(N)], [seed], [mine]))
+        want = in_turn.train(LocalRound(params, x, y, [np.arange(N)], [seed], [theirs]))
+        first = {n: d[0] for n, d in want.deltas.items()}
+        assert_same_update({n: d[0] for n, d in got.deltas.items()}, first)
+        assert got.loss[0] == pytest.approx(want.loss[0], rel=1e-5)
+        assert list(got.steps) == list(want.steps) == [6]
+        (mine,), (theirs,) = got.opt_state, want.opt_state
+        assert mine.step == theirs.step == 6 * (rnd + 1)
+        params = {n: p + 0.5 * first[n] for n, p in params.items()}
+    assert ranks.last is not None and len(ranks.last.shards) == 1
 
 
 @pytest.mark.parametrize("kind", ["adamw", "nesterov", "momentum"])
