@@ -12,16 +12,19 @@ see this protocol.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
 
 from powertrip.v1 import common_pb2
 
-__all__ = ["RoundJob", "SiteHost", "SiteUpdate", "no_stream_rows"]
+if TYPE_CHECKING:  # types only: this module loads no torch
+    import torch
+
+__all__ = ["RoundJob", "SiteHost", "SiteUpdate", "batched_updates", "no_stream_rows"]
 
 
 @dataclass(frozen=True)
@@ -77,3 +80,26 @@ def no_stream_rows(spec: common_pb2.RoundSpec) -> None:
             "stream rows are only for a curtailment-mode worker; this one trains "
             "its sites' partitions"
         )
+
+
+def batched_updates(
+    sites: Sequence[int],
+    deltas: Mapping[str, torch.Tensor],
+    weights: NDArray,
+    seconds: float,
+    losses: NDArray | None = None,
+) -> list[SiteUpdate]:
+    """One update per site of a batched local training, whose row j (of every stacked delta,
+    of ``weights`` and ``losses``) is ``sites[j]``'s; each timed as the whole batch."""
+    from powertrip.learning.device import row_to_numpy  # torch: loaded by the training hosts
+
+    return [
+        SiteUpdate(
+            site=s,
+            delta=row_to_numpy(deltas, j),
+            num_samples=float(weights[j]),
+            train_seconds=seconds,
+            loss=None if losses is None else float(losses[j]),
+        )
+        for j, s in enumerate(sites)
+    ]

@@ -17,10 +17,15 @@ from numpy.typing import NDArray
 
 from powertrip.config.experiment import ExperimentConfig
 from powertrip.federation import build_federation, load_workload
-from powertrip.learning.device import row_to_numpy, to_numpy, to_torch
+from powertrip.learning.device import to_numpy, to_torch
 from powertrip.learning.site_optim import SiteState, SiteStateLog
 from powertrip.rounds.emulate import Federation, site_seed
-from powertrip.services.worker.site_host import RoundJob, SiteUpdate, no_stream_rows
+from powertrip.services.worker.site_host import (
+    RoundJob,
+    SiteUpdate,
+    batched_updates,
+    no_stream_rows,
+)
 from powertrip.services.worker.state_dir import SiteStateStore, kept_after_training
 from powertrip.v1 import common_pb2
 
@@ -121,13 +126,4 @@ class SitesHost:
             if self._store is not None:  # before any update leaves: a commit implies it
                 self._store.save(self._log.latest(), round_index)
         seconds = time.perf_counter() - started
-        return [
-            SiteUpdate(
-                site=s,
-                delta=row_to_numpy(updates.deltas, j),
-                num_samples=float(updates.num_samples[j]),
-                train_seconds=seconds,
-                loss=float(updates.loss[j]),
-            )
-            for j, s in enumerate(sites)
-        ]
+        return batched_updates(sites, updates.deltas, updates.num_samples, seconds, updates.loss)

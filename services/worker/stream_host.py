@@ -23,9 +23,9 @@ from numpy.typing import NDArray
 from powertrip.config.curtailment import CurtailmentConfig
 from powertrip.curtailment.learner import check_stream_trainer, train_stream_rows
 from powertrip.federation import StreamSetup
-from powertrip.learning.device import row_to_numpy, to_torch
+from powertrip.learning.device import to_torch
 from powertrip.learning.site_optim import SiteState
-from powertrip.services.worker.site_host import RoundJob, SiteUpdate
+from powertrip.services.worker.site_host import RoundJob, SiteUpdate, batched_updates
 from powertrip.services.worker.state_dir import SiteStateStore, kept_after_training
 from powertrip.sites.profiles import site_index
 from powertrip.v1 import common_pb2
@@ -162,12 +162,4 @@ class StreamHost:
                 assert states is not None
                 self._store.save(states, round_index)
         seconds = time.perf_counter() - started
-        return [
-            SiteUpdate(
-                site=site,
-                delta=row_to_numpy(upd.deltas, j),
-                num_samples=float(upd.steps[j]),
-                train_seconds=seconds,
-            )
-            for j, site in enumerate(sites)
-        ]
+        return batched_updates(sites, upd.deltas, upd.steps, seconds)  # no loss reported
