@@ -126,8 +126,6 @@ __all__ = [
     "write_outputs",
     "write_plots",
 ]
-assert sorted(__all__) == sorted(_EXPORTS)
-
 
 __getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)
 

@@ -15,8 +15,12 @@ def lazy_exports(
 ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """A package's ``__getattr__`` and ``__dir__`` for ``exports`` (public name -> the module
     defining it; a relative name is taken within the package). ``namespace`` is the package's
-    ``globals()``: a name, once loaded, is kept there, so later lookups skip ``__getattr__``."""
+    ``globals()``: a name, once loaded, is kept there, so later lookups skip ``__getattr__``.
+    The package's ``__all__`` (spelled out for static tools) must name exactly ``exports``."""
     package = namespace["__name__"]
+    listed, exported = sorted(namespace["__all__"]), sorted(exports)
+    if listed != exported:
+        raise ImportError(f"{package}: __all__ {listed} does not match the lazy exports {exported}")
 
     def __getattr__(name: str) -> Any:
         module = exports.get(name)

@@ -75,8 +75,6 @@ __all__ = [
     "register_property_query",
     "site_properties",
 ]
-assert sorted(__all__) == sorted(_EXPORTS)
-
 
 __getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)
 
