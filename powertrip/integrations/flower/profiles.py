@@ -25,16 +25,10 @@ from powertrip.integrations.flower.site_info import (
     NodeIndex,
     profile_from_properties,
     rows_of_sites,
+    site_sources,
     sub_profile,
 )
-from powertrip.sites.profiles import (
-    LinkSource,
-    ModelledLinks,
-    PowerSource,
-    SiteProfile,
-    SiteSet,
-    StaticPower,
-)
+from powertrip.sites.profiles import LinkSource, PowerSource, SiteProfile, SiteSet
 from powertrip.sites.profiles import profile_at as siteset_profile_at
 
 QUERY_TYPE = f"{MessageType.QUERY}.{QUERY_ACTION}"
@@ -139,8 +133,7 @@ class TracedSites:
         round_trip: bool = False,
     ) -> None:
         self.sites = sites
-        self.power = power or StaticPower(sites.base_power)
-        self.links = links or ModelledLinks(sites)
+        self.power, self.links = site_sources(sites, power, links)
         self.node_sites: dict[int, int] = dict(node_sites or {})
         self._ask = node_sites is None
         self.site_key = site_key

@@ -143,6 +143,14 @@ def profile_from_properties(
     )
 
 
+def site_sources(
+    sites: SiteSet, power: PowerSource | None = None, links: LinkSource | None = None
+) -> tuple[PowerSource, LinkSource]:
+    """A SiteSet's power and link sources: those given, else its static base power and the
+    distance link model (what a node standing for one of its sites reports by default)."""
+    return power or StaticPower(sites.base_power), links or ModelledLinks(sites)
+
+
 def site_properties(
     sites: SiteSet,
     site: int,
@@ -155,8 +163,9 @@ def site_properties(
     federation gives every Flower node the power and link of one generated site."""
     if not 0 <= site < sites.size:
         raise ValueError(f"site {site} is not in a SiteSet of {sites.size} sites")
-    p = (power or StaticPower(sites.base_power)).power_at(t_s)
-    latency, bandwidth = (links or ModelledLinks(sites)).links_at(t_s)
+    power, links = site_sources(sites, power, links)
+    p = power.power_at(t_s)
+    latency, bandwidth = links.links_at(t_s)
     return {
         POWER_FRACTION: float(p[site]),
         RTT_MS: float(latency[site]) * 2e3,
