@@ -24,8 +24,9 @@ from numpy.typing import NDArray
 from powertrip.config.experiment import ExperimentConfig
 from powertrip.config.site_engine import SiteEngineConfig
 from powertrip.federation import build_federation, load_workload, site_model_factory
-from powertrip.learning.batches import site_schedule
 from powertrip.learning.device import to_numpy, to_torch
+from powertrip.learning.engines import LocalRound
+from powertrip.learning.site_engine.engine import RankEngine
 from powertrip.learning.site_engine.group import RankFailed, SiteGroup
 from powertrip.rounds.emulate import site_seed
 from powertrip.services.worker.site_host import RoundJob, SiteUpdate, no_stream_rows
@@ -78,8 +79,10 @@ class DistributedSitesHost:
             engine,
             device=device,
             site=site_id(self.sites[0]),
-            state=saved,
         )
+        self._rows = rows
+        self._engine = RankEngine(self.group, self._local)  # the site trains through the seam
+        self._state = saved  # the site's state for its next round (None: a fresh start)
         self.group.start()  # the ranks' start-up (torch import, model build) before round 1
         logger.info(
             "site %s trains over %d %s rank(s) (%s)",
@@ -102,20 +105,20 @@ class DistributedSitesHost:
         (site,) = job.sites
         if site != self.sites[0]:
             raise ValueError(f"site {site_id(site)} is not hosted by this worker")
-        seed = site_seed(self.run_seed, job.round, site)
-        sched = site_schedule(self._local, len(self._part), seed)  # positions in the partition
+        seed = site_seed(self.run_seed, job.round, site)  # site_schedule's batch order
         left = job.received_at + job.deadline_s - time.monotonic()
+        own = [np.arange(len(self._part))]  # the site's rows, all of them
+        sites = LocalRound(to_torch(job.params), *self._rows, own, [seed], [self._state])
         try:
-            result = self.group.train_round(
-                to_torch(job.params), sched, deadline_s=max(left, 1.0), round_index=job.round
-            )
+            upd = self._engine.train(sites, deadline_s=max(left, 1.0), round_index=job.round)
         except RankFailed:  # this round is lost; fresh ranks now, not in the next one's time
             self._restart()
             raise
-        if self._local.recipe.carries_over:
-            state = self.group.site_state
-            kept = kept_after_training(site, job.round, state)
-            if kept is not state:  # non-finite moments: the ranks start the next round fresh
+        result = self._engine.last
+        assert result is not None  # train() keeps its round's result
+        if self._local.recipe.carries_over and upd.opt_state is not None:
+            kept = self._state = kept_after_training(site, job.round, upd.opt_state[0])
+            if kept is not upd.opt_state[0]:  # non-finite moments: fresh ones now, not kept
                 self.group.load_state(kept)
             if self._store is not None:  # before the update leaves: a commit implies it
                 self._store.save({site: kept}, job.round)
