@@ -2,7 +2,7 @@
 
 A workload is three things the rest of PowerTrip never looks inside: a model factory (any
 ``nn.Module``; one the batched trainer cannot vmap, with normalisation, dropout or buffers,
-trains one site at a time, see ``site_loop``), a dataset (the ``Dataset`` record, built from
+trains one site at a time, see ``engines.in_turn``), a dataset (the ``Dataset`` record, built from
 arrays or a torch ``Dataset`` with the helpers here, or a function of the run's dataset path)
 and optionally a partitioner (labels, number of sites, rng -> one index array per site; else
 the run's ``partition`` setting). A study, the emulator and the services all use it by name:
@@ -51,7 +51,7 @@ class CustomWorkload:
     no branching on values). ``train_step(model, x, y, lr)`` replaces the whole local step: it
     gets a private copy of the model holding the site's weights (in training mode) and one
     batch, updates the weights in place and returns the batch's loss; sites then train one at a
-    time (``site_loop``) with plain SGD's settings only (no other local optimizer).
+    time (``engines.in_turn``) with plain SGD's settings only (no other local optimizer).
     """
 
     name: str
