@@ -1,7 +1,7 @@
 """Many sites as one batched step: the driver the batched engines (vmap, stacked) share.
 
 Each site's parameters are a row of tensors stacked along a leading "site" axis, and one local
-step of every site is one call of the engine's ``BatchedSteps``. Each site still does exactly
+step of every site is one call of the engine's ``BatchedStep``. Each site still does exactly
 its own local epochs over its own partition, in an order drawn from its own seed
 (``round_batches``): longest schedules first, so the sites still training at a step are a
 prefix of the rows (finished sites leave the batch), and a step gathers only as many batch
@@ -14,7 +14,6 @@ them, cannot be batched (``batched_training_blocker``); its sites train one at a
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
@@ -26,7 +25,7 @@ from powertrip.learning.device import TorchParams, array, tensor, to_host
 from powertrip.learning.engines.base import EngineSpec, LocalRound, SiteUpdates, delta_rows
 from powertrip.learning.site_optim import SiteOptimizer
 
-__all__ = ["BatchedEngine", "BatchedSteps", "batched_training_blocker", "why_not_batched"]
+__all__ = ["BatchedEngine", "BatchedStep", "batched_training_blocker", "why_not_batched"]
 
 #: module types no batched engine can run, and why (named in the engine choice's log line)
 _UNBATCHABLE: tuple[tuple[type[nn.Module], str], ...] = (
@@ -56,33 +55,29 @@ def why_not_batched(spec: EngineSpec) -> str | None:
     return batched_training_blocker(spec.model)
 
 
-class BatchedSteps(Protocol):
-    """A round's local steps for stacked site rows, in place."""
+class BatchedStep(Protocol):
+    """One local step of stacked site rows, in place."""
 
-    def run(
+    def step(
         self,
         params: TorchParams,
         x: torch.Tensor,
         y: torch.Tensor,
-        gather: torch.Tensor,
         mask: torch.Tensor,
-        active: Sequence[int],
-        widths: Sequence[int],
-        loss_sum: torch.Tensor,
         opt: SiteOptimizer,
-    ) -> None:
-        """Step ``s`` trains the first ``active[s]`` rows of ``params`` ([rows, ...]) on samples
-        ``gather[s, :active[s], :widths[s]]`` of ``x``/``y`` (``mask``: 1 for a real sample),
-        adds each row's loss to ``loss_sum`` and lets ``opt`` update the rows."""
+    ) -> torch.Tensor:
+        """Rows ``params`` ([S, ...]) train on their batches ``x``/``y`` ([S, B, ...]; ``mask``
+        [S, B]: 1 for a real sample): each row's masked mean loss, its gradient, ``opt``'s
+        update of the S rows. Returns the S losses before the step."""
         ...
 
 
 class BatchedEngine:
-    """A ``LocalEngine`` that trains a chunk of sites at a time as stacked rows, with
-    ``steps`` doing the round's local steps."""
+    """A ``LocalEngine`` that trains a chunk of sites at a time as stacked rows, each local
+    step of them one call of ``step``."""
 
-    def __init__(self, name: str, spec: EngineSpec, steps: BatchedSteps) -> None:
-        self.name, self.spec, self.steps = name, spec, steps
+    def __init__(self, name: str, spec: EngineSpec, step: BatchedStep) -> None:
+        self.name, self.spec, self.step = name, spec, step
 
     def train(self, sites: LocalRound, out: TorchParams | None = None) -> SiteUpdates:
         cfg = self.spec.config
@@ -118,12 +113,16 @@ class BatchedEngine:
             for name, p in sites.global_params.items()
         }
         loss_sum = torch.zeros(k, device=device)
+        x, y = sites.x, sites.y
         opt = SiteOptimizer(self.spec.config.recipe, k)  # row j is site order[j]
         opt.load([sites.states[i] for i in plan.order], params)
         with torch.no_grad():
-            self.steps.run(
-                params, sites.x, sites.y, gather_t, mask_t, plan.active, plan.widths, loss_sum, opt
-            )
+            # the round's steps, shrinking as sites finish: step s trains the first active[s]
+            # rows on the first widths[s] columns of their batches (the fullest site's samples)
+            for s, (a, w) in enumerate(zip(plan.active, plan.widths, strict=True)):
+                rows = gather_t[s, :a, :w]
+                live = {name: p[:a] for name, p in params.items()}
+                loss_sum[:a] += self.step.step(live, x[rows], y[rows], mask_t[s, :a, :w], opt)
             back_np = np.argsort(plan.order)
             back = tensor(back_np, device)
             same = bool((back_np == np.arange(k)).all())  # rows already in site order

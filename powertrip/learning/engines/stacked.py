@@ -39,10 +39,10 @@ from powertrip.learning.engines.stacked_layers import (
     LinearLayer,
     chain_layers,
 )
-from powertrip.learning.engines.vmap import VmapSteps
+from powertrip.learning.engines.vmap import VmapStep
 from powertrip.learning.site_optim import SiteOptimizer
 
-__all__ = ["StackedChain", "StackedSteps", "stacked_chain", "stacked_engine"]
+__all__ = ["StackedChain", "StackedStep", "stacked_chain", "stacked_engine"]
 
 logger = logging.getLogger(__name__)
 
@@ -89,26 +89,6 @@ class StackedChain:
         if isinstance(first, LinearLayer):
             return x.dim() == 2
         return True
-
-    def run(
-        self,
-        params: TorchParams,
-        x: torch.Tensor,
-        y: torch.Tensor,
-        gather: torch.Tensor,
-        mask: torch.Tensor,
-        active: Sequence[int],
-        widths: Sequence[int],
-        loss_sum: torch.Tensor,
-        opt: SiteOptimizer,
-    ) -> None:
-        """A round's steps in place (``BatchedSteps.run``): step s trains the first
-        ``active[s]`` sites on rows ``gather[s, :, :widths[s]]`` of ``x``/``y``; ``opt`` (the
-        local optimizer seam) applies each step's update to those rows."""
-        for s, (a, w) in enumerate(zip(active, widths, strict=True)):
-            rows = gather[s, :a, :w]
-            live = {name: p[:a] for name, p in params.items()}
-            loss_sum[:a] += self.step(live, x[rows], y[rows], mask[s, :a, :w], opt)
 
     def step(
         self,
@@ -275,30 +255,25 @@ def stacked_chain(model: nn.Module) -> StackedChain | None:
     return StackedChain(layers, type(model).__name__)
 
 
-class StackedSteps:
-    """The chain's steps, or vmap's for a round whose data the chain does not take."""
+class StackedStep:
+    """The chain's step, or vmap's for a batch whose shape the chain does not take."""
 
     def __init__(self, spec: EngineSpec, chain: StackedChain) -> None:
         self.spec, self.chain = spec, chain
-        self._vmap: VmapSteps | None = None
+        self._vmap: VmapStep | None = None
 
-    def run(
+    def step(
         self,
         params: TorchParams,
         x: torch.Tensor,
         y: torch.Tensor,
-        gather: torch.Tensor,
         mask: torch.Tensor,
-        active: Sequence[int],
-        widths: Sequence[int],
-        loss_sum: torch.Tensor,
         opt: SiteOptimizer,
-    ) -> None:
-        if self.chain.accepts(x, y):
-            self.chain.run(params, x, y, gather, mask, active, widths, loss_sum, opt)
-            return
-        self._vmap = self._vmap or VmapSteps(self.spec)
-        self._vmap.run(params, x, y, gather, mask, active, widths, loss_sum, opt)
+    ) -> torch.Tensor:
+        if self.chain.accepts(x[0], y[0]):  # one site's batch: [B, ...] and [B]
+            return self.chain.step(params, x, y, mask, opt)
+        self._vmap = self._vmap or VmapStep(self.spec)
+        return self._vmap.step(params, x, y, mask, opt)
 
 
 def why_not_stacked(spec: EngineSpec) -> str | None:
@@ -319,7 +294,7 @@ def stacked_engine(spec: EngineSpec) -> BatchedEngine:
     if chain is None:
         raise ValueError(f"the stacked engine cannot train {type(spec.model).__name__}")
     logger.info("training %s sites stacked (batched matmuls, no vmap)", chain.label)
-    return BatchedEngine("stacked", spec, StackedSteps(spec, chain))
+    return BatchedEngine("stacked", spec, StackedStep(spec, chain))
 
 
 register_engine("stacked", stacked_engine, why_not_stacked, auto_rank=10)

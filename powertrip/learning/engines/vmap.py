@@ -10,8 +10,6 @@ convolutions) or brings its own loss, about 4-6x one model at a time on the CPU
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 from torch.func import functional_call, grad_and_value, vmap
 
@@ -21,11 +19,11 @@ from powertrip.learning.engines.batched import BatchedEngine, why_not_batched
 from powertrip.learning.site_optim import SiteOptimizer
 from powertrip.learning.site_params import sample_losses
 
-__all__ = ["VmapSteps", "vmap_engine"]
+__all__ = ["VmapStep", "vmap_engine"]
 
 
-class VmapSteps:
-    """The round's local steps, one vmapped call each, shrinking as sites finish."""
+class VmapStep:
+    """One local step of every site: one vmapped ``grad_and_value`` call, then the update."""
 
     def __init__(self, spec: EngineSpec) -> None:
         model, per_sample_loss = spec.model, spec.loss or sample_losses
@@ -37,30 +35,22 @@ class VmapSteps:
 
         self._grad_and_loss = vmap(grad_and_value(site_loss))
 
-    def run(
+    def step(
         self,
         params: TorchParams,
         x: torch.Tensor,
         y: torch.Tensor,
-        gather: torch.Tensor,
         mask: torch.Tensor,
-        active: Sequence[int],
-        widths: Sequence[int],
-        loss_sum: torch.Tensor,
         opt: SiteOptimizer,
-    ) -> None:
-        for s, (a, w) in enumerate(zip(active, widths, strict=True)):
-            g_idx = gather[s, :a, :w]
-            xb, yb, mb = x[g_idx], y[g_idx], mask[s, :a, :w]
-            live = {name: p[:a] for name, p in params.items()}
-            with torch.enable_grad():
-                grads, loss = self._grad_and_loss(live, xb, yb, mb)
-            loss_sum[:a] += loss
-            opt.update(live, grads, a)
+    ) -> torch.Tensor:
+        with torch.enable_grad():
+            grads, loss = self._grad_and_loss(params, x, y, mask)
+        opt.update(params, grads, y.shape[0])
+        return loss
 
 
 def vmap_engine(spec: EngineSpec) -> BatchedEngine:
-    return BatchedEngine("vmap", spec, VmapSteps(spec))
+    return BatchedEngine("vmap", spec, VmapStep(spec))
 
 
 register_engine("vmap", vmap_engine, why_not_batched, auto_rank=20)
