@@ -21,6 +21,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from powertrip.services.common.config import env_name
+from powertrip.services.common.settings import unset_means
 
 WIDTH = 100
 ABOUT_ENV = """\
@@ -82,7 +83,8 @@ def describe(field: FieldInfo) -> str:
     if field.default_factory is not None:
         return f"{kind}, default {getattr(field.default_factory, '__name__', 'computed')}()"
     if field.default is None:
-        return f"{kind}, default unset"
+        means = unset_means(field)  # a library field's: the preset's or the library's
+        return f"{kind}, default unset" + (f" ({means})" if means else "")
     value = field.default.value if isinstance(field.default, enum.Enum) else field.default
     return f"{kind}, default {str(value).lower() if isinstance(value, bool) else value}"
 

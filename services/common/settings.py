@@ -12,11 +12,12 @@ warning.
 
 from __future__ import annotations
 
+import enum
 import json
 import logging
 import types
 import typing
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from pydantic import (
@@ -30,7 +31,9 @@ from pydantic import (
 )
 from pydantic.fields import FieldInfo
 
-from powertrip.config.curtailment import CurtailmentConfig, build_curtail_config
+from powertrip.config.curtailment import CURTAIL_PRESETS, CurtailmentConfig, build_curtail_config
+from powertrip.config.experiment import ExperimentConfig
+from powertrip.config.presets import PRESETS
 
 logger = logging.getLogger(__name__)
 
@@ -130,6 +133,28 @@ def library_source(info: FieldInfo) -> LibraryValue | None:
         if isinstance(m, PlainValidator) and isinstance(m.func, LibraryValue):
             return m.func
     return None
+
+
+#: the presets a library model's settings start from (POWERTRIP_PRESET, POWERTRIP_CURTAIL_PRESET)
+_PRESETS: dict[type[BaseModel], Mapping[str, Mapping[str, object]]] = {
+    ExperimentConfig: PRESETS,
+    CurtailmentConfig: CURTAIL_PRESETS,
+}
+
+
+def unset_means(info: FieldInfo) -> str | None:
+    """What a library-backed setting left unset is, for the help: the preset's where a preset
+    sets the field, else the library field's own default (None: nothing to say)."""
+    source = library_source(info)
+    if source is None or info.default is not None:
+        return None
+    if any(source.name in values for values in _PRESETS.get(source.model, {}).values()):
+        return "the preset's"
+    default = source.info.default
+    if source.info.default_factory is not None or default is None:
+        return None
+    value = default.value if isinstance(default, enum.Enum) else default
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def renamed(new: str) -> Any:

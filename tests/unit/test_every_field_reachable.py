@@ -287,3 +287,17 @@ def test_the_experiments_former_cli_less_fields_parse_into_its_configuration():
     given = {k: v for k, v in ctx.params.items() if k in ExperimentConfig.model_fields}
     cfg = build_config("quick", **{k: v for k, v in given.items() if v is not None})
     assert (cfg.batch_size, cfg.local_epochs, cfg.round_trip) == (8, 2, True)
+
+
+def test_a_services_help_says_what_an_unset_library_setting_is():
+    from powertrip.services.common.command_line import env_help
+
+    lines = {
+        line.split()[0]: line
+        for line in (env_help(AggregatorConfig) + "\n" + env_help(WorkerConfig)).splitlines()
+        if line.startswith("  POWERTRIP_")
+    }
+    assert lines["POWERTRIP_NUM_SITES"].endswith("default unset (the preset's)")
+    assert lines["POWERTRIP_OUTER"].endswith("fedavg|nesterov, default unset (fedavg)")
+    assert lines["POWERTRIP_SITE_SHARDING"].endswith("ddp|fsdp, default unset (ddp)")
+    assert lines["POWERTRIP_NUM_SHARDS"].endswith("default unset (the preset's)")
