@@ -1,7 +1,7 @@
 """The local optimizer recipe: what each site runs for its local steps, validated once.
 
-``name`` is any registered optimizer (``powertrip.config.optimizers``: sgd, momentum, nesterov,
-adamw, muon and a user's own), its math one rule in ``powertrip.learning.optimizers`` that every
+``name`` is any registered optimizer (``powertrip.config.optimizers``: the built-ins and a
+user's own), its math one rule in ``powertrip.learning.optimizers`` that every
 engine applies (``SiteOptimizer`` over stacked sites, its ``torch.optim`` twin in the rank
 engine), so a recipe means the same thing wherever it trains. The default, plain SGD at a
 constant lr, is exactly the trainer's old ``p -= lr * g``. A schedule's ``total_steps`` counts
@@ -88,7 +88,7 @@ class LocalOptimizer(BaseModel):
         description="The peak lr; unset: the run's learning rate (``with_lr`` fills it in).",
     )
     momentum: float = Field(
-        0.9, ge=0, lt=1, description="momentum, nesterov, Muon: the momentum (nanochat's: 0.95)."
+        0.9, ge=0, lt=1, description="momentum, nesterov: the momentum buffer's factor."
     )
     betas: tuple[float, float] = Field(
         (0.9, 0.95), description="AdamW: the moments' decay rates, beta1,beta2."
@@ -101,8 +101,9 @@ class LocalOptimizer(BaseModel):
         ge=0,
         le=MAX_WEIGHT_DECAY,
         allow_inf_nan=False,
-        description="AdamW, Muon: decoupled; sgd, momentum, nesterov: added to the gradient "
-        "(L2). Never on 1-D parameters (biases, norm weights) nor tensors named as embeddings.",
+        description="As each rule applies it (AdamW: decoupled; sgd, momentum, nesterov: added "
+        "to the gradient, L2). Never on 1-D parameters (biases, norm weights) nor tensors named "
+        "as embeddings.",
     )
     schedule: ScheduleName = Field(
         "constant",

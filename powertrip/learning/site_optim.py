@@ -1,6 +1,6 @@
 """One optimizer step for many sites whose parameters are stacked along axis 0.
 
-The update itself is the recipe's rule (``powertrip.learning.optimizers``: SGD, AdamW, Muon, a
+The update itself is the recipe's rule (``powertrip.learning.optimizers``: a built-in or a
 user's own); this module keeps what every rule shares. Elementwise AdamW (or momentum SGD)
 over [rows, *shape] tensors is exactly per-site AdamW when the three things that are not
 elementwise are kept per row: the step count (bias
@@ -18,8 +18,10 @@ State (``SiteState``) is per site and lives where the parameters live (the train
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import reduce
 
 import numpy as np
 import torch
@@ -41,7 +43,7 @@ MAX_STEP = 2**40
 class SiteState:
     """One site's optimizer state: its cumulative local steps and its moments per tensor, by
     the kind names its rule declares (AdamW: ``exp_avg``/``exp_avg_sq``; momentum/nesterov:
-    ``momentum``; Muon: ``momentum`` on its matrices, AdamW's on the rest), unstacked."""
+    ``momentum``; a rule may keep different kinds on different tensors), unstacked."""
 
     step: int
     moments: Mapping[str, Mapping[str, torch.Tensor]]
@@ -206,7 +208,7 @@ class SiteOptimizer:
         lr = torch.tensor(lr_np, dtype=like.dtype, device=like.device)
         gs = {n: g[:a] for n, g in grads.items()}
         if r.clip_norm is not None:
-            sq = sum(g.reshape(a, -1).float().pow(2).sum(1) for g in gs.values())
+            sq = reduce(operator.add, (g.reshape(a, -1).float().pow(2).sum(1) for g in gs.values()))
             coef = (r.clip_norm / (sq.sqrt() + _CLIP_EPS)).clamp(max=1.0).to(like.dtype)
             gs = {n: g * per_row(coef, g) for n, g in gs.items()}
 

@@ -9,7 +9,8 @@ the one the lost ranks would have trained.
 
 The kinds are the recipe's rule's (``powertrip.learning.optimizers``): its ``MomentKind`` says
 torch's key for each and whether torch counts steps beside it. A kind's file holds every tensor
-of the model (zero where a tensor keeps no such moment: Muon's matrices have no ``exp_avg``);
+of the model (zero where a tensor keeps no such moment: a rule may keep different kinds on
+different tensors);
 each torch param group names the kinds its tensors keep, and only those are loaded.
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -28,6 +30,9 @@ from powertrip.learning.optimizers.registry import moment_kinds as registered_ki
 from powertrip.learning.optimizers.registry import rule_for
 from powertrip.learning.site_engine.files import Layout, TensorFile
 from powertrip.learning.site_optim import SiteState
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
 
 __all__ = ["MomentFiles", "export_moments", "export_noted", "import_moments", "moment_kinds"]
 
@@ -86,8 +91,8 @@ class MomentFiles:
                     raise ValueError(f"moment {name}/{kind} {tuple(t.shape)} is not the model's")
         for kind, f in self.files.items():
             for name in shapes:
-                t = moments.get(name, {}).get(kind)
-                f[name].zero_() if t is None else f[name].copy_(t)
+                given = moments.get(name, {}).get(kind)
+                f[name].zero_() if given is None else f[name].copy_(given)
         return int(state.step if state.moment_step is None else state.moment_step)
 
     def close(self) -> None:
@@ -119,9 +124,14 @@ def export_moments(
             if t is None:  # no step since the moments began, or none of this kind: zero
                 f[name][r].zero_()
                 continue
-            mine = t.to_local() if fsdp else t[r]
+            mine = _local(t) if fsdp else t[r]
             f[name][r].copy_(to_host(mine))
     return step
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of an FSDP2 tensor (a DTensor: a parameter or its optimizer state)."""
+    return cast("DTensor", t).to_local()
 
 
 def export_noted(conns) -> bool:
@@ -155,9 +165,9 @@ def import_moments(
             f = files.files[kind.name]
             buf = torch.zeros_like(p, memory_format=torch.preserve_format)
             if fsdp and p.dim() > 0:
-                buf.to_local().copy_(f[name][rows(p)])
+                _local(buf).copy_(f[name][rows(p)])
             elif fsdp:
-                buf.to_local().copy_(f[name])
+                _local(buf).copy_(f[name])
             else:
                 buf.copy_(f[name])
             st[kind.torch_key] = buf

@@ -1,8 +1,8 @@
 """The local optimizer recipe (``LocalOptimizer``) as a ``torch.optim`` optimizer.
 
-The recipe's rule (``powertrip.learning.optimizers``) builds it: torch's ``SGD`` for the SGD
-family, ``AdamW`` for AdamW, ``Muon`` beside ``AdamW`` for Muon, each computing the update of
-``SiteOptimizer`` (the reference) term for term, with weight decay only in the param group of
+The recipe's rule (``powertrip.learning.optimizers``) builds it (torch's ``SGD`` for the SGD
+family, ``AdamW`` for AdamW, ...), computing the update of ``SiteOptimizer`` (the reference)
+term for term, with weight decay only in the param group of
 tensors that ``decays`` (torch's default decay is never left in). What every rule shares is
 here:
 
