@@ -21,6 +21,7 @@ LIBRARY = Path(__file__).resolve().parents[2] / "powertrip"
 LAYERS = (
     "config",
     "extras",
+    "lazy",
     "state_dict",
     "traces",
     "sites",
