@@ -37,6 +37,7 @@ _ENTRIES: dict[str, OptimizerEntry] = {
     "momentum": OptimizerEntry(f"{_RULES}.sgd:MOMENTUM_SGD"),
     "nesterov": OptimizerEntry(f"{_RULES}.sgd:NESTEROV"),
     "adamw": OptimizerEntry(f"{_RULES}.adamw:ADAMW", adaptive_lr=True),
+    "muon": OptimizerEntry(f"{_RULES}.muon:MUON", adaptive_lr=True),
 }
 
 
