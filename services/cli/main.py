@@ -8,7 +8,8 @@ import click
 from pydantic import ValidationError
 from rich.table import Table
 
-from powertrip.config.experiment import PRESETS, ExperimentConfig, GreedyParams, build_config
+from powertrip.config.experiment import ExperimentConfig, GreedyParams, build_config
+from powertrip.config.presets import PRESETS
 from powertrip.services.cli import export
 from powertrip.services.cli.certs import certs
 from powertrip.services.cli.common import (
