@@ -34,7 +34,7 @@ _EXPORTS: dict[str, str] = {
     # the run definition
     "ExperimentConfig": "powertrip.config.experiment",
     "build_config": "powertrip.config.experiment",
-    "PRESETS": "powertrip.config.experiment",
+    "PRESETS": "powertrip.config.presets",
     # bring your own model, data and partitioner
     "CustomWorkload": "powertrip.learning.custom",
     "Dataset": "powertrip.learning.datasets.record",
@@ -132,7 +132,8 @@ __getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)
 if TYPE_CHECKING:  # static analysers and IDEs see the real names
     from powertrip.aggregation.fedavg import StreamingFedAvg, UpdateRejected
     from powertrip.config.curtailment import CurtailmentConfig, build_curtail_config
-    from powertrip.config.experiment import PRESETS, ExperimentConfig, build_config
+    from powertrip.config.experiment import ExperimentConfig, build_config
+    from powertrip.config.presets import PRESETS
     from powertrip.config.workloads import register_workload
     from powertrip.learning.custom import CustomWorkload, dataset_from_arrays, dataset_from_torch
     from powertrip.learning.datasets.record import Dataset
