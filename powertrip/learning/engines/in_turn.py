@@ -100,11 +100,16 @@ def train_sites_in_turn(
     deltas: dict[str, list[torch.Tensor]] = {name: [] for name in global_state}
     losses = np.zeros(len(site_indices))
     opt_states: list[SiteState] = []
+    # the built-in step trains one working copy, reset to the global state (and the model's
+    # own bookkeeping buffers) for each site; a workload's step gets a fresh copy per site
+    work = None if train_step is not None else copy.deepcopy(model).to(device).train()
+    start = {n: b.detach().clone() for n, b in model.named_buffers() if n not in global_state}
+    start.update((n, v.to(device)) for n, v in global_state.items())
     for i, (idx, sched) in enumerate(zip(site_indices, schedules, strict=True)):
-        site = copy.deepcopy(model).to(device).train()  # a fresh copy holding the global state
+        site = work if work is not None else copy.deepcopy(model).to(device).train()
         own = {**dict(site.named_parameters()), **dict(site.named_buffers())}
         with torch.no_grad():
-            for name, value in global_state.items():
+            for name, value in start.items():
                 own[name].copy_(value)
         step: _BatchStep
         if train_step is not None:
@@ -121,8 +126,8 @@ def train_sites_in_turn(
         if train_step is None:
             opt_states += opt.export([0])
         after = get_params(site)
-        for name, value in global_state.items():
-            deltas[name].append(after[name] - value.to(device))
+        for name in global_state:
+            deltas[name].append(after[name] - start[name])
     keeps_state = train_step is None and not recipe.plain_sgd
     return SiteUpdates(
         deltas={n: to_host(torch.stack(d)) for n, d in deltas.items()},
