@@ -60,6 +60,10 @@ _EXPORTS: dict[str, str] = {
     "GreedyConfig": "powertrip.selection.greedy",
     "build_policy": "powertrip.selection.registry",
     "known_policy_names": "powertrip.selection.registry",
+    "register_policy": "powertrip.selection.registration",
+    "PolicyContext": "powertrip.selection.registration",
+    # local training: bring your own optimizer rule
+    "register_optimizer": "powertrip.config.optimizers",
     # aggregation (Eq. 2)
     "StreamingFedAvg": "powertrip.aggregation.fedavg",
     "UpdateRejected": "powertrip.aggregation.fedavg",
@@ -92,6 +96,7 @@ __all__ = [
     "ExperimentConfig",
     "GreedyConfig",
     "PRESETS",
+    "PolicyContext",
     "PowerTripGreedy",
     "RoundContext",
     "RoundExecutor",
@@ -118,6 +123,8 @@ __all__ = [
     "power_to_cost_scores",
     "profile_at",
     "rank_sites",
+    "register_optimizer",
+    "register_policy",
     "register_workload",
     "round_time_s",
     "run_curtailment_study",
@@ -133,6 +140,7 @@ if TYPE_CHECKING:  # static analysers and IDEs see the real names
     from powertrip.aggregation.fedavg import StreamingFedAvg, UpdateRejected
     from powertrip.config.curtailment import CurtailmentConfig, build_curtail_config
     from powertrip.config.experiment import ExperimentConfig, build_config
+    from powertrip.config.optimizers import register_optimizer
     from powertrip.config.presets import PRESETS
     from powertrip.config.workloads import register_workload
     from powertrip.learning.custom import CustomWorkload, dataset_from_arrays, dataset_from_torch
@@ -149,6 +157,7 @@ if TYPE_CHECKING:  # static analysers and IDEs see the real names
     )
     from powertrip.selection.base import RoundContext, RoundFeedback, SelectionPolicy
     from powertrip.selection.greedy import GreedyConfig, PowerTripGreedy
+    from powertrip.selection.registration import PolicyContext, register_policy
     from powertrip.selection.registry import build_policy, known_policy_names
     from powertrip.selection.scoring import power_to_cost_scores, rank_sites
     from powertrip.sites.profiles import SiteProfile, SiteSet, generate_sites, profile_at
