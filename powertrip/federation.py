@@ -216,6 +216,8 @@ class StreamSetup:
             self.params,
             outer,
             self.aggregation(),
+            self.cfg.codec,
+            self.cfg.error_feedback,
         )
 
     def aggregation(self) -> Aggregation:

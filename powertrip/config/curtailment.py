@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from powertrip.config.carbon import HOLD_S, PROVISIONING_S, THRESHOLD
+from powertrip.config.codecs import CodecSettings
 from powertrip.config.experiment import RunConfig, TargetAccuracy
 from powertrip.config.footprint import IDLE_KW, TRAIN_KW
 from powertrip.config.presets import preset_values
@@ -22,7 +23,7 @@ from powertrip.config.workload_defaults import LM_RECIPE
 CURTAIL_POLICIES = ("powertrip", "curtailment", "combined")
 
 
-class CurtailmentConfig(LocalOptimizerSettings, TokenizerSettings, RunConfig):
+class CurtailmentConfig(LocalOptimizerSettings, TokenizerSettings, CodecSettings, RunConfig):
     """The curtailment study. Learning is one pass over a data stream: a run ends when the data
     is used up."""
 

@@ -6,7 +6,9 @@ cursor gave it, in order, and updates are averaged weighted by the batches each 
 models of a lone site, the FedAvg, robust by default (``powertrip.aggregation.robust``, norms
 per local step), and the outer step); subclasses only say how a set of sites is trained: in
 process (``StreamLearner``) or on the workers (the aggregator's ``GrpcLearner``).
-Both then fold the same deltas in the same order, so the service reproduces the emulator.
+Both then fold the same deltas in the same order, so the service reproduces the emulator; with
+an update codec each sub-round's update is coded with its site's error feedback on both (in
+process here, by the worker there), so the same decoded deltas are folded.
 """
 
 from __future__ import annotations
@@ -22,10 +24,12 @@ from powertrip import state_dict as sd
 from powertrip.aggregation.outer_step import NesterovOuter
 from powertrip.aggregation.robust import Aggregation, Aggregator
 from powertrip.aggregation.robust_fedavg import AdaptiveBound, RobustFedAvg
+from powertrip.codecs import ErrorFeedback, get_codec
 from powertrip.curtailment.run_model import Checkpoints, LearnOutcome, SiteWork
 from powertrip.learning.device import TorchParams, to_host, to_numpy, to_torch
 from powertrip.learning.params import NumpyParams
 from powertrip.learning.site_optim import SiteState
+from powertrip.learning.state_book import SiteStateBook, round_key
 from powertrip.learning.trainer import SiteTrainer, SiteUpdates
 
 Evaluate = Callable[[TorchParams], tuple[float, float]]
@@ -199,7 +203,8 @@ class FoldingLearner:
 
 class StreamLearner(FoldingLearner):
     """The global model of one run, trained in process. ``order`` maps data-stream positions to
-    training rows."""
+    training rows; ``codec``: the update codec each site's update goes through (with its
+    residual unless ``error_feedback`` is False), as a worker's upload does."""
 
     def __init__(
         self,
@@ -212,6 +217,8 @@ class StreamLearner(FoldingLearner):
         params: TorchParams,
         outer: NesterovOuter | None = None,
         aggregation: Aggregation | None = None,
+        codec: str = "none",
+        error_feedback: bool = True,
     ) -> None:
         check_stream_trainer(trainer)
         super().__init__(
@@ -225,21 +232,36 @@ class StreamLearner(FoldingLearner):
         self.x, self.y = x_train, y_train
         self.order = order
         recipe = trainer.config.recipe
-        #: site -> its local optimizer state (None: plain SGD keeps none)
-        self.site_states: dict[int, SiteState] | None = None if recipe.plain_sgd else {}
-        self._recipe = recipe
+        #: each site's local optimizer state (none kept for plain SGD) and codec residual; a
+        #: site's state carries on within a round (a lone site's chunks) and is reset per the
+        #: recipe at its first sub-round of a new one
+        self.book = SiteStateBook(recipe)
+        self._keeps = not recipe.plain_sgd
+        self.feedback = (
+            None if codec == "none" else ErrorFeedback(get_codec(codec), error_feedback, self.book)
+        )
+        self._round = self._sub_round = 0
+
+    @property
+    def site_states(self) -> dict[int, SiteState] | None:
+        """Each site's newest optimizer state (None: plain SGD keeps none)."""
+        return self.book.states() if self._keeps else None
 
     def start_round(self) -> None:
-        if self.site_states is not None:  # a reset recipe keeps only the step counts
-            for site, st in self.site_states.items():
-                self.site_states[site] = st.for_round(self._recipe)
+        self._round += 1
 
     def train_sites(
         self, params: TorchParams, sites: Sequence[int], rows: Sequence[NDArray[np.int64]]
     ) -> list[TorchParams | None]:
-        store = self.site_states
-        states = None if store is None else [store.get(s) for s in sites]
+        self._sub_round += 1
+        key, book = round_key(self._round, self._sub_round), self.book
+        states = [book.for_round(s, key) for s in sites] if self._keeps else None
         upd = train_stream_rows(self.trainer, self.x, self.y, self.order, params, rows, states)
-        if store is not None and upd.opt_state is not None:
-            store.update(zip(sites, upd.opt_state, strict=True))
-        return [{k: v[j] for k, v in upd.deltas.items()} for j in range(len(rows))]
+        if self._keeps and upd.opt_state is not None:
+            for site, state in zip(sites, upd.opt_state, strict=True):
+                book.update(site, key, state=state)
+        deltas = [{k: v[j] for k, v in upd.deltas.items()} for j in range(len(rows))]
+        if self.feedback is None:
+            return list(deltas)
+        apply = self.feedback.apply
+        return [to_torch(apply(s, to_numpy(d), key)) for s, d in zip(sites, deltas, strict=True)]

@@ -31,7 +31,7 @@ from powertrip.learning.lr_schedule import lr_factors
 from powertrip.learning.optimizers.base import RowStep, per_row, resolved_lr
 from powertrip.learning.optimizers.registry import moment_kinds, rule_for
 
-__all__ = ["MAX_STEP", "SiteOptimizer", "SiteState", "SiteStateLog"]
+__all__ = ["MAX_STEP", "SiteOptimizer", "SiteState"]
 
 _CLIP_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s guard
 #: the most local steps a site's state may claim: 2**40 is 35 years at a million steps a
@@ -217,42 +217,3 @@ class SiteOptimizer:
 
         step = RowStep(r, a, lr, self.moment_steps[:a], moments)
         self.rule.update(step, {n: params[n][:a] for n in gs}, gs)
-
-
-class SiteStateLog:
-    """Each site's optimizer state after the last ``depth`` rounds that trained it.
-
-    A worker is asked to train a round again when the aggregator resumed from a checkpoint taken
-    before that round (it was killed mid-round): the redo must start from the state the site had
-    before the round, not after it, or the run is no longer the uninterrupted one. ``depth=2``
-    keeps one round of history (the state being replaced is simply not freed yet)."""
-
-    def __init__(self, depth: int = 2) -> None:
-        if depth < 1:
-            raise ValueError(f"depth must be >= 1, got {depth}")
-        self.depth = depth
-        self._log: dict[int, list[tuple[int, SiteState]]] = {}
-
-    def before(self, site: int, round_index: int) -> SiteState | None:
-        """The state ``site`` had when round ``round_index`` began (None: it never trained).
-        Raises ``LookupError`` when the round is older than the history kept."""
-        log = self._log.get(site, [])
-        for trained_in, state in reversed(log):
-            if trained_in < round_index:
-                return state
-        if log and len(log) == self.depth:
-            raise LookupError(
-                f"site {site}: round {round_index} is older than its kept optimizer states "
-                f"(rounds {[r for r, _ in log]})"
-            )
-        return None
-
-    def record(self, site: int, round_index: int, state: SiteState) -> None:
-        """``state`` is the site's after ``round_index``; any state from that round or a later
-        one (a round being redone) is superseded."""
-        kept = [(r, s) for r, s in self._log.get(site, []) if r < round_index]
-        self._log[site] = [*kept, (round_index, state)][-self.depth :]
-
-    def latest(self) -> dict[int, SiteState]:
-        """Each site's newest state (what a checkpoint of the worker saves)."""
-        return {site: log[-1][1] for site, log in self._log.items()}

@@ -21,12 +21,11 @@ from powertrip.aggregation.robust_fedavg import AdaptiveBound
 from powertrip.codecs import ErrorFeedback, get_codec
 from powertrip.config.hostile import HostileSettings
 from powertrip.config.outer import OuterSettings
-from powertrip.config.recipe import LocalOptimizer
 from powertrip.learning.batch_orders import site_seeds
 from powertrip.learning.device import TorchParams, to_numpy, to_torch
 from powertrip.learning.params import NumpyParams
-from powertrip.learning.site_optim import SiteState
 from powertrip.learning.site_params import running_statistics
+from powertrip.learning.state_book import SiteStateBook, round_key
 from powertrip.learning.trainer import SiteTrainer
 from powertrip.rounds.clock import EmulatedClock
 from powertrip.rounds.hostile import hostile_sites, poison
@@ -70,18 +69,17 @@ class EmulatedRun(RunResult):
     model: dict[str, torch.Tensor] | None = None
 
 
-def _compressed(stacked: NumpyParams, sites: list[int], feedback: ErrorFeedback) -> NumpyParams:
+def _compressed(
+    stacked: NumpyParams, sites: list[int], feedback: ErrorFeedback, round_index: int
+) -> NumpyParams:
     """Each site's row of ``stacked`` as the server decodes it (rows in ``sites``' order)."""
     out = {name: np.empty_like(d) for name, d in stacked.items()}
+    key = round_key(round_index)
     for row, site in enumerate(sites):
-        decoded = feedback.apply(site, {name: d[row] for name, d in stacked.items()})
+        decoded = feedback.apply(site, {name: d[row] for name, d in stacked.items()}, key)
         for name, d in decoded.items():
             out[name][row] = d
     return out
-
-
-def _resumed(state: SiteState | None, recipe: LocalOptimizer) -> SiteState | None:
-    return None if state is None else state.for_round(recipe)
 
 
 def site_seed(run_seed: int, round_index: int, site: int) -> int:
@@ -153,33 +151,34 @@ class Emulator:
         direction: NumpyParams | None = None,
         evaluate_half: bool = True,
         outer: NesterovOuter | None = None,
-        site_states: dict[int, SiteState] | None = None,
+        site_states: SiteStateBook | None = None,
         feedback: ErrorFeedback | None = None,
         bound: AdaptiveBound | None = None,
     ) -> RoundOutcome | None:
-        """One round; ``site_states`` (site -> its optimizer state) is read and updated, and so
+        """One round; ``site_states`` (each site's optimizer state) is read and updated, and so
         are ``feedback``'s residuals (each site's update goes through the codec before FedAvg).
         ``bound``: the robust rule's state from the earlier rounds. None when the rule kept no
         update (every one dropped): the model is unchanged, as for a failed service round."""
         fed = self.fed
         sites = [int(i) for i in selected]
-        recipe = fed.trainer.config.recipe
+        key = round_key(round_index)
         updates = fed.trainer.train(
             params,
             fed.x_train,
             fed.y_train,
             [fed.partitions[i] for i in sites],
             site_seeds(self.seed, round_index, sites),  # site_seed of each, in one call
-            None if site_states is None else [_resumed(site_states.get(i), recipe) for i in sites],
+            None if site_states is None else [site_states.for_round(i, key) for i in sites],
         )
         if site_states is not None and updates.opt_state is not None:
-            site_states.update(zip(sites, updates.opt_state, strict=True))
+            for site, state in zip(sites, updates.opt_state, strict=True):
+                site_states.update(site, key, state=state)
         template = to_numpy(params)
         agg = self.aggregation.make(template, direction=direction, bound=bound)
         half = self.aggregation.make(template, bound=bound)  # every other site: split-half probe
         stacked, weights = to_numpy(updates.deltas), updates.num_samples.astype(np.float64)
         if feedback is not None:
-            stacked = _compressed(stacked, sites, feedback)
+            stacked = _compressed(stacked, sites, feedback, round_index)
         stacked = self._poisoned(stacked, sites)
         sq = agg.add_rows(stacked, weights)  # in selection order, as the aggregator folds
         if agg.count == 0:
@@ -280,11 +279,14 @@ class _CachedExecutor:
         outer = self.outer
         self.key = b"root" if outer is None else f"root{outer.lr!r},{outer.momentum!r}".encode()
         #: each site's local optimizer state (on the trainer's device: AdamW keeps two model
-        #: copies per site that has trained), or None when sites keep none across rounds
-        self.site_states: dict[int, SiteState] | None = {} if emulator.keeps_site_state else None
-        #: the update codec's per-site residuals (and its byte count), or None without a codec
-        codec = emulator.codec
-        self.feedback = None if codec is None else ErrorFeedback(codec, emulator.error_feedback)
+        #: copies per site that has trained) and its codec residual
+        recipe = emulator.fed.trainer.config.recipe
+        self.book = SiteStateBook(recipe)
+        #: the book's optimizer states, or None when sites keep none across rounds
+        self.site_states = self.book if emulator.keeps_site_state else None
+        #: the update codec over the book's residuals (and its byte count); None: no codec
+        codec, feedback = emulator.codec, emulator.error_feedback
+        self.feedback = None if codec is None else ErrorFeedback(codec, feedback, self.book)
         #: the robust rule's bound (a function of the selection history, like the model, so a
         #: cached round brings the bound it ended with), or None for a rule without one
         self.bound = AdaptiveBound() if emulator.aggregation.adaptive else None

@@ -10,7 +10,12 @@ import grpc
 
 from powertrip.aggregation.fold_in_place import FoldCancelled
 from powertrip.services.aggregator import metrics
-from powertrip.services.aggregator.coded_intake import assigned_codec, check_header, receive_coded
+from powertrip.services.aggregator.coded_intake import (
+    assigned_codec,
+    check_header,
+    receive_coded,
+    receive_shard,
+)
 from powertrip.services.aggregator.collector import CountedReceiver
 from powertrip.services.aggregator.lifecycle import Run
 from powertrip.services.aggregator.run_status import WIRE_STATE
@@ -30,7 +35,7 @@ from powertrip.services.common.identity import (
     require_site_ids,
 )
 from powertrip.services.common.tensor_receiver import Sink
-from powertrip.services.common.tensor_stream import StreamError, TensorSpec, shard_specs, specs_of
+from powertrip.services.common.tensor_stream import StreamError, TensorSpec, specs_of
 from powertrip.services.common.update_codec import DecodedUpdate
 from powertrip.sites.profiles import site_id, site_index
 from powertrip.v1 import aggregator_pb2, aggregator_pb2_grpc
@@ -165,21 +170,23 @@ class AggregatorServicer(aggregator_pb2_grpc.AggregatorServiceServicer):
             index, count = head.shard_index, head.shard_count
             what = f"update from {head.site_id} for round {head.round}, shard {index} of {count},"
             try:
-                check_header(head, self.codec, sharded=True)
+                check_header(head, self.codec)
                 collector.admit_shard(site, head.round, index, count, head.num_samples, model)
                 note_update(self.run.executor, collector, site, head)
             except StreamError as exc:
                 collector.fail_shard(site, None, exc.reason)
                 metrics.UPDATES.labels(exc.reason).inc()
                 raise BadRequest(f"{what} refused: {exc}") from None
-            rx = self._receive(
+            rx = receive_shard(
+                self._receive,
                 collector,
                 site,
                 head,
-                shard_specs(model, count, index),
+                model,
                 request_iterator,
                 what,
                 lambda reason: collector.fail_shard(site, index, reason),
+                self.codec,
             )
             collector.commit_shard(site, index, rx)  # the collector owns rx from here
         else:

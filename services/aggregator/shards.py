@@ -2,11 +2,12 @@
 
 A site trained by N ranks (FSDP2) may send its update as N ``SubmitUpdate`` streams, shard i
 holding rows ``shard_rows(dim0, N, i)`` of every tensor (``shard_specs``; the header's
-``shard_index``/``shard_count``). Every number in those headers is a claim: the count must be
-1..``MAX_SHARDS`` and the same for every shard of the site this round, the index below it and
-not seen before, the weight the same as the other shards', and the shapes exactly what the
-aggregator computes from its own template; anything else is refused naming site, round and
-shard.
+``shard_index``/``shard_count``), raw or, under the run's codec, coded on their own (each
+shard decoded once verified: ``coded_intake.receive_shard``). Every number in those headers
+is a claim: the count must be 1..``MAX_SHARDS`` and the same for every shard of the site this
+round, the index below it and not seen before, the weight the same as the other shards', and
+the shapes exactly what the aggregator computes from its own template; anything else is refused
+naming site, round and shard.
 
 How shards become a site's update, and why so: each verified shard waits in its own spool (in
 memory up to 1 MiB, on disk beyond, as any verified update does until its turn to fold), and the
@@ -31,7 +32,7 @@ from numpy.typing import NDArray
 
 from powertrip.learning.shards import shard_rows
 from powertrip.services.common.errors import Duplicate, StaleRound
-from powertrip.services.common.tensor_receiver import TensorStreamReceiver, VerifiedUpdate
+from powertrip.services.common.tensor_receiver import VerifiedUpdate
 from powertrip.services.common.tensor_stream import MiB, StreamError, TensorSpec
 from powertrip.sites.profiles import site_id
 
@@ -54,7 +55,8 @@ class ShardedUpdate:
         self, site: int, round_index: int, count: int, weight: float, specs: Sequence[TensorSpec]
     ) -> None:
         self.site, self.round, self.count, self.weight = site, round_index, count, weight
-        self.verified: dict[int, TensorStreamReceiver] = {}
+        #: each verified shard: its receiver, or its payload decoded under the run's codec
+        self.verified: dict[int, VerifiedUpdate] = {}
         self.in_flight: set[int] = set()
         self._specs = list(specs)  # the whole model's, as the aggregator holds it
         self._dim0 = {s.name: s.shape[0] if s.shape else 0 for s in self._specs}
@@ -160,7 +162,7 @@ class ShardIntake:
             book.in_flight.add(index)
             self.failed.pop(site, None)  # a refused shard may be sent again while it is open
 
-    def commit_shard(self, site: int, index: int, rx: TensorStreamReceiver) -> None:
+    def commit_shard(self, site: int, index: int, rx: VerifiedUpdate) -> None:
         """Take a verified shard (and ownership of ``rx``); the last one commits the site."""
         with self._cv:
             book = self._shards.get(site)

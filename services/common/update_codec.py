@@ -1,11 +1,12 @@
 """Update codecs on the wire (docs/compression.md, "Over the services").
 
-The aggregator assigns the run's codec (``ExperimentConfig.codec``, sent to every worker in the
-run configuration); a worker never chooses. The worker encodes each site's update with it
-(``WorkerCodec``: an error-feedback residual per site when the run asks for one) and sends the
-payload's parts as an ordinary tensor stream, one tensor ``"<tensor>#<part>"`` per part (int8
-codes, fp32 scales, uint32 indices...), naming the codec in its update header. ``codec="none"``
-sends the raw tensors exactly as before.
+The aggregator assigns the run's codec (``codec`` of the run's configuration, sent to every
+worker); a worker never chooses. The worker encodes each site's update with it
+(``powertrip.codecs.ErrorFeedback``: an error-feedback residual per site, kept in the host's
+``SiteStateBook``, when the run asks for one) and sends the payload's parts as an ordinary
+tensor stream, one tensor ``"<tensor>#<part>"`` per part (int8 codes, fp32 scales, uint32
+indices...), whole or one stream per rank's shard, naming the codec in its update header.
+``codec="none"`` sends the raw tensors exactly as before.
 
 The aggregator treats every byte as hostile: from the model's shapes and the codec it knows the
 exact layout of a valid payload (``coded_specs``: names, dtypes, sizes), so the stream is
@@ -20,12 +21,11 @@ from collections.abc import Iterator, Mapping, Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from powertrip.codecs import Codec, Payload, get_codec
+from powertrip.codecs import PART, Codec, Payload
 from powertrip.services.common.tensor_stream import StreamError, TensorSpec
 
-__all__ = ["DecodedUpdate", "WorkerCodec", "coded_specs", "decode_update", "wire_codec"]
+__all__ = ["DecodedUpdate", "coded_specs", "decode_update", "wire_codec"]
 
-PART = "#"  # "<tensor>#<part>"
 NONE = "none"
 
 
@@ -46,30 +46,6 @@ def coded_specs(model: Sequence[TensorSpec], codec: Codec) -> list[TensorSpec]:
         for part, a in _template(codec, s.shape).parts.items():
             out.append(TensorSpec(f"{s.name}{PART}{part}", tuple(a.shape), a.dtype.name))
     return out
-
-
-class WorkerCodec:
-    """A worker's encoder for the codec its run assigned, keeping each site's residual
-    (``e = delta + residual; send encode(e); residual = e - decode(encode(e))``)."""
-
-    def __init__(self, name: str, error_feedback: bool = True) -> None:
-        self.codec = get_codec(name)
-        self.name = name
-        self.error_feedback = error_feedback
-        self.residuals: dict[int, dict[str, NDArray[np.float32]]] = {}
-
-    def encode(self, site: int, delta: Mapping[str, NDArray]) -> dict[str, NDArray]:
-        own = self.residuals.setdefault(site, {})
-        out = {}
-        for name, d in delta.items():
-            d = np.asarray(d, dtype=np.float32)
-            e = d + own[name] if self.error_feedback and name in own else d
-            payload = self.codec.encode(e)
-            if self.error_feedback:
-                own[name] = e - self.codec.decode(payload)
-            for part, a in payload.parts.items():
-                out[f"{name}{PART}{part}"] = np.ascontiguousarray(a)
-        return out
 
 
 def _bad(field: str, problem: str) -> StreamError:

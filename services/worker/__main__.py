@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 import threading
@@ -80,28 +79,20 @@ def join(
         return reply
 
 
-def assign_codec(uploader: GrpcUploader | None, run_config_json: str) -> None:
-    """The update codec the aggregator's run assigns (none in curtailment mode)."""
-    if uploader is not None:
-        run = json.loads(run_config_json) if run_config_json else {}
-        uploader.assign(run.get("codec", "none"), run.get("error_feedback", True))
-
-
 def join_run(
     register: Callable[[bool], aggregator_pb2.RegisterWorkerResponse],
     runner: RoundRunner,
     cfg: WorkerConfig,
     device: str,
     state: WorkerStateDir | None,
-    uploader: GrpcUploader | None = None,
 ) -> None:
     """Build the sites and register as ready. A worker restarted with a state directory
     rebuilds them from the saved run before it reaches the aggregator and registers as ready at
     once, so the sites never leave the selection; a fresh one fetches the run first
-    (registering as not ready: rounds wait), and saves it."""
+    (registering as not ready: rounds wait), and saves it. The hosts code their updates with
+    the run's codec (its configuration names it)."""
     saved = state.saved_run() if state is not None else None
     if saved is not None and state is not None:
-        assign_codec(uploader, saved.run_config_json)
         runner.start(partition_host(saved, cfg, device, state))
         logger.info("rebuilt run %s's sites from %s; rejoining", saved.identity, state.directory)
         reply = join(register, True, cfg.heartbeat_s)
@@ -113,7 +104,6 @@ def join_run(
         runner.start(None)  # Busy until rebuilt
         state.forget()
     reply = join(register, False, cfg.heartbeat_s)  # the run config first; rounds wait
-    assign_codec(uploader, reply.run_config_json if reply.mode != "curtailment" else "")
     runner.start(host_for_reply(reply, cfg, device, state))
     join(register, True, cfg.heartbeat_s)
 
@@ -160,7 +150,7 @@ def main() -> int:
     state_root = cfg.worker_state_dir
     state = WorkerStateDir(state_root / cfg.worker_id) if state_root else None
     try:  # refused: NOT_SERVING (serve() not reached) and retrying, so no restart loop
-        join_run(register, runner, cfg, device, state, uploader)
+        join_run(register, runner, cfg, device, state)
     except UnsupportedMode as exc:  # never a run it cannot train (a state file it cannot
         logger.error("refusing to start: %s", exc)  # trust is set aside, not a refusal)
         server.stop(grace=None)

@@ -6,10 +6,11 @@ per-(run, round, site) batch order (``site_schedule``) and the same recipe, so t
 is an execution choice, not another study. The rank processes keep the model and the optimizer
 between rounds; a rank that dies fails this site's round (the aggregator sees a failed site,
 as for any upload that never comes) and fresh ranks train the next one, resuming the site's
-optimizer state (the group keeps it outside the ranks). With a ``SiteStateStore`` (the worker's
-state directory) that state is also saved after each round and resumed by a restarted worker,
-as the in-process host does. With N > 1 ranks the update leaves as N shard streams, one per
-rank (``SiteUpdate.shards``).
+optimizer state (the group keeps it outside the ranks, in its moment files: the ranks' form of
+the site's ``SiteState``, which the ``SiteStateBook`` holds as it holds any host's). With a
+``SiteStateStore`` (the worker's state directory) the book is also saved after each round and
+resumed by a restarted worker, as the in-process host does. With N > 1 ranks the update leaves
+as N shard streams, one per rank (``SiteUpdate.shards``), each coded with the run's codec.
 """
 
 from __future__ import annotations
@@ -28,9 +29,10 @@ from powertrip.learning.device import to_numpy, to_torch
 from powertrip.learning.engines import LocalRound
 from powertrip.learning.site_engine.engine import RankEngine
 from powertrip.learning.site_engine.group import RankFailed, SiteGroup
+from powertrip.learning.state_book import round_key
 from powertrip.rounds.emulate import site_seed
 from powertrip.services.worker.site_host import RoundJob, SiteUpdate, no_stream_rows
-from powertrip.services.worker.state_dir import SiteStateStore, kept_after_training
+from powertrip.services.worker.state_dir import SiteStateStore, WorkerBook
 from powertrip.sites.profiles import site_id
 from powertrip.v1 import common_pb2
 
@@ -66,12 +68,18 @@ class DistributedSitesHost:
         self._template = to_numpy(fed.initial_params)
         self._part = np.asarray(fed.partitions[self.sites[0]], dtype=np.int64)
         rows = data.x_train[self._part], data.y_train[self._part]  # the site's samples only
-        # the site's optimizer state saved by an earlier process of this worker, if any
-        self._store = store if self._local.recipe.carries_over else None
-        saved = None
-        if self._store is not None:
-            shapes = {k: tuple(v.shape) for k, v in self._template.items()}
-            saved = self._store.load(shapes, self.sites, "cpu").get(self.sites[0])
+        recipe = self._local.recipe
+        # the site's optimizer state and codec residual, resumed from an earlier process of
+        # this worker when there is one
+        self._book = WorkerBook(
+            recipe,
+            {k: tuple(v.shape) for k, v in self._template.items()},
+            recipe.carries_over,
+            cfg.codec,
+            cfg.error_feedback,
+            store,
+            self.sites,
+        )
         self.group = SiteGroup(
             site_model_factory(cfg, data, fed.trainer.model),
             *rows,
@@ -82,7 +90,6 @@ class DistributedSitesHost:
         )
         self._rows = rows
         self._engine = RankEngine(self.group, self._local)  # the site trains through the seam
-        self._state = saved  # the site's state for its next round (None: a fresh start)
         self.group.start()  # the ranks' start-up (torch import, model build) before round 1
         logger.info(
             "site %s trains over %d %s rank(s) (%s)",
@@ -108,7 +115,9 @@ class DistributedSitesHost:
         seed = site_seed(self.run_seed, job.round, site)  # site_schedule's batch order
         left = job.received_at + job.deadline_s - time.monotonic()
         own = [np.arange(len(self._part))]  # the site's rows, all of them
-        sites = LocalRound(to_torch(job.params), *self._rows, own, [seed], [self._state])
+        key, book = round_key(job.round), self._book
+        state = (book.resumed([site], key) or [None])[0]  # the last round's: still in the ranks
+        sites = LocalRound(to_torch(job.params), *self._rows, own, [seed], [state])
         try:
             upd = self._engine.train(sites, deadline_s=max(left, 1.0), round_index=job.round)
         except RankFailed:  # this round is lost; fresh ranks now, not in the next one's time
@@ -116,23 +125,19 @@ class DistributedSitesHost:
             raise
         result = self._engine.last
         assert result is not None  # train() keeps its round's result
-        if self._local.recipe.carries_over and upd.opt_state is not None:
-            kept = self._state = kept_after_training(site, job.round, upd.opt_state[0])
-            if kept is not upd.opt_state[0]:  # non-finite moments: fresh ones now, not kept
-                self.group.load_state(kept)
-            if self._store is not None:  # before the update leaves: a commit implies it
-                self._store.save({site: kept}, job.round)
+        kept = book.trained([site], key, upd.opt_state)
+        if kept and upd.opt_state and kept[0] is not upd.opt_state[0]:  # non-finite moments:
+            self.group.load_state(kept[0])  # fresh ones now, not kept
         many = self.group.config.ranks > 1
-        return [
-            SiteUpdate(
-                site=site,
-                delta=to_numpy(result.delta),
-                num_samples=float(len(self._part)),  # n_i, as the in-process host weighs it
-                train_seconds=result.seconds,
-                loss=float(result.loss),
-                shards=[to_numpy(s) for s in result.shards] if many else None,
-            )
-        ]
+        update = SiteUpdate(
+            site=site,
+            delta=to_numpy(result.delta),
+            num_samples=float(len(self._part)),  # n_i, as the in-process host weighs it
+            train_seconds=result.seconds,
+            loss=float(result.loss),
+            shards=[to_numpy(s) for s in result.shards] if many else None,
+        )
+        return book.leaving([update], key, job.round)  # coded, and the book saved first
 
     def _restart(self) -> None:
         try:

@@ -30,13 +30,17 @@ __all__ = ["RoundJob", "SiteHost", "SiteUpdate", "batched_updates", "no_stream_r
 @dataclass(frozen=True)
 class SiteUpdate:
     site: int
-    delta: dict[str, NDArray[np.float32]]
+    #: the update (with ``codec``: its payload's parts, ``"<tensor>#<part>"``; empty when the
+    #: coded update travels as ``shards``)
+    delta: dict[str, NDArray]
     num_samples: float
     train_seconds: float  # wall time of the (batched) local training that produced it
     #: a site trained over N ranks may send its update as N per-rank shards (one stream each)
     shards: list[dict[str, NDArray]] | None = None
     #: the site's mean local training loss over the round's steps (None: not measured)
     loss: float | None = None
+    #: the run's codec whose payload ``delta`` (or each shard) holds; "": the raw update
+    codec: str = ""
 
 
 @dataclass

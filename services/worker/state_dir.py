@@ -8,43 +8,45 @@ Two files, each replaced atomically:
   reaches the aggregator, so it can train the next round the moment it is dispatched, and it
   registers as ready at once instead of first withdrawing its sites (a not-ready registration
   would take them out of the next selection and change the run).
-- ``site-states.pt``: the hosted sites' local optimizer states (``SiteState``), rewritten after
-  each round's local training, before any update leaves, under the run's identity
-  (``powertrip.learning.site_state_io``).
+- ``site-states.pt``: the hosted sites' ``SiteStateBook`` (their local optimizer states and
+  their codec residuals), rewritten after each round's local training, before any update
+  leaves, under the run's identity (``powertrip.learning.site_state_io``'s file).
 
 Both are data, not trust: a file that is damaged, empty, not ours or another run's, and a site
 whose saved state is wrong (a bad step count, another model's shapes, non-finite moments), is
 set aside (renamed ``<name>.bad-<UTC time>``) with one line saying which file and why; what it
 held starts fresh and the worker keeps serving. Refusing to start would only have a restart
 policy start it again onto the same file. A freshly trained state that is not finite is never
-kept nor saved (``kept_after_training``).
+kept nor saved (``SiteStateBook.record_trained``).
+
+Every host keeps its sites' state through one ``WorkerBook``: the book, the run's codec over
+its residuals, and this file.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+import torch
+
+from powertrip.codecs import ErrorFeedback, get_codec
+from powertrip.config.recipe import LocalOptimizer
 from powertrip.learning.site_optim import SiteState
-from powertrip.learning.site_state_io import (
-    LoadedStates,
-    load_site_states,
-    run_identity,
-    save_site_states,
-    set_aside,
-    write_atomically,
-)
-from powertrip.sites.profiles import site_id
+from powertrip.learning.site_state_io import run_identity, write_atomically
+from powertrip.learning.state_book import RoundKey, SiteStateBook, aside
+from powertrip.services.worker.site_host import SiteUpdate
 
-if TYPE_CHECKING:
-    import torch
-
-__all__ = ["SavedRun", "SiteStateStore", "WorkerStateDir", "kept_after_training"]
+__all__ = ["ROUNDS_KEPT", "SavedRun", "SiteStateStore", "WorkerBook", "WorkerStateDir"]
 logger = logging.getLogger(__name__)
+
+#: rounds of history kept per site: the one a resumed aggregator may redo (its checkpoint of
+#: round r is written while round r+1 trains, and a crash in that write redoes round r after
+#: r+1), the one before it, and the newest
+ROUNDS_KEPT = 3
 
 REGISTRATION = "registration.json"
 STATES = "site-states.pt"
@@ -85,7 +87,7 @@ class WorkerStateDir:
             if run.run_seed >= 0 and run.run_config_json:
                 return run
             why = "an empty run configuration or a negative seed"
-        logger.warning("%s; this worker fetches its run from the aggregator", _aside(path, why))
+        logger.warning("%s; this worker fetches its run from the aggregator", aside(path, why))
         return None
 
     def save_run(self, run: SavedRun) -> None:
@@ -103,87 +105,90 @@ class WorkerStateDir:
 
 
 class SiteStateStore:
-    """One run's site-state file: loaded once when the sites are built, saved after each
-    round's local training."""
+    """One run's site-state file: a host's book is loaded from it once when the sites are
+    built, and saved to it after each round's local training."""
 
     def __init__(self, path: Path, identity: str) -> None:
         self.path = path
         self.identity = identity
 
-    def load(
+    def load(self, book: SiteStateBook, hosted: Sequence[int], device: torch.device | str) -> None:
+        """The saved entries of ``hosted`` sites that can be trusted, into ``book`` (what
+        cannot is set aside with one warning line: ``SiteStateBook.load``)."""
+        book.load(self.path, self.identity, hosted, device)
+
+    def save(self, book: SiteStateBook, round_index: int) -> None:
+        book.save(self.path, self.identity, round_index)
+
+
+class WorkerBook:
+    """A host's sites' state: their ``SiteStateBook`` (``ROUNDS_KEPT`` rounds each, so a round
+    redone starts from what the site had before it), the run's codec over their residuals,
+    and the state file (``store``) it is saved to after every round and resumed from.
+
+    ``keeps``: whether the sites' optimizer states are kept (the host's rule for its recipe);
+    the file is used when they are, or when the codec keeps residuals."""
+
+    def __init__(
         self,
+        recipe: LocalOptimizer,
         shapes: Mapping[str, tuple[int, ...]],
-        hosted: list[int],
-        device: torch.device | str,
-    ) -> dict[int, SiteState]:
-        """The saved states of ``hosted`` sites that can be trusted. A file or entry that
-        cannot is set aside with one warning line (which file, why, which sites start fresh);
-        the sites it did not spoil are resumed and written back at once, so a second restart
-        before the next round still finds them."""
-        loaded = load_site_states(self.path, self.identity, shapes, hosted, device)
-        if not loaded.trusted:
-            logger.warning(self._set_aside(loaded, hosted))
-            if loaded.states and loaded.round is not None:
-                try:
-                    self.save(loaded.states, loaded.round)
-                except OSError as exc:  # the next round's save tries again
-                    logger.warning("%s: the resumed states not written back: %s", self.path, exc)
-        elif loaded.round is not None:
-            logger.info(
-                "resumed %d sites' optimizer states saved after round %d from %s",
-                len(loaded.states),
-                loaded.round,
-                self.path,
-            )
-        if loaded.dropped:
-            logger.info("dropped the states of sites %s: no longer hosted", list(loaded.dropped))
-        return loaded.states
+        keeps: bool,
+        codec: str = "none",
+        error_feedback: bool = True,
+        store: SiteStateStore | None = None,
+        hosted: Sequence[int] = (),
+        device: torch.device | str = "cpu",
+    ) -> None:
+        self.book = SiteStateBook(recipe, shapes, depth=ROUNDS_KEPT)
+        self.keeps = keeps
+        self.codec = None if codec == "none" else get_codec(codec)
+        self.feedback = (
+            None if self.codec is None else ErrorFeedback(self.codec, error_feedback, self.book)
+        )
+        carried = keeps or (self.feedback is not None and error_feedback)
+        self.store = store if carried else None
+        if self.store is not None:
+            self.store.load(self.book, hosted, device)
 
-    def _set_aside(self, loaded: LoadedStates, hosted: list[int]) -> str:
-        """Rename the file aside; the one line that says so, why, and what starts fresh."""
-        if loaded.unusable is not None:
-            why, fresh = loaded.unusable, sorted(hosted)
-        else:
-            fresh = sorted(loaded.refused)
-            reasons = set(loaded.refused.values())
-            if len(reasons) == 1:  # the sites are named once, below
-                why = reasons.pop()
-            else:
-                why = "; ".join(f"{site_id(s)}: {r}" for s, r in sorted(loaded.refused.items()))
-        verb = "start" if len(fresh) > 1 else "starts"
-        line = f"{_aside(self.path, why)}; {_names(fresh)} {verb} fresh"
-        if loaded.states:
-            line += f", {_names(sorted(loaded.states))} resumed from round {loaded.round}"
-        return line
+    @property
+    def site_states(self) -> dict[int, SiteState] | None:
+        """Each site's newest optimizer state (None: the host keeps none)."""
+        return self.book.states() if self.keeps else None
 
-    def save(self, states: Mapping[int, SiteState], round_index: int) -> None:
-        save_site_states(self.path, states, self.identity, round_index)
+    def resumed(self, sites: Sequence[int], key: RoundKey) -> list[SiteState | None] | None:
+        """The states ``sites`` start round ``key`` from (None: the host keeps none)."""
+        return [self.book.for_round(s, key) for s in sites] if self.keeps else None
 
+    def trained(
+        self, sites: Sequence[int], key: RoundKey, states: Sequence[SiteState] | None
+    ) -> list[SiteState] | None:
+        """Record the states ``sites`` trained to in round ``key``: those kept (a non-finite
+        one replaced by fresh moments), or None when the host keeps none."""
+        if not self.keeps or states is None:
+            return None
+        return self.book.record_trained(sites, key, states)
 
-def kept_after_training(site: int, round_index: int, state: SiteState) -> SiteState:
-    """``state`` when it can be kept; a state that cannot (non-finite moments: every update
-    trained from it would be NaN, round after round) is neither kept nor saved: the site keeps
-    its schedule's position and its moments start fresh next round, and one line says so."""
-    why = state.problem()
-    if why is None:
-        return state
-    logger.warning(
-        "%s: its optimizer state after round %d is not kept nor saved (%s); its moments start "
-        "fresh in its next round",
-        site_id(site),
-        round_index,
-        why,
-    )
-    return state.fresh_moments()
-
-
-def _aside(path: Path, why: str) -> str:
-    """Set ``path`` aside; the start of the line saying so."""
-    try:
-        return f"{path} set aside as {set_aside(path).name}: {why}"
-    except OSError as exc:  # not renamed: it is overwritten by the next save, never read again
-        return f"{path} ({why}) could not be set aside ({exc.strerror or exc}); it is ignored"
-
-
-def _names(sites: list[int]) -> str:
-    return ", ".join(site_id(s) for s in sites) if sites else "no sites"
+    def leaving(
+        self, updates: Sequence[SiteUpdate], key: RoundKey, round_index: int
+    ) -> list[SiteUpdate]:
+        """``updates`` as they leave: coded with the run's codec and each site's residual (a
+        site trained over ranks, each of its shards on its own), after which the book is
+        saved: before any update leaves, so a commit implies it."""
+        out = list(updates)
+        if self.feedback is not None and self.codec is not None:
+            feedback, name = self.feedback, self.codec.name
+            out = [
+                replace(
+                    u,
+                    delta={},
+                    shards=feedback.encode_shards(u.site, u.delta, len(u.shards), key),
+                    codec=name,
+                )
+                if u.shards
+                else replace(u, delta=feedback.encode(u.site, u.delta, key), codec=name)
+                for u in out
+            ]
+        if self.store is not None:
+            self.store.save(self.book, round_index)
+        return out

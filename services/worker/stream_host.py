@@ -5,16 +5,19 @@ the trainer the emulator's ``StreamLearner`` uses, and its update is weighted by
 Each site's local optimizer state follows the recipe exactly as ``StreamLearner`` keeps it: kept
 between its sub-rounds unless the recipe is plain SGD, and reset at the site's first sub-round
 of each elastic round (``RoundSpec.stream_round``) when the recipe does not keep its state
-(``SiteState.for_round``: the step count, and so the schedule, runs on; the moments start
-afresh). With a state directory (POWERTRIP_WORKER_STATE_DIR) the states are saved after each
-sub-round through the store partitioned sites use (``state_dir.SiteStateStore``: the same file,
-validation and setting aside of what cannot be trusted), and a restarted worker resumes them.
+(``SiteStateBook.for_round``: the step count, and so the schedule, runs on; the moments start
+afresh). Under the run's update codec each sub-round's update is coded with the site's
+residual, as ``StreamLearner`` codes it. With a state directory (POWERTRIP_WORKER_STATE_DIR)
+the states and residuals are saved after each sub-round through the book partitioned sites
+use (``state_dir.WorkerBook``: the same file, validation and setting aside of what cannot be
+trusted), and a restarted worker resumes them.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -25,14 +28,11 @@ from powertrip.curtailment.learner import check_stream_trainer, train_stream_row
 from powertrip.federation import StreamSetup
 from powertrip.learning.device import to_torch
 from powertrip.learning.site_optim import SiteState
+from powertrip.learning.state_book import round_key
 from powertrip.services.worker.site_host import RoundJob, SiteUpdate, batched_updates
-from powertrip.services.worker.state_dir import SiteStateStore, kept_after_training
+from powertrip.services.worker.state_dir import SiteStateStore, WorkerBook
 from powertrip.sites.profiles import site_index
 from powertrip.v1 import common_pb2
-
-#: rounds of history kept per site: the one a resumed aggregator may redo (its checkpoint of
-#: round r is written while round r+1 trains), the one before it, and the newest
-ROUNDS_KEPT = 3
 
 
 class StreamHost:
@@ -51,26 +51,28 @@ class StreamHost:
         self.sites = sorted(sites)
         self.setup = StreamSetup.load(cfg, device)  # the stream is resident on ``device``
         check_stream_trainer(self.setup.trainer)
-        self._recipe = recipe = self.setup.trainer.config.recipe
-        # site -> ((elastic round, sub-round), its state after it), the newest of each of its
-        # last ``ROUNDS_KEPT`` rounds: a round redone (the aggregator resumed from a checkpoint
-        # taken before it) starts from the state the site had before it. None: plain SGD.
-        self._log: dict[int, list[tuple[tuple[int, int], SiteState]]] | None = (
-            None if recipe.plain_sgd else {}
+        recipe = self.setup.trainer.config.recipe
+        # each site's state after its sub-rounds ((elastic round, sub-round)), the newest of
+        # each of its last rounds: a round redone (the aggregator resumed from a checkpoint
+        # taken before it) starts from the state the site had before it. Optimizer states are
+        # kept unless the recipe is plain SGD; codec residuals whenever the run codes updates.
+        params = self.setup.params
+        self._book = WorkerBook(
+            recipe,
+            {k: tuple(v.shape) for k, v in params.items()},
+            not recipe.plain_sgd,
+            cfg.codec,
+            cfg.error_feedback,
+            store,
+            self.sites,
+            next(iter(params.values())).device,
         )
-        self._store = store if self._log is not None else None
         self._stream_round: dict[int, int] = {}  # sub-round -> its elastic round (specs seen)
-        if self._store is not None and self._log is not None:
-            params = self.setup.params
-            shapes = {k: tuple(v.shape) for k, v in params.items()}
-            device_of = next(iter(params.values())).device
-            for site, state in self._store.load(shapes, self.sites, device_of).items():
-                self._log[site] = [((-1, -1), state)]  # from before this process: a new round
 
     @property
     def site_states(self) -> dict[int, SiteState] | None:
         """Each hosted site's newest optimizer state (None: the recipe carries nothing)."""
-        return None if self._log is None else {s: log[-1][1] for s, log in self._log.items()}
+        return self._book.site_states
 
     @property
     def total_rows(self) -> int:
@@ -102,23 +104,6 @@ class StreamHost:
     def close(self) -> None:
         pass  # saved after every sub-round: nothing to flush
 
-    def _resumed(self, site: int, key: tuple[int, int]) -> SiteState | None:
-        """The state ``site`` starts sub-round ``key`` (elastic round, sub-round) from: its
-        newest from before it, reset per the recipe when it is from an earlier round."""
-        assert self._log is not None
-        before = [(k, st) for k, st in self._log.get(site, []) if k < key]
-        if not before:
-            return None
-        (trained_in, _), state = before[-1]
-        return state if trained_in == key[0] else state.for_round(self._recipe)
-
-    def _record(self, site: int, key: tuple[int, int], state: SiteState) -> None:
-        """``state`` is the site's after sub-round ``key``: it supersedes the site's states
-        from that sub-round on (a redo) and its earlier one from the same round."""
-        assert self._log is not None
-        kept = [(k, st) for k, st in self._log.get(site, []) if k < key and k[0] != key[0]]
-        self._log[site] = [*kept, (key, state)][-ROUNDS_KEPT:]
-
     def train_rows(
         self,
         params: Mapping[str, NDArray],
@@ -141,9 +126,9 @@ class StreamHost:
                 f"sites {bad}: stream positions empty or outside 0..{self.total_rows - 1}"
             )
         sites = list(rows)
-        key = (round_index if stream_round is None else stream_round, round_index)
+        key = round_key(round_index if stream_round is None else stream_round, round_index)
         torch_params = to_torch(params)
-        s = self.setup
+        s, book = self.setup, self._book
         started = time.perf_counter()
         upd = train_stream_rows(
             s.trainer,
@@ -152,14 +137,10 @@ class StreamHost:
             s.order,
             torch_params,
             [rows[i] for i in sites],
-            None if self._log is None else [self._resumed(i, key) for i in sites],
+            book.resumed(sites, key),
         )
-        if self._log is not None and upd.opt_state is not None:
-            for site, state in zip(sites, upd.opt_state, strict=True):
-                self._record(site, key, kept_after_training(site, round_index, state))
-            if self._store is not None:  # before any update leaves: a fold implies it
-                states = self.site_states
-                assert states is not None
-                self._store.save(states, round_index)
+        book.trained(sites, key, upd.opt_state)
+        raw = batched_updates(sites, upd.deltas, upd.steps, 0.0)  # no loss reported
+        leaving = book.leaving(raw, key, round_index)  # coded, and the book saved
         seconds = time.perf_counter() - started
-        return batched_updates(sites, upd.deltas, upd.steps, seconds)  # no loss reported
+        return [replace(u, train_seconds=seconds) for u in leaving]

@@ -12,7 +12,9 @@ Two options halve or split an upload. ``bf16``: float32 tensors travel as bfloat
 bytes, rounded to nearest even; the aggregator widens them exactly). Shards: a site trained by N
 ranks sends N concurrent streams (``GrpcUploader.send_shards``), stream i holding rows
 ``shard_rows(dim0, N, i)`` of every tensor (``shard_updates`` cuts a whole update so); the
-aggregator counts the site once every shard arrived and verified.
+aggregator counts the site once every shard arrived and verified. An update the host coded
+with the run's codec (``SiteUpdate.codec``: ``state_dir.WorkerBook.leaving``) travels as its
+payload's parts, whole or shard by shard, naming the codec in each header (never as bf16).
 """
 
 from __future__ import annotations
@@ -35,7 +37,6 @@ from powertrip.services.common.tensor_stream import (
     stream_header,
     wrap_tensor_stream,
 )
-from powertrip.services.common.update_codec import WorkerCodec
 from powertrip.services.worker.upload_credit import upload
 from powertrip.sites.profiles import site_id
 from powertrip.v1 import aggregator_pb2, common_pb2
@@ -79,7 +80,7 @@ def update_messages(
     """The reference stream through protobuf (tests compare ``update_wire`` with it, and tamper
     with its messages); the worker sends ``update_wire``. ``shard``: ``update.delta`` is shard
     (index, count) of the site's update (``shard_updates``); ``codec``: the codec whose payload
-    parts ``update.delta`` holds (``WorkerCodec.encode``)."""
+    parts ``update.delta`` holds (``ErrorFeedback.encode``)."""
     head = _update_header(worker_id, round_index, update, shard, codec)
     yield aggregator_pb2.SubmitUpdateRequest(update=head)
     yield from wrap_tensor_stream(
@@ -144,11 +145,6 @@ class GrpcUploader:
         self.worker_id = worker_id
         self.chunk_bytes = chunk_bytes
         self.bf16 = bf16
-        self.codec: WorkerCodec | None = None  # the run's codec, once assigned (``assign``)
-
-    def assign(self, codec: str, error_feedback: bool = True) -> None:
-        """Encode every update with the codec the run assigned (a fresh residual per site)."""
-        self.codec = None if codec == "none" else WorkerCodec(codec, error_feedback)
 
     def __call__(
         self, round_index: int, update: SiteUpdate, timeout_s: float, shard: Shard = None
@@ -157,19 +153,12 @@ class GrpcUploader:
         when it carries per-rank ``shards`` (a site trained over N ranks), as N streams."""
         # Not retried: a resend after a partial failure is the aggregator's call (stale round).
         shards = getattr(update, "shards", None)
-        if shard is None and shards and self.codec is None:
-            parts = [replace(update, delta=d) for d in shards]
+        if shard is None and shards:
+            parts = [replace(update, delta=d, shards=None) for d in shards]
             self.send_shards(round_index, parts, timeout_s)
             return
-        name = ""
-        if self.codec is not None:  # the run's codec: the payload's parts travel, not the delta
-            if shard is not None or shards:
-                raise ValueError(
-                    f"a site trained over ranks cannot send a {self.codec.name} update"
-                )
-            name = self.codec.codec.name
-            update = replace(update, delta=self.codec.encode(update.site, update.delta))
-        args = (self.chunk_bytes, self.bf16 and self.codec is None, shard, name)
+        codec = update.codec  # coded by the host: the payload's parts travel, not floats
+        args = (self.chunk_bytes, self.bf16 and not codec, shard, codec)
         upload(self._upload, update_wire(self.worker_id, round_index, update, *args), timeout_s)
 
     def send_shards(self, round_index: int, shards: Sequence[SiteUpdate], timeout_s: float) -> None:

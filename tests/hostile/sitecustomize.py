@@ -5,7 +5,8 @@ of attacks; round r sends attack ``(r - 1) mod len``. The worker trains honestly
 uploader sends instead:
 
 - ``raw:V``: every value of the update replaced by V (finite: 1e30, 1e6);
-- ``int8-scales:V``: the run's int8 codec payload with every block scale set to V;
+- ``int8-scales:V``: the run's int8 codec payload (coded by the host: ``ErrorFeedback.encode``)
+  with every block scale set to V;
 - ``loss:V``: the honest update with a claimed training loss V.
 
 The process is otherwise the real worker: its certificate, its registration, its streams.
@@ -22,7 +23,7 @@ if ATTACKS:
 
     import numpy as np
 
-    from powertrip.services.common import update_codec
+    from powertrip import codecs
     from powertrip.services.worker import uploader
 
     def _attack(round_index: int) -> tuple[str, float]:
@@ -30,7 +31,7 @@ if ATTACKS:
         return kind, float(value)
 
     honest_call = uploader.GrpcUploader.__call__
-    honest_encode = update_codec.WorkerCodec.encode
+    honest_encode = codecs.ErrorFeedback.encode
     current = {"attack": ("", 0.0)}
 
     def hostile_call(self, round_index, update, timeout_s, shard=None):  # noqa: ANN001, ANN202
@@ -43,9 +44,9 @@ if ATTACKS:
             update = replace(update, loss=value)
         return honest_call(self, round_index, update, timeout_s, shard)
 
-    def hostile_encode(self, site, delta):  # noqa: ANN001, ANN202
-        parts = honest_encode(self, site, delta)
-        kind, value = current["attack"]
+    def hostile_encode(self, site, delta, key=None):  # noqa: ANN001, ANN202
+        parts = honest_encode(self, site, delta, key)
+        kind, value = _attack(key[0]) if key is not None else current["attack"]
         if kind == "int8-scales":
             for name, a in parts.items():
                 if name.endswith("scales"):
@@ -53,4 +54,4 @@ if ATTACKS:
         return parts
 
     uploader.GrpcUploader.__call__ = hostile_call  # type: ignore[method-assign]
-    update_codec.WorkerCodec.encode = hostile_encode  # type: ignore[method-assign]
+    codecs.ErrorFeedback.encode = hostile_encode  # type: ignore[method-assign]

@@ -1,8 +1,8 @@
 """Update codecs on the real wire: a real AggregatorService on a real socket, whose run assigns
-the codec, and the worker's ``GrpcUploader`` encoding with it. int8 sends about a quarter of the
-chunk bytes of codec none and folds exactly its decoding; a payload larger than the codec's exact
-layout, or coded with another codec, is refused naming the site and the field while the round
-commits the other sites."""
+the codec, and the worker's ``GrpcUploader`` sending updates its host coded with it. int8 sends
+about a quarter of the chunk bytes of codec none and folds exactly its decoding; a payload
+larger than the codec's exact layout, or coded with another codec, is refused naming the site
+and the field while the round commits the other sites."""
 
 from __future__ import annotations
 
@@ -13,11 +13,10 @@ import numpy as np
 import pytest
 
 from powertrip.aggregation.fedavg import StreamingFedAvg
-from powertrip.codecs import get_codec, roundtrip
+from powertrip.codecs import ErrorFeedback, get_codec, roundtrip
 from powertrip.services.aggregator.service_handlers import add_to_server
 from powertrip.services.aggregator.servicer import AggregatorServicer
 from powertrip.services.common.grpc_server import build_server, set_serving
-from powertrip.services.common.update_codec import WorkerCodec
 from powertrip.services.worker.sites_host import SiteUpdate
 from powertrip.services.worker.uploader import GrpcUploader, update_messages
 from powertrip.v1 import aggregator_pb2_grpc
@@ -69,6 +68,14 @@ def site_update(run, site: int) -> SiteUpdate:
     return SiteUpdate(site, delta, float(run.executor.site_weights[site]), 0.1)
 
 
+def leaving(update: SiteUpdate, codec: str) -> SiteUpdate:
+    """``update`` as a host hands it to the uploader under the run's ``codec``."""
+    if codec == "none":
+        return update
+    feedback = ErrorFeedback(get_codec(codec))
+    return replace(update, delta=feedback.encode(update.site, update.delta), codec=codec)
+
+
 @pytest.fixture
 def open_round(served):
     codec, run, channel, counted = served
@@ -88,12 +95,10 @@ WIRE: dict[str, int] = {}
 def test_the_assigned_codec_crosses_the_wire_and_folds_its_decoding(open_round):
     codec, run, channel, _, collector, counted = open_round
     uploader = GrpcUploader(channel, "w-a", 4096)
-    uploader.assign(codec)
     for site in (0, 1):
-        uploader(ROUND, site_update(run, site), timeout_s=20)
+        uploader(ROUND, leaving(site_update(run, site), codec), timeout_s=20)
     other = GrpcUploader(channel, "w-b", 4096)
-    other.assign(codec)
-    other(ROUND, site_update(run, 2), timeout_s=20)
+    other(ROUND, leaving(site_update(run, 2), codec), timeout_s=20)
     assert collector.wait(5)
     collector.close()
     assert collector.accepted == [0, 1, 2] and collector.failed == {}
@@ -116,7 +121,7 @@ def test_the_assigned_codec_crosses_the_wire_and_folds_its_decoding(open_round):
 
 def coded(run, site: int, name: str) -> SiteUpdate:
     u = site_update(run, site)
-    return replace(u, delta=WorkerCodec(name, error_feedback=False).encode(site, u.delta))
+    return replace(u, delta=ErrorFeedback(get_codec(name), enabled=False).encode(site, u.delta))
 
 
 def oversized(run, site: int) -> SiteUpdate:
@@ -147,9 +152,7 @@ def test_a_payload_off_the_codecs_layout_is_refused_and_the_round_goes_on(
     assert code == C.INVALID_ARGUMENT
     assert all(w in details for w in words), details
     for site, worker in ((1, "w-a"), (2, "w-b")):
-        u = GrpcUploader(channel, worker, 4096)
-        u.assign("int8")
-        u(ROUND, site_update(run, site), timeout_s=20)
+        GrpcUploader(channel, worker, 4096)(ROUND, leaving(site_update(run, site), "int8"), 20)
     assert collector.wait(5)
     collector.close()
     assert collector.accepted == [1, 2] and 0 in collector.failed

@@ -4,7 +4,7 @@ restart step from a different momentum and the final model differs from an unint
 
 The sites train inner AdamW with kept state, which lives on the workers: the round redone
 after the restart must start from each site's state before that round, not the one the killed
-aggregator's round left behind (``SiteStateLog``).
+aggregator's round left behind (``SiteStateBook``).
 
 The machinery is ``test_crash_recovery``'s (one cluster, the golden run first, the crashed run
 in its own checkpoint directory), with ``POWERTRIP_OUTER=nesterov``.

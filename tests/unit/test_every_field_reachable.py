@@ -263,7 +263,7 @@ def test_ups_site_engine_flags_reach_the_workers_engine(planned, tmp_path):
     ("args", "words"),
     [
         (["--shards", "10"], "--shards applies to --mode curtailment"),
-        (["--mode", "curtailment", "--sites", "3", "--codec", "int8"], "--codec applies to"),
+        (["--mode", "curtailment", "--sites", "3", "--partition", "iid"], "--partition applies to"),
         (["--site-sharding", "fsdp"], "--site-sharding shapes a site's ranks"),
         (["--aggregation", "fedavg", "--clip-norm", "1"], "--clip-norm"),
         (["--momentum", "1.5"], "--momentum: Input should be less than 1"),
