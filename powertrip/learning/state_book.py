@@ -31,7 +31,6 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from powertrip.config.recipe import LocalOptimizer
@@ -49,7 +48,7 @@ from powertrip.learning.site_state_io import (
 )
 from powertrip.sites.profiles import site_id
 
-__all__ = ["LOADED", "RoundKey", "SiteEntry", "SiteStateBook", "round_key"]
+__all__ = ["LOADED", "RoundKey", "SiteEntry", "SiteStateBook", "aside", "round_key"]
 
 logger = logging.getLogger(__name__)
 
@@ -336,8 +335,3 @@ def aside(path: Path, why: str) -> str:
 
 def _names(sites: list[int]) -> str:
     return ", ".join(site_id(s) for s in sites) if sites else "no sites"
-
-
-def residual_arrays(residual: Residual | None) -> dict[str, np.ndarray]:
-    """A residual as a plain dict (empty: none)."""
-    return {} if residual is None else dict(residual)

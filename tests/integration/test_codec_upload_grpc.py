@@ -14,11 +14,14 @@ import pytest
 
 from powertrip.aggregation.fedavg import StreamingFedAvg
 from powertrip.codecs import ErrorFeedback, get_codec, roundtrip
+from powertrip.config.recipe import LocalOptimizer
+from powertrip.learning.state_book import round_key
 from powertrip.services.aggregator.service_handlers import add_to_server
 from powertrip.services.aggregator.servicer import AggregatorServicer
 from powertrip.services.common.grpc_server import build_server, set_serving
 from powertrip.services.worker.sites_host import SiteUpdate
-from powertrip.services.worker.uploader import GrpcUploader, update_messages
+from powertrip.services.worker.state_dir import WorkerBook
+from powertrip.services.worker.uploader import GrpcUploader, shard_updates, update_messages
 from powertrip.v1 import aggregator_pb2_grpc
 from tests.aggregator_in_process import SERVICE, small_run
 from tests.integration.test_aggregator_servicer import C, code_of, register
@@ -117,6 +120,36 @@ def test_the_assigned_codec_crosses_the_wire_and_folds_its_decoding(open_round):
         assert 0.25 < WIRE[codec] / fp32 < 0.26
     if len(WIRE) == 2:
         print(f"int8 / none chunk bytes: {WIRE['int8'] / WIRE['none']:.4f}")
+
+
+def test_a_sites_per_rank_shards_coded_by_its_host_fold_as_its_whole_update(open_round):
+    """A site trained over four ranks: its host codes each rank's shard on its own (one
+    residual for the site) and sends four streams naming the run's codec; the aggregator decodes
+    each shard and folds the site as the whole-update path folds it: exactly under codec none,
+    within int8's rounding under int8 (a block of a shard is not a block of the whole tensor)."""
+    codec, run, channel, _, collector, _ = open_round
+    params = run.executor.params
+    shapes = {k: tuple(v.shape) for k, v in params.items()}
+    book = WorkerBook(LocalOptimizer(), shapes, keeps=False, codec=codec)
+    whole = site_update(run, 0)
+    ranks = replace(whole, shards=[u.delta for u in shard_updates(whole, 4)])
+    (sent,) = book.leaving([ranks], round_key(ROUND), ROUND)
+    assert sent.shards is not None and len(sent.shards) == 4
+    assert sent.codec == ("" if codec == "none" else codec)
+    GrpcUploader(channel, "w-a", 4096)(ROUND, sent, timeout_s=20)
+    GrpcUploader(channel, "w-a", 4096)(ROUND, leaving(site_update(run, 1), codec), 20)
+    GrpcUploader(channel, "w-b", 4096)(ROUND, leaving(site_update(run, 2), codec), 20)
+    assert collector.wait(5)
+    collector.close()
+    assert collector.accepted == [0, 1, 2] and collector.failed == {}
+    ref = StreamingFedAvg(params)
+    for site in (0, 1, 2):
+        u = site_update(run, site)
+        ref.add({k: roundtrip(get_codec(codec), v)[0] for k, v in u.delta.items()}, u.num_samples)
+    want, got = ref.apply(params), collector.agg.apply(params)
+    largest = max(float(np.abs(v).max()) for v in whole.delta.values())
+    rounding = 0.0 if codec == "none" else largest / 127  # each block's scale is below it
+    assert all(np.allclose(got[k], want[k], rtol=0, atol=rounding + 1e-7) for k in want)
 
 
 def coded(run, site: int, name: str) -> SiteUpdate:
