@@ -1,7 +1,8 @@
 """Local training engines against one plain torch loop per site, in one run.
 
 For the built-in CNN1D and for a user's own ``nn.Module`` (``UserCNN`` below: its own class and
-``forward``, as a ``CustomWorkload`` brings it), one round of local training of ``--sites``
+``forward``, as a ``CustomWorkload`` brings it; ``UserSkipCNN``: the same with a skip
+connection, which no layer chain covers), one round of local training of ``--sites``
 sites at each of ``--steps`` local steps, by every engine that can run the model, and by the
 baseline: a plain loop that trains the sites one after another, each with an ``nn.Module`` and
 ``torch.optim.SGD``. Every method sees the same batches in the same order, so their deltas
@@ -13,7 +14,8 @@ site-updates per second (whole local trainings), min / median / max over ``--rep
 ratio is against the baseline's median (and max against max) from the same process.
 
     .venv/bin/python benchmarks/bench_site_training.py [--sites 100] [--steps 1,10]
-        [--models cnn1d,user] [--engines auto,vmap,stacked,in-turn] [--repeats 5] [--device cpu]
+        [--models cnn1d,user,user-skip] [--engines auto,vmap,stacked,in-turn] [--repeats 5]
+        [--device cpu|cuda]
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ ENGINES = ("vmap", "stacked", "in-turn")
 
 class UserCNN(nn.Module):
     """A user's own model: a small 1-D CNN with a hidden linear layer, written as its own class
-    (no buffers, no dropout: it trains batched, but it is not a chain any engine knows)."""
+    (no buffers, no dropout: it trains batched; its forward is a chain of layers)."""
 
     def __init__(self, num_classes: int = 10, in_channels: int = 1, length: int = 40) -> None:
         super().__init__()
@@ -58,6 +60,19 @@ class UserCNN(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = F.relu(self.conv_b(F.relu(self.conv_a(x))))
         return self.out(F.relu(self.hidden(h.flatten(1))))
+
+
+class UserSkipCNN(UserCNN):
+    """The same layers with a skip connection around the hidden layer: not a chain."""
+
+    def __init__(self, num_classes: int = 10, in_channels: int = 1, length: int = 40) -> None:
+        super().__init__(num_classes, in_channels, length)
+        self.hidden = nn.Linear(32 * (length // 4), 32 * (length // 4))
+        self.out = nn.Linear(32 * (length // 4), num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.relu(self.conv_b(F.relu(self.conv_a(x)))).flatten(1)
+        return self.out(h + F.relu(self.hidden(h)))
 
 
 def train_one_by_one(
@@ -130,7 +145,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sites", type=int, default=100, help=f"sites per round (<={NUM_PARTITIONS})")
     ap.add_argument("--steps", default="1,10", help="comma-separated local steps per site")
-    ap.add_argument("--models", default="cnn1d,user", help="cnn1d (built-in), user (UserCNN)")
+    ap.add_argument(
+        "--models", default="cnn1d,user,user-skip", help="cnn1d (built-in), user, user-skip"
+    )
     ap.add_argument("--engines", default=",".join(("auto", *ENGINES)), help="engine names")
     ap.add_argument("--repeats", type=int, default=5, help="timed rounds per method")
     ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
@@ -153,6 +170,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     models = {
         "cnn1d": build_model("cnn1d", data.num_classes, data.in_shape),
         "user": UserCNN(data.num_classes, data.in_shape[0], data.in_shape[1]),
+        "user-skip": UserSkipCNN(data.num_classes, data.in_shape[0], data.in_shape[1]),
     }
     k = args.sites
     print(

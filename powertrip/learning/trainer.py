@@ -93,11 +93,9 @@ class SiteTrainer:
     ) -> SiteUpdates:
         """Train every site in ``site_indices`` (rows of x/y it owns) from ``global_params``;
         ``states[i]``: site i's optimizer state from an earlier round (None: a fresh start)."""
-        sites = LocalRound(
-            global_params, self.resident(x), self.resident(y), site_indices, seeds,
-            list(states) if states is not None else [],
-        )  # fmt: skip
-        return self.engine.train(sites)
+        x, y = self.resident(x), self.resident(y)
+        given = list(states) if states is not None else []
+        return self.engine.train(LocalRound(global_params, x, y, site_indices, seeds, given))
 
     def evaluate(
         self, params: TorchParams, x: torch.Tensor, y: torch.Tensor, batch_size: int = 4096

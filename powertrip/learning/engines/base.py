@@ -16,6 +16,7 @@ spec)`` builds a named engine and refuses one that cannot run the spec, saying w
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -110,10 +111,12 @@ class LocalRound:
 
     def rows(self, part: slice) -> LocalRound:
         """The sites of ``part`` (a chunk of this round)."""
-        return LocalRound(
-            self.global_params, self.x, self.y, self.site_indices[part], self.seeds[part],
-            self.states[part],
-        )  # fmt: skip
+        return dataclasses.replace(
+            self,
+            site_indices=self.site_indices[part],
+            seeds=self.seeds[part],
+            states=self.states[part],
+        )
 
 
 class LocalEngine(Protocol):

@@ -63,9 +63,18 @@ class InTurnEngine:
             for idx, seed in zip(sites.site_indices, sites.seeds, strict=True)
         ]
         done = train_sites_in_turn(
-            spec.model, sites.global_params, sites.x, sites.y, sites.site_indices, schedules,
-            cfg.recipe, spec.device, sites.states, spec.loss, spec.train_step,
-        )  # fmt: skip
+            spec.model,
+            sites.global_params,
+            sites.x,
+            sites.y,
+            sites.site_indices,
+            schedules,
+            cfg.recipe,
+            spec.device,
+            sites.states,
+            spec.loss,
+            spec.train_step,
+        )
         if out is None:
             return done
         for name, d in done.deltas.items():

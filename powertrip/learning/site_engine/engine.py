@@ -63,10 +63,13 @@ class RankEngine:
         if state is not None and state is not self._handed:
             group.load_state(state)
         result = group.train_round(
-            sites.global_params, rows, state_reset=state is None,
-            first_step=0 if state is None else None, deadline_s=deadline_s,
+            sites.global_params,
+            rows,
+            state_reset=state is None,
+            first_step=0 if state is None else None,
+            deadline_s=deadline_s,
             round_index=round_index,
-        )  # fmt: skip
+        )
         self.last = result
         deltas = delta_rows(sites, out)
         for name, d in result.delta.items():
