@@ -30,6 +30,10 @@ __all__ = [
 ]
 
 
+#: each site's seed (its batch order): a list, or the int64 vector ``site_seeds`` draws at once
+Seeds = Sequence[int] | np.ndarray
+
+
 @dataclass(frozen=True)
 class LocalTrainingConfig:
     lr: float
@@ -84,7 +88,7 @@ class RoundBatches:
     widths: list[int]  # columns of ``gather`` each step needs (its fullest site's samples)
 
 
-def round_orders(config: LocalTrainingConfig, sizes: NDArray, seeds: Sequence[int]) -> NDArray:
+def round_orders(config: LocalTrainingConfig, sizes: NDArray, seeds: Seeds) -> NDArray:
     """[k, epochs, max(sizes)] positions: site i's order in each local epoch (-1 past its
     ``sizes[i]`` samples), exactly ``site_schedule``'s: ``default_rng(seed).permutation(n)``
     per epoch. Drawn for all sites in one vectorised call (``batch_orders``) when that is
@@ -112,7 +116,7 @@ def round_orders(config: LocalTrainingConfig, sizes: NDArray, seeds: Sequence[in
 def round_batches(
     config: LocalTrainingConfig,
     site_indices: Sequence[np.ndarray],
-    seeds: Sequence[int],
+    seeds: Seeds,
     rows: int,
     fixed_width: bool = False,
     orders: NDArray | None = None,

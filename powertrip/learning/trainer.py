@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from powertrip.learning.batches import LocalTrainingConfig, site_schedule
+from powertrip.learning.batches import LocalTrainingConfig, Seeds, site_schedule
 from powertrip.learning.device import TorchParams, resolve_device, scalar
 from powertrip.learning.engines import (
     EngineSpec,
@@ -88,7 +88,7 @@ class SiteTrainer:
         x: torch.Tensor,
         y: torch.Tensor,
         site_indices: Sequence[np.ndarray],
-        seeds: Sequence[int],
+        seeds: Seeds,
         states: Sequence[SiteState | None] | None = None,
     ) -> SiteUpdates:
         """Train every site in ``site_indices`` (rows of x/y it owns) from ``global_params``;

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from powertrip.learning.batches import LocalTrainingConfig
+from powertrip.learning.batches import LocalTrainingConfig, Seeds
 from powertrip.learning.device import TorchParams, host_rows
 from powertrip.learning.site_optim import SiteState
 
@@ -88,7 +88,7 @@ class LocalRound:
     x: torch.Tensor
     y: torch.Tensor
     site_indices: Sequence[np.ndarray]
-    seeds: Sequence[int]
+    seeds: Seeds
     states: Sequence[SiteState | None] = field(default_factory=list)
 
     def __post_init__(self) -> None:
