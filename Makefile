@@ -48,6 +48,8 @@ experiment: $(VENV)/.installed
 
 test: $(VENV)/.installed-extras
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy -p powertrip
 	$(VENV)/bin/pytest -q --durations=25
 
 # Every GPU check in one step (CUDA tests, the quick study on CUDA, the GPU benchmarks), one

@@ -42,8 +42,12 @@ def entry(r: int, rng: np.random.Generator) -> dict:
 
 
 def state(r: int) -> dict:
-    return {"clock_s": 61.25 * r, "accuracy": 0.5 + r * 1e-6, "policy": "powertrip",
-            "initial": [0.1, 2.3]}  # fmt: skip
+    return {
+        "clock_s": 61.25 * r,
+        "accuracy": 0.5 + r * 1e-6,
+        "policy": "powertrip",
+        "initial": [0.1, 2.3],
+    }
 
 
 def run(directory: Path, rounds: int) -> dict:

@@ -60,8 +60,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     rows = []
     ok = True
-    head = ("model", "params", "fp32 GB", "wire", "shards", "upload s", "GB/s",
-            "peak GB", "growth GB", "x model", "target", "model")  # fmt: skip
+    head = (
+        "model",
+        "params",
+        "fp32 GB",
+        "wire",
+        "shards",
+        "upload s",
+        "GB/s",
+        "peak GB",
+        "growth GB",
+        "x model",
+        "target",
+        "model",
+    )
     fmt = "{:<7} {:>7} {:>7} {:>5} {:>6} {:>8} {:>6} {:>7} {:>9} {:>7} {:>6}  {}"
     print(fmt.format(*head), flush=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -73,9 +85,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             for dtype in args.dtypes.split(","):
                 for shards in (int(n) for n in args.shards.split(",")):
                     ns = argparse.Namespace(
-                        model_mib=0, tensors=0, uploads=1, timeout=args.timeout, client_procs=1,
-                        shapes_file=str(path), bf16=dtype == "bf16", shards=shards, rows=True,
-                    )  # fmt: skip
+                        model_mib=0,
+                        tensors=0,
+                        uploads=1,
+                        timeout=args.timeout,
+                        client_procs=1,
+                        shapes_file=str(path),
+                        bf16=dtype == "bf16",
+                        shards=shards,
+                        rows=True,
+                    )
                     r = run_round("streaming", ns)
                     model_gb = r["model_mib"] * 2**20 / GB
                     growth = (r["peak_mib"] - r["rss_pre_mib"]) * 2**20 / GB
@@ -85,14 +104,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                     ok = ok and good
                     verdict = ("bit-exact" if r["bit_exact"] else "correct") if good else "WRONG"
                     row = {
-                        "model": size, "params_m": params / 1e6, "model_gb": model_gb,
-                        "wire": dtype, "shards": shards, "upload_s": r["upload_s"],
+                        "model": size,
+                        "params_m": params / 1e6,
+                        "model_gb": model_gb,
+                        "wire": dtype,
+                        "shards": shards,
+                        "upload_s": r["upload_s"],
                         "wire_gb_per_s": wire_gb / r["upload_s"],
-                        "peak_gb": r["peak_mib"] * 2**20 / GB, "growth_gb": growth,
-                        "x_model": x, "bit_exact": r["bit_exact"], "errors": r["errors"],
-                        "fold_s": r["fold_s"], "aggregator_cpu_s": r["cpu_s"],
+                        "peak_gb": r["peak_mib"] * 2**20 / GB,
+                        "growth_gb": growth,
+                        "x_model": x,
+                        "bit_exact": r["bit_exact"],
+                        "errors": r["errors"],
+                        "fold_s": r["fold_s"],
+                        "aggregator_cpu_s": r["cpu_s"],
                         "uploader_cpu_s": r["client_cpu_s"],
-                    }  # fmt: skip
+                    }
                     rows.append(row)
                     print(
                         fmt.format(
@@ -108,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                             f"{x:.2f}x",
                             "PASS" if x <= TARGET_X else "MISS",
                             verdict,
-                        ),  # fmt: skip
+                        ),
                         flush=True,
                     )
                     if r["errors"] or r["failed"]:

@@ -72,10 +72,17 @@ class Row:
     def recipe(self, base_steps: int, lr: float) -> LocalOptimizer:
         steps = self.steps(base_steps)
         return LocalOptimizer(
-            name="adamw", lr=lr, betas=(0.9, 0.99), weight_decay=0.1, schedule="cosine",
+            name="adamw",
+            lr=lr,
+            betas=(0.9, 0.99),
+            weight_decay=0.1,
+            schedule="cosine",
             warmup_steps=max(1, steps // 20),  # 100 of 2,000 steps, 25 of 500
-            total_steps=steps, min_lr_ratio=1e-4 / lr, clip_norm=1.0, keep_state=self.keep_state,
-        )  # fmt: skip
+            total_steps=steps,
+            min_lr_ratio=1e-4 / lr,
+            clip_norm=1.0,
+            keep_state=self.keep_state,
+        )
 
 
 def all_rows() -> dict[str, Row]:
@@ -101,8 +108,9 @@ def run_row(row: Row, args: argparse.Namespace, data, val: torch.Tensor) -> tupl
     steps = row.steps(args.steps)
     recipe = row.recipe(args.steps, args.lr)
     inner = min(row.inner_steps, steps)
-    cfg = LocalTrainingConfig(lr=args.lr, batch_size=row.batch, optimizer=recipe,
-                              max_local_steps=inner)  # fmt: skip
+    cfg = LocalTrainingConfig(
+        lr=args.lr, batch_size=row.batch, optimizer=recipe, max_local_steps=inner
+    )
     trainer = SiteTrainer(model, cfg, device="cpu")
     parts = partition_iid(len(data.x_train), row.sites, np.random.default_rng(args.seed))
     outer = make_outer(row.outer, args.outer_lr, args.outer_momentum)
@@ -123,10 +131,13 @@ def run_row(row: Row, args: argparse.Namespace, data, val: torch.Tensor) -> tupl
     for r in range(rounds):
         sites = list(range(row.sites))
         upd = trainer.train(
-            to_torch(params), data.x_train, data.y_train, [parts[s] for s in sites],
+            to_torch(params),
+            data.x_train,
+            data.y_train,
+            [parts[s] for s in sites],
             [site_seed(args.seed, r, s) for s in sites],
             [states[s].for_round(recipe) if s in states else None for s in sites],
-        )  # fmt: skip
+        )
         states.update(zip(sites, upd.opt_state, strict=True))
         agg = aggregation.make(params, bound=bound)
         agg.add_rows(to_numpy(upd.deltas), upd.num_samples.astype(np.float64))
@@ -136,8 +147,12 @@ def run_row(row: Row, args: argparse.Namespace, data, val: torch.Tensor) -> tupl
             last = score(params)
             seen = int(states[0].step) * row.batch * row.sites * SHAPE.context_length
             curve.append((seen, last.nats_per_byte))
-            print(f"  {row.name}: round {r + 1}/{rounds}, {seen:,} bytes, "
-                  f"{last.nats_per_byte:.3f} nats/byte", file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"  {row.name}: round {r + 1}/{rounds}, {seen:,} bytes, "
+                f"{last.nats_per_byte:.3f} nats/byte",
+                file=sys.stderr,
+                flush=True,
+            )
     assert last is not None
     return last, curve
 
@@ -172,12 +187,16 @@ def main(argv: list[str] | None = None) -> int:
     data = load_text(args.data, SHAPE.context_length)
     tokens, _ = read_corpus(args.data)
     val = torch.as_tensor(tokens[len(tokens) - round(len(tokens) * 0.1) :], dtype=torch.long)
-    print(f"# {SHAPE}; {len(data.x_train):,} training windows; validation: all "
-          f"{len(val) - 1:,} predicted bytes; seed {args.seed}; "
-          f"{args.steps} x {BASE_BATCH} windows per row; outer Nesterov lr {args.outer_lr}, "
-          f"momentum {args.outer_momentum}")  # fmt: skip
-    print(f"{'row':<18} {'sites':>5} {'batch':>5} {'H':>4} {'steps':>5} {'outer':>8} "
-          f"{'nats/byte':>9} {'bits/byte':>9} {'s/run':>6}")  # fmt: skip
+    print(
+        f"# {SHAPE}; {len(data.x_train):,} training windows; validation: all "
+        f"{len(val) - 1:,} predicted bytes; seed {args.seed}; "
+        f"{args.steps} x {BASE_BATCH} windows per row; outer Nesterov lr {args.outer_lr}, "
+        f"momentum {args.outer_momentum}"
+    )
+    print(
+        f"{'row':<18} {'sites':>5} {'batch':>5} {'H':>4} {'steps':>5} {'outer':>8} "
+        f"{'nats/byte':>9} {'bits/byte':>9} {'s/run':>6}"
+    )
     results = {}
     for name in args.rows.split(","):
         row = table[name]
@@ -185,12 +204,18 @@ def main(argv: list[str] | None = None) -> int:
         final, curve = run_row(row, args, data, val)
         secs = time.perf_counter() - began
         results[name] = {
-            "row": row.__dict__, "nats_per_byte": final.nats_per_byte,
-            "bits_per_byte": final.bits_per_byte, "seconds": secs, "curve": curve,
-        }  # fmt: skip
-        print(f"{name:<18} {row.sites:>5} {row.batch:>5} {row.inner_steps:>4} "
-              f"{row.steps(args.steps):>5} {row.outer:>8} {final.nats_per_byte:>9.3f} "
-              f"{final.bits_per_byte:>9.3f} {secs:>6.0f}", flush=True)  # fmt: skip
+            "row": row.__dict__,
+            "nats_per_byte": final.nats_per_byte,
+            "bits_per_byte": final.bits_per_byte,
+            "seconds": secs,
+            "curve": curve,
+        }
+        print(
+            f"{name:<18} {row.sites:>5} {row.batch:>5} {row.inner_steps:>4} "
+            f"{row.steps(args.steps):>5} {row.outer:>8} {final.nats_per_byte:>9.3f} "
+            f"{final.bits_per_byte:>9.3f} {secs:>6.0f}",
+            flush=True,
+        )
     for ref in ("single-4x", "single"):
         if ref in results:
             base = results[ref]["nats_per_byte"]

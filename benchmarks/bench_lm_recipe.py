@@ -70,9 +70,10 @@ def _optimizer(model: GPT, r: Recipe) -> torch.optim.Optimizer:
     if r.optimizer == "sgd":
         return torch.optim.SGD(model.parameters(), lr=r.lr)
     decayed = [
-        p for n, p in model.named_parameters()
+        p
+        for n, p in model.named_parameters()
         if p.ndim == 2 and (r.decay_all_2d or n.startswith("blocks."))
-    ]  # fmt: skip
+    ]
     ids = {id(p) for p in decayed}
     rest = [p for p in model.parameters() if id(p) not in ids]
     groups = [
@@ -102,17 +103,26 @@ def train(r: Recipe, train_ids: torch.Tensor, vocab: int, base_steps: int, seed:
             torch.nn.utils.clip_grad_norm_(model.parameters(), r.clip)
         opt.step()
         if (step + 1) % max(1, steps // 4) == 0:  # progress, off the table's stream
-            print(f"  {r.name} seed {seed}: step {step + 1}/{steps} loss {loss.item():.3f}",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"  {r.name} seed {seed}: step {step + 1}/{steps} loss {loss.item():.3f}",
+                file=sys.stderr,
+                flush=True,
+            )
     return model.eval()
 
 
 def recipes(args: argparse.Namespace) -> dict[str, Recipe]:
     found = Recipe(
-        "adamw", BASE_BATCH, lr=args.lr, min_lr=args.min_lr, warmup=args.warmup,
-        schedule=args.schedule, beta2=args.beta2, weight_decay=args.weight_decay,
+        "adamw",
+        BASE_BATCH,
+        lr=args.lr,
+        min_lr=args.min_lr,
+        warmup=args.warmup,
+        schedule=args.schedule,
+        beta2=args.beta2,
+        weight_decay=args.weight_decay,
         decay_all_2d=not args.decay_matrices_only,
-    )  # fmt: skip
+    )
     return {
         "sgd": Recipe("sgd", 32, optimizer="sgd", lr=0.1, schedule="constant", clip=None),
         "adamw": found,
@@ -154,11 +164,15 @@ def main(argv: list[str] | None = None) -> int:
     train_ids, val_ids = ids[: len(ids) - n_val], ids[len(ids) - n_val :]
     seeds = [int(s) for s in args.seeds.split(",")]
     table = recipes(args)
-    print(f"# {SHAPE}, {sum(p.numel() for p in GPT(256, SHAPE).parameters()):,} parameters; "
-          f"validation: all {len(val_ids) - 1:,} predicted bytes; seeds {seeds}")  # fmt: skip
+    print(
+        f"# {SHAPE}, {sum(p.numel() for p in GPT(256, SHAPE).parameters()):,} parameters; "
+        f"validation: all {len(val_ids) - 1:,} predicted bytes; seeds {seeds}"
+    )
     print(f"# adamw: {table['adamw']}")
-    print(f"{'recipe':<10} {'batch':>5} {'steps':>5} {'bytes_seen':>10} "
-          f"{'nats/token':>20} {'nats/byte':>20} {'bits/byte':>20} {'s/run':>6}")  # fmt: skip
+    print(
+        f"{'recipe':<10} {'batch':>5} {'steps':>5} {'bytes_seen':>10} "
+        f"{'nats/token':>20} {'nats/byte':>20} {'bits/byte':>20} {'s/run':>6}"
+    )
     for name in args.recipes.split(","):
         r = table[name]
         evals: list[LMEval] = []
@@ -169,8 +183,12 @@ def main(argv: list[str] | None = None) -> int:
         secs = (time.perf_counter() - began) / len(seeds)
         steps = r.steps(args.steps)
         cells = [_spread([getattr(e, f) for e in evals]) for f in _UNITS]
-        print(f"{name:<10} {r.batch:>5} {steps:>5} {steps * r.batch * SHAPE.context_length:>10,} "
-              + " ".join(f"{c:>20}" for c in cells) + f" {secs:>6.0f}", flush=True)  # fmt: skip
+        print(
+            f"{name:<10} {r.batch:>5} {steps:>5} {steps * r.batch * SHAPE.context_length:>10,} "
+            + " ".join(f"{c:>20}" for c in cells)
+            + f" {secs:>6.0f}",
+            flush=True,
+        )
     return 0
 
 

@@ -100,8 +100,9 @@ def setup(vocab: int, shape: GPTShape, batch: int, steps: int, seed: int = 0):
 def section_a(args, device, vocab, shape) -> None:
     x, y, rows, start = setup(vocab, shape, args.batch, args.steps)
     tokens = rows.size * shape.context_length
-    cfg = SiteEngineConfig(ranks=1, precision=args.precision, compile=args.compile,
-                           micro_batch=args.micro_batch)  # fmt: skip
+    cfg = SiteEngineConfig(
+        ranks=1, precision=args.precision, compile=args.compile, micro_batch=args.micro_batch
+    )
     bf16 = cfg.resolved_precision(device.type) == "bf16"
     compiled = cfg.resolved_compile(device.type)
     torch.set_num_threads(args.threads)
@@ -172,8 +173,9 @@ def section_c(args, device) -> None:
         shape, vocab = gpt_shape(size), 50304
         x, y, rows, start = setup(vocab, shape, args.gpu_batch * ranks, args.gpu_steps)
         tokens = rows.size * shape.context_length
-        cfg = SiteEngineConfig(ranks=ranks, precision="bf16", compile="on",
-                               micro_batch=args.micro_batch)  # fmt: skip
+        cfg = SiteEngineConfig(
+            ranks=ranks, precision="bf16", compile="on", micro_batch=args.micro_batch
+        )
         factory = functools.partial(GPT, vocab, shape, fused_attention=True)
         began = time.perf_counter()
         with SiteGroup(factory, x, y, RECIPE, cfg, device="cuda") as grp:
@@ -183,8 +185,10 @@ def section_c(args, device) -> None:
             r = statistics.median(rates(timed, tokens, args.repeats))
         per_gpu = r / ranks
         mfu = 6 * n_params(vocab, shape) * per_gpu / args.peak_flops
-        print(f"{size:<8} {n_params(vocab, shape) / 1e6:>7.0f}M {ranks:>5} {per_gpu:>10.0f} "
-              f"{mfu:>6.1%} {up:>8.1f}")  # fmt: skip
+        print(
+            f"{size:<8} {n_params(vocab, shape) / 1e6:>7.0f}M {ranks:>5} {per_gpu:>10.0f} "
+            f"{mfu:>6.1%} {up:>8.1f}"
+        )
 
 
 def n_params(vocab: int, shape: GPTShape) -> int:

@@ -45,11 +45,15 @@ class SmallCNN(nn.Module):
     def __init__(self, in_channels: int, num_classes: int) -> None:
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(in_channels, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+            nn.Conv2d(in_channels, 16, 3, padding=1),
+            nn.BatchNorm2d(16),
+            nn.ReLU(),
             nn.MaxPool2d(2),
-            nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
+            nn.Conv2d(16, 32, 3, padding=1),
+            nn.BatchNorm2d(32),
+            nn.ReLU(),
             nn.AdaptiveAvgPool2d(4),
-        )  # fmt: skip
+        )
         self.head = nn.Sequential(nn.Flatten(), nn.Dropout(0.2), nn.Linear(32 * 16, num_classes))
 
     def forward(self, x):

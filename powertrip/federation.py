@@ -104,9 +104,12 @@ def _shape(cfg: ExperimentConfig | CurtailmentConfig) -> GPTShape | None:
 
 
 def _site_trainer(
-    workload: str, model: torch.nn.Module, local: LocalTrainingConfig, device: torch.device,
+    workload: str,
+    model: torch.nn.Module,
+    local: LocalTrainingConfig,
+    device: torch.device,
     data: Dataset,
-) -> SiteTrainer:  # fmt: skip
+) -> SiteTrainer:
     """The trainer of ``model``, with a custom workload's own loss or local step (checked)."""
     custom = custom_workload(workload)
     if custom is None:

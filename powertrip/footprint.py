@@ -37,11 +37,6 @@ from powertrip.sites.profiles import PowerSource
 __all__ = ["Footprint", "FootprintModel", "FootprintSettings", "SiteGrid", "synthetic_price"]
 
 
-
-
-
-
-
 @dataclass(frozen=True)
 class Footprint:
     """Energy (kWh), emissions (kg CO2) and electricity cost ($) of some rounds."""
@@ -104,5 +99,3 @@ class FootprintModel:
         for record in records:
             total = total + self.round(record)
         return total
-
-

@@ -18,5 +18,9 @@ def run_powertrip(
     env = {**os.environ, "POWERTRIP_CACHE_DIR": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
     return subprocess.run(
         [sys.executable, "-m", "powertrip.services.cli.main", *args],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

@@ -21,9 +21,12 @@ def blobs(n: int = 1200, dim: int = 12, classes: int = 4, seed: int = 0) -> pt.D
 def normalised_mlp(data: pt.Dataset) -> nn.Module:
     """An MLP with batch normalisation and dropout: the batched trainer cannot vmap it."""
     return nn.Sequential(
-        nn.Linear(data.in_shape[0], 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Dropout(0.1),
+        nn.Linear(data.in_shape[0], 32),
+        nn.BatchNorm1d(32),
+        nn.ReLU(),
+        nn.Dropout(0.1),
         nn.Linear(32, data.num_classes),
-    )  # fmt: skip
+    )
 
 
 def plain_mlp(data: pt.Dataset) -> nn.Module:
@@ -38,9 +41,13 @@ def halves(labels: np.ndarray, num_sites: int, rng: np.random.Generator) -> list
 
 #: referenced as "tests.workloads:normalised_blobs"
 normalised_blobs = pt.CustomWorkload(
-    name="normalised-blobs", model=normalised_mlp, data=lambda path: blobs(), partitioner=halves,
-    lr=0.1, batch_size=16,
-)  # fmt: skip
+    name="normalised-blobs",
+    model=normalised_mlp,
+    data=lambda path: blobs(),
+    partitioner=halves,
+    lr=0.1,
+    batch_size=16,
+)
 
 
 def plain_blobs() -> pt.CustomWorkload:

@@ -34,11 +34,19 @@ def feedback(rng: np.random.Generator, r: int, selected: np.ndarray, acc: float)
     """A plausible round: a noisy accuracy gain, update dispersion and direction projections."""
     gain, k = float(rng.uniform(-0.002, 0.02)), float(selected.size)
     return RoundFeedback(
-        r, selected, float(rng.uniform(1, 5)), acc + gain, acc,
-        mean_sq_norm=float(rng.uniform(1, 2)), sq_norm_of_mean=float(rng.uniform(0.01, 1)),
-        effective_sites=k, loss=1 - acc - gain, previous_loss=1 - acc,
-        mean_proj=float(rng.uniform(0.01, 0.5)), mean_sq_proj=float(rng.uniform(0.3, 1)),
-    )  # fmt: skip
+        r,
+        selected,
+        float(rng.uniform(1, 5)),
+        acc + gain,
+        acc,
+        mean_sq_norm=float(rng.uniform(1, 2)),
+        sq_norm_of_mean=float(rng.uniform(0.01, 1)),
+        effective_sites=k,
+        loss=1 - acc - gain,
+        previous_loss=1 - acc,
+        mean_proj=float(rng.uniform(0.01, 0.5)),
+        mean_sq_proj=float(rng.uniform(0.3, 1)),
+    )
 
 
 def decisions_ms(profiles: list[SiteProfile], repeats: int) -> list[float]:
@@ -84,11 +92,19 @@ def run(quick: bool, ctx: dict[str, Any]) -> list[Row]:
     for label, profiles in (("same profile", [base] * (rounds + 1)), ("new profile", changing)):
         ms = decisions_ms(profiles, repeats)
         med = statistics.median(ms)
-        rows.append(Row(
-            f"decision: powertrip observe+select at {sites_n} sites, {label} each round", med,
-            "ms", sort_med, "np.argsort of power", sort_med / med, f"<= {TARGET_MS:g} ms",
-            verdict(med <= TARGET_MS), spread=(min(ms), max(ms)),
-            note=f"min/median/max {spread(ms)} ms over rounds 2-{rounds + 1} x {repeats} runs; "
-            f"argsort {spread(sort_ms)} ms",
-        ))  # fmt: skip
+        rows.append(
+            Row(
+                f"decision: powertrip observe+select at {sites_n} sites, {label} each round",
+                med,
+                "ms",
+                sort_med,
+                "np.argsort of power",
+                sort_med / med,
+                f"<= {TARGET_MS:g} ms",
+                verdict(med <= TARGET_MS),
+                spread=(min(ms), max(ms)),
+                note=f"min/median/max {spread(ms)} ms over rounds 2-{rounds + 1} x {repeats} runs; "
+                f"argsort {spread(sort_ms)} ms",
+            )
+        )
     return rows

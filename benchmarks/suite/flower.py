@@ -52,13 +52,21 @@ def run(quick: bool, ctx: dict[str, Any]) -> list[Row]:
     for steps in STEPS:
         timed = result["rounds"][str(steps)][1:] or result["rounds"][str(steps)]
         flower = sites / statistics.median(timed)
-        rows.append(Row(
-            f"training {steps} step(s), {sites} sites: emulator vs Flower {workers} actors",
-            emu[steps], "site-updates/s", flower, "Flower simulation", emu[steps] / flower,
-            f">= {TARGET_X:g}x", verdict(emu[steps] / flower >= TARGET_X),
-            note=f"emulator on {best[steps]} torch thread(s) (" + ", ".join(
-                f"{n}: {r[steps]:.0f}/s" for n, r in by_threads.items()
-            ) + f"); Flower: median of {len(timed)} rounds after the first, Ray start-up excluded",
-        ))  # fmt: skip
+        rows.append(
+            Row(
+                f"training {steps} step(s), {sites} sites: emulator vs Flower {workers} actors",
+                emu[steps],
+                "site-updates/s",
+                flower,
+                "Flower simulation",
+                emu[steps] / flower,
+                f">= {TARGET_X:g}x",
+                verdict(emu[steps] / flower >= TARGET_X),
+                note=f"emulator on {best[steps]} torch thread(s) ("
+                + ", ".join(f"{n}: {r[steps]:.0f}/s" for n, r in by_threads.items())
+                + f"); Flower: median of {len(timed)} rounds after the first, "
+                "Ray start-up excluded",
+            )
+        )
     ctx["flower_wall_s"] = result["wall_s"]
     return rows

@@ -97,9 +97,11 @@ def make_server_app(sites: int, rounds: int, results: dict[str, Any]) -> ServerA
         initial = _task(STEPS[0], sites).fed.initial_params
         for steps in STEPS:
             strategy = TimedRounds(
-                fraction_train=1.0, fraction_evaluate=0.0,
-                min_train_nodes=sites, min_available_nodes=sites,
-            )  # fmt: skip
+                fraction_train=1.0,
+                fraction_evaluate=0.0,
+                min_train_nodes=sites,
+                min_available_nodes=sites,
+            )
             strategy.start(
                 grid=grid,
                 initial_arrays=ArrayRecord(initial),

@@ -108,10 +108,18 @@ def _row(name: str, rate: tuple[float, tuple[float, float]], copy: float) -> Row
     accumulator (3 bytes moved), a memcpy reads and writes (2). ``rate``: ``rate_stats``."""
     mbs, base = rate[0] / MiB, copy / MiB
     traffic = FOLD_TRAFFIC * mbs / (COPY_TRAFFIC * base)
-    return Row(name, mbs, "MiB/s", base, "memcpy (np.copyto)", traffic,
-               f">= {TARGET:.0%} traffic", verdict(traffic >= TARGET),
-               note=f"update bytes/s {mbs / base:.2f}x memcpy's",
-               spread=(rate[1][0] / MiB, rate[1][1] / MiB))  # fmt: skip
+    return Row(
+        name,
+        mbs,
+        "MiB/s",
+        base,
+        "memcpy (np.copyto)",
+        traffic,
+        f">= {TARGET:.0%} traffic",
+        verdict(traffic >= TARGET),
+        note=f"update bytes/s {mbs / base:.2f}x memcpy's",
+        spread=(rate[1][0] / MiB, rate[1][1] / MiB),
+    )
 
 
 def run(quick: bool, ctx: dict[str, Any]) -> list[Row]:

@@ -39,10 +39,19 @@ class Workload:
 def workload(steps: int, sites: int = SITES, device: str = "cpu") -> Workload:
     """The federation the emulator builds for this config (Flower's clients build the same)."""
     cfg = build_config(
-        workload="mnist1d", num_samples=SAMPLES, partition="iid", lr=LR, batch_size=BATCH,
-        local_epochs=-(-steps // 8), max_local_steps=steps, num_sites=sites, seed=SEED,
-        policies=("select-all",), static_sweep=(), target_accuracy=0.99,
-    )  # fmt: skip
+        workload="mnist1d",
+        num_samples=SAMPLES,
+        partition="iid",
+        lr=LR,
+        batch_size=BATCH,
+        local_epochs=-(-steps // 8),
+        max_local_steps=steps,
+        num_sites=sites,
+        seed=SEED,
+        policies=("select-all",),
+        static_sweep=(),
+        target_accuracy=0.99,
+    )
     data = load_workload(cfg, seed=SEED)
     fed = build_federation(cfg, data, SEED, device)
     model = build_model("cnn1d", data.num_classes, data.in_shape).to(device)
@@ -109,17 +118,29 @@ def run(quick: bool, ctx: dict[str, Any]) -> list[Row]:
         emu = sites / statistics.median(t_emu)
         one = sites / statistics.median(t_one)
         ctx.setdefault("emulator_rate", {})[steps] = emu
-        rows.append(Row(
-            f"training {steps} step(s), {sites} sites: emulator vs one model at a time",
-            emu, "site-updates/s", one, "one-by-one loop", emu / one,
-            spread=(sites / max(t_emu), sites / min(t_emu)),
-            note=f"train + StreamingFedAvg fold, median of {repeats}",
-        ))  # fmt: skip
+        rows.append(
+            Row(
+                f"training {steps} step(s), {sites} sites: emulator vs one model at a time",
+                emu,
+                "site-updates/s",
+                one,
+                "one-by-one loop",
+                emu / one,
+                spread=(sites / max(t_emu), sites / min(t_emu)),
+                note=f"train + StreamingFedAvg fold, median of {repeats}",
+            )
+        )
     if torch.cuda.is_available():  # GPU figures, only where there is one
         for steps, rate in emulator_rates(repeats, sites, "cuda").items():
             cpu = ctx["emulator_rate"][steps]
-            rows.append(Row(
-                f"training {steps} step(s), {sites} sites on {torch.cuda.get_device_name()}",
-                rate, "site-updates/s", cpu, "emulator on the CPU", rate / cpu,
-            ))  # fmt: skip
+            rows.append(
+                Row(
+                    f"training {steps} step(s), {sites} sites on {torch.cuda.get_device_name()}",
+                    rate,
+                    "site-updates/s",
+                    cpu,
+                    "emulator on the CPU",
+                    rate / cpu,
+                )
+            )
     return rows

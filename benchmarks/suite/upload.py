@@ -127,9 +127,13 @@ def project_round(mib: int, uploads: int, client_procs: int, rtt_ms: float = 0.0
     from bench_upload_rss import run_round
 
     args = argparse.Namespace(
-        model_mib=mib, tensors=4, uploads=uploads, timeout=600.0, client_procs=client_procs,
+        model_mib=mib,
+        tensors=4,
+        uploads=uploads,
+        timeout=600.0,
+        client_procs=client_procs,
         rtt_ms=rtt_ms,
-    )  # fmt: skip
+    )
     r = run_round("streaming", args)
     if r["errors"]:  # a transport error (a loaded machine): once more; a wrong model is not retried
         print(f"project upload retried once after: {r['errors']}", file=sys.stderr)
@@ -156,14 +160,27 @@ def long_link_rows(mib: int, rtt_ms: float) -> list[Row]:
         del os.environ["BENCH_WINDOW_MIB"]
     name = f"upload {mib} MiB over {rtt_ms:g} ms RTT"
     return [
-        Row(f"{name}: project vs relay ceiling", proj, "MiB/s", ceiling,
-            "bare grpcio, 256 MiB window", proj / ceiling, f">= {TARGET_LINK:.0%}",
+        Row(
+            f"{name}: project vs relay ceiling",
+            proj,
+            "MiB/s",
+            ceiling,
+            "bare grpcio, 256 MiB window",
+            proj / ceiling,
+            f">= {TARGET_LINK:.0%}",
             verdict(proj / ceiling >= TARGET_LINK),
             note="credits from the budget (no measured link here: the whole budget for one "
-            "upload); the delay relay stands in for netem"),
-        Row(f"{name}: fixed 4 MiB window (before) vs relay ceiling", fixed, "MiB/s", ceiling,
-            "bare grpcio, 256 MiB window", fixed / ceiling),
-    ]  # fmt: skip
+            "upload); the delay relay stands in for netem",
+        ),
+        Row(
+            f"{name}: fixed 4 MiB window (before) vs relay ceiling",
+            fixed,
+            "MiB/s",
+            ceiling,
+            "bare grpcio, 256 MiB window",
+            fixed / ceiling,
+        ),
+    ]
 
 
 def run(quick: bool, ctx: dict[str, Any]) -> list[Row]:
@@ -180,22 +197,49 @@ def run(quick: bool, ctx: dict[str, Any]) -> list[Row]:
     many = project_round(mib, uploads, 2)
     x = (many["peak_mib"] - many["rss_pre_mib"]) / many["model_mib"]
     return [
-        Row(f"upload {mib} MiB: project vs raw TCP", proj, "MiB/s", tcp,
-            "raw TCP loopback", proj / tcp, f">= {TARGET_SHARE:.0%}",
-            verdict(proj / tcp >= TARGET_SHARE), spread=proj_spread,
+        Row(
+            f"upload {mib} MiB: project vs raw TCP",
+            proj,
+            "MiB/s",
+            tcp,
+            "raw TCP loopback",
+            proj / tcp,
+            f">= {TARGET_SHARE:.0%}",
+            verdict(proj / tcp >= TARGET_SHARE),
+            spread=proj_spread,
             note=f"median of {repeats} uploads, insecure loopback; {one['upload_s']:.2f} s of "
             f"which the fold after the stream {one['fold_s']:.2f} s; aggregator CPU "
-            f"{one['cpu_s']:.2f} s; raw TCP [{tcp_spread[0]:,.0f}-{tcp_spread[1]:,.0f}] MiB/s"),
-        Row(f"upload {mib} MiB: bare grpcio vs raw TCP (ceiling)", bare, "MiB/s", tcp,
-            "raw TCP loopback", bare / tcp, spread=bare_spread),
-        Row(f"upload {mib} MiB: project vs bare grpcio", proj, "MiB/s", bare, "bare grpcio",
-            proj / bare, spread=proj_spread),
-        Row(f"aggregator peak RSS, {uploads} x {mib} MiB concurrent uploads", x, "x model",
-            target=f"<= {TARGET_RSS_X}x", verdict=verdict(x <= TARGET_RSS_X),
+            f"{one['cpu_s']:.2f} s; raw TCP [{tcp_spread[0]:,.0f}-{tcp_spread[1]:,.0f}] MiB/s",
+        ),
+        Row(
+            f"upload {mib} MiB: bare grpcio vs raw TCP (ceiling)",
+            bare,
+            "MiB/s",
+            tcp,
+            "raw TCP loopback",
+            bare / tcp,
+            spread=bare_spread,
+        ),
+        Row(
+            f"upload {mib} MiB: project vs bare grpcio",
+            proj,
+            "MiB/s",
+            bare,
+            "bare grpcio",
+            proj / bare,
+            spread=proj_spread,
+        ),
+        Row(
+            f"aggregator peak RSS, {uploads} x {mib} MiB concurrent uploads",
+            x,
+            "x model",
+            target=f"<= {TARGET_RSS_X}x",
+            verdict=verdict(x <= TARGET_RSS_X),
             note=f"{uploads * mib / many['upload_s']:.0f} MiB/s aggregate over "
-            f"{many['upload_s']:.1f} s"),
+            f"{many['upload_s']:.1f} s",
+        ),
         *long_link_rows(mib // 2 if quick else 128, 50.0),
-    ]  # fmt: skip
+    ]
 
 
 if __name__ == "__main__":

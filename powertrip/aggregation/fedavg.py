@@ -28,9 +28,14 @@ from powertrip.aggregation.fold_rows import dense_direction, row_sq_norms, share
 from powertrip.learning.params import NumpyParams
 
 __all__ = [  # the rules and, for callers' convenience, what an update is checked against
-    "FOLD_BLOCK", "NumpyParams", "StreamingFedAvg", "UpdateFold", "UpdateRejected",
-    "delta_sketch", "sketch_stride",
-]  # fmt: skip
+    "FOLD_BLOCK",
+    "NumpyParams",
+    "StreamingFedAvg",
+    "UpdateFold",
+    "UpdateRejected",
+    "delta_sketch",
+    "sketch_stride",
+]
 
 #: elements per block of the fold's multiply-add: the ``weight * delta`` temporary stays in cache
 #: (1 MiB of float32); the norm's blocks, so a norm measured while folding equals validation's.

@@ -19,7 +19,6 @@ __all__ = [
     "MAX_WEIGHT",
     "NORM_BLOCK",
     "SKETCH_MAX",
-
     "UpdateRejected",
     "all_finite",
     "check_weight",
@@ -158,8 +157,9 @@ def all_finite(a: NDArray, sq: float | None = None) -> bool:
     return bool(np.isfinite(sq_norm(a) if sq is None else sq)) or bool(np.isfinite(a).all())
 
 
-def rows_well_formed(spec: dict[str, tuple[tuple[int, ...], np.dtype]], stacked: NumpyParams,
-                     w: NDArray) -> bool:  # fmt: skip
+def rows_well_formed(
+    spec: dict[str, tuple[tuple[int, ...], np.dtype]], stacked: NumpyParams, w: NDArray
+) -> bool:
     """The checks of ``validate_update`` that read no values, for every row at once (tensor
     set, shapes, dtypes, weights); finiteness is the caller's (a fold's row norms show it)."""
     return (

@@ -48,10 +48,6 @@ DEFAULT_TRIM_BETA = 0.2
 CHUNK = 1 << 16
 
 
-
-
-
-
 class RobustAggregator(UpdateFold):
     """Norm clipping, then a coordinate-wise trimmed mean or median over the held updates.
 

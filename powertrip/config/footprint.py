@@ -19,25 +19,37 @@ class FootprintSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     train_kw: float = Field(
-        TRAIN_KW, gt=0, exclude_if=lambda v: v == TRAIN_KW,
+        TRAIN_KW,
+        gt=0,
+        exclude_if=lambda v: v == TRAIN_KW,
         description="Power of a site training at full power (kW); a capped site draws its share.",
-    )  # fmt: skip
+    )
     idle_kw: float = Field(
-        IDLE_KW, ge=0, exclude_if=lambda v: v == IDLE_KW,
+        IDLE_KW,
+        ge=0,
+        exclude_if=lambda v: v == IDLE_KW,
         description="Power of a selected site waiting for its round to end (kW).",
-    )  # fmt: skip
+    )
     grid_regions: int = Field(
-        GRID_REGIONS, ge=1, exclude_if=lambda v: v == GRID_REGIONS,
+        GRID_REGIONS,
+        ge=1,
+        exclude_if=lambda v: v == GRID_REGIONS,
         description="Synthetic grid regions (site i in region i mod R) for emissions and cost.",
-    )  # fmt: skip
+    )
     grid_seed: int = Field(
         0, exclude_if=lambda v: v == 0, description="Seed of the synthetic carbon and price series."
     )
     carbon_weight: float = Field(
-        0.5, ge=0, allow_inf_nan=False, exclude_if=lambda v: v == 0.5,
+        0.5,
+        ge=0,
+        allow_inf_nan=False,
+        exclude_if=lambda v: v == 0.5,
         description="powertrip-joint: weight of emissions against round time (0: ignore carbon).",
-    )  # fmt: skip
+    )
     price_weight: float = Field(
-        0.5, ge=0, allow_inf_nan=False, exclude_if=lambda v: v == 0.5,
+        0.5,
+        ge=0,
+        allow_inf_nan=False,
+        exclude_if=lambda v: v == 0.5,
         description="powertrip-joint: weight of electricity cost against round time (0: ignore).",
-    )  # fmt: skip
+    )

@@ -71,9 +71,12 @@ def site_seeds(run_seed: int, round_index: int, sites: Sequence[int] | NDArray) 
     words = (run_seed, round_index, *((s.min(), s.max()) if s.size else ()))
     if not all(0 <= int(v) < 2**32 for v in words):
         return np.array(
-            [np.random.SeedSequence([run_seed, round_index, int(i)]).generate_state(1)[0]
-             for i in s.tolist()], dtype=np.int64,
-        )  # fmt: skip
+            [
+                np.random.SeedSequence([run_seed, round_index, int(i)]).generate_state(1)[0]
+                for i in s.tolist()
+            ],
+            dtype=np.int64,
+        )
     entropy = np.empty((s.size, 3), dtype=_U32)
     entropy[:, 0], entropy[:, 1], entropy[:, 2] = run_seed, round_index, s
     return seed_words(entropy, 1)[:, 0].astype(np.int64)
@@ -88,8 +91,10 @@ class _Pcg64:
         init = [words[:, 2], words[:, 3], words[:, 0], words[:, 1]]  # limbs, low first
         inc = [words[:, 6], words[:, 7], words[:, 4], words[:, 5]]
         # inc = (initseq << 1) | 1, over 128 bits
-        self.inc = [((inc[i] << np.uint64(1)) & _M32) | (inc[i - 1] >> np.uint64(31) if i else 1)
-                    for i in range(4)]  # fmt: skip
+        self.inc = [
+            ((inc[i] << np.uint64(1)) & _M32) | (inc[i - 1] >> np.uint64(31) if i else 1)
+            for i in range(4)
+        ]
         k = len(seeds)
         self.state = [np.zeros(k, dtype=np.uint64) for _ in range(4)]
         idx = np.arange(k)

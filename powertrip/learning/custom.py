@@ -208,9 +208,15 @@ def dataset_from_arrays(
         raise DatasetError(f"dataset {name!r}: {len(g)} group ids for {len(y)} training samples")
     classes = num_classes if num_classes is not None else int(max(y.max(), yt.max())) + 1
     return Dataset(
-        name=name, task="custom", x_train=x, y_train=y,
-        x_test=xt, y_test=yt, num_classes=classes, groups_train=g,
-    )  # fmt: skip
+        name=name,
+        task="custom",
+        x_train=x,
+        y_train=y,
+        x_test=xt,
+        y_test=yt,
+        num_classes=classes,
+        groups_train=g,
+    )
 
 
 def _inputs(values: Any) -> torch.Tensor:

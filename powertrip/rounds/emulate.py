@@ -187,9 +187,14 @@ class Emulator:
         halves = {name: d[::2] for name, d in stacked.items()}
         half.add_rows(halves, weights[::2], None if sq is None else sq[::2])
         outcome = round_outcome(
-            agg, template, self._evaluate, selected=len(selected), half=half,
-            evaluate_half=evaluate_half, outer=outer,
-        )  # fmt: skip
+            agg,
+            template,
+            self._evaluate,
+            selected=len(selected),
+            half=half,
+            evaluate_half=evaluate_half,
+            outer=outer,
+        )
         return replace(
             outcome,
             params=to_torch(outcome.params),

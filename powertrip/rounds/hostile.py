@@ -39,5 +39,3 @@ def poison(update: NumpyParams, attack: Attack, scale: float) -> NumpyParams:
     if attack == "huge":
         return {name: np.full_like(a, HUGE) for name, a in update.items()}
     return {name: a * a.dtype.type(scale) for name, a in update.items()}
-
-

@@ -30,8 +30,6 @@ from powertrip.sites.profiles import PowerSource
 POWER_FLOOR = 1e-3  # a forecast never predicts less (rankings divide by power)
 
 
-
-
 class Forecaster(Protocol):
     name: str
 

@@ -22,8 +22,6 @@ PAPER_NUM_SITES = 100
 UNAVAILABLE_POWER = 1e-9
 
 
-
-
 @dataclass(frozen=True)
 class SiteSet:
     """Static description of N sites, struct-of-arrays so policies can rank with numpy."""

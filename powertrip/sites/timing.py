@@ -20,8 +20,6 @@ DEFAULT_REFERENCE_DISTANCE_MI = 1000.0
 BITS_PER_BYTE = 8
 
 
-
-
 def bandwidth_bps(
     distance_mi: ArrayLike,
     max_bps: float = DEFAULT_MAX_BANDWIDTH_BPS,

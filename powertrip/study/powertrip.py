@@ -198,9 +198,13 @@ def run_study(
             if cfg.round_power == "integrated":
                 time_model = replace(time_model, power=power)
             footprint = FootprintModel(
-                power, cfg.ideal_compute_s, SiteGrid.from_settings(cfg), cfg.train_kw, cfg.idle_kw,
+                power,
+                cfg.ideal_compute_s,
+                SiteGrid.from_settings(cfg),
+                cfg.train_kw,
+                cfg.idle_kw,
                 integrated=cfg.round_power == "integrated",
-            )  # fmt: skip
+            )
         emulators.append(
             Emulator(
                 fed,

@@ -239,13 +239,19 @@ HOST_GONE = (
 @click.option("--workers", help="Comma-separated worker ids, e.g. w0,w1 (added if OUT has a CA).")
 @click.option("--renew", is_flag=True, help="Re-issue every certificate in OUT from its CA.")
 @click.option(
-    "--days", type=click.IntRange(min=1), default=LEAF_DAYS, show_default=True,
+    "--days",
+    type=click.IntRange(min=1),
+    default=LEAF_DAYS,
+    show_default=True,
     help="Validity of the certificates (never past the CA's).",
-)  # fmt: skip
+)
 @click.option(
-    "--ca-days", type=click.IntRange(min=1), default=CA_DAYS, show_default=True,
+    "--ca-days",
+    type=click.IntRange(min=1),
+    default=CA_DAYS,
+    show_default=True,
     help="Validity of a new CA.",
-)  # fmt: skip
+)
 @click.option("--host", "hosts", multiple=True, hidden=True)
 def certs(
     out: Path, workers: str | None, renew: bool, days: int, ca_days: int, hosts: tuple[str, ...]

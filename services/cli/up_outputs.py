@@ -15,15 +15,34 @@ def write_rounds_csv(path: Path, policy: str, rounds: list[aggregator_pb2.RoundS
     with path.open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(
-            ["policy", "round", "time_seconds", "duration_seconds", "sites", "contributions",
-             "accuracy", "loss", "outcome", "selected"]
-        )  # fmt: skip
+            [
+                "policy",
+                "round",
+                "time_seconds",
+                "duration_seconds",
+                "sites",
+                "contributions",
+                "accuracy",
+                "loss",
+                "outcome",
+                "selected",
+            ]
+        )
         for r in rounds:
             w.writerow(
-                [policy, r.round, f"{r.clock_seconds:.3f}", f"{r.duration_seconds:.3f}",
-                 len(r.selected_site_ids), r.contributions, f"{r.accuracy:.4f}", f"{r.loss:.4f}",
-                 r.outcome, " ".join(r.selected_site_ids)]
-            )  # fmt: skip
+                [
+                    policy,
+                    r.round,
+                    f"{r.clock_seconds:.3f}",
+                    f"{r.duration_seconds:.3f}",
+                    len(r.selected_site_ids),
+                    r.contributions,
+                    f"{r.accuracy:.4f}",
+                    f"{r.loss:.4f}",
+                    r.outcome,
+                    " ".join(r.selected_site_ids),
+                ]
+            )
 
 
 def write_scrape_config(path: Path, services: Iterable[Service]) -> Path:

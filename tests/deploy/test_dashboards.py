@@ -67,8 +67,21 @@ class PromQL:
     """The metric names, label names and ``job`` values one query uses (enough of PromQL to
     check names, not a parser)."""
 
-    KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool",
-                "and", "or", "unless", "offset", "inf", "nan"}  # fmt: skip
+    KEYWORDS = {
+        "by",
+        "without",
+        "on",
+        "ignoring",
+        "group_left",
+        "group_right",
+        "bool",
+        "and",
+        "or",
+        "unless",
+        "offset",
+        "inf",
+        "nan",
+    }
 
     def __init__(self, expr: str) -> None:
         self.expr = expr
@@ -241,8 +254,11 @@ def field_metrics(panel: dict[str, Any]) -> dict[str, set[str]]:
 def test_dashboard_plots_accuracy_against_the_run_clock(uid):
     # Wall time is the x axis of every time series; an emulated run's progress is against its
     # own clock, which only an XY chart of the two gauges shows.
-    (panel,) = [p for p in walk(dashboard(DASHBOARDS / f"{uid}.json")["panels"])
-                if p.get("type") == "xychart"]  # fmt: skip
+    (panel,) = [
+        p
+        for p in walk(dashboard(DASHBOARDS / f"{uid}.json")["panels"])
+        if p.get("type") == "xychart"
+    ]
     # Without a plugin version Grafana migrates the options as the pre-10.4 schema and loses
     # the field matchers below.
     assert panel.get("pluginVersion")

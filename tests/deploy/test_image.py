@@ -34,8 +34,11 @@ def instructions() -> list[tuple[str, str]]:
 
 
 def arg_default(name: str) -> str:
-    (value,) = [rest.split("=", 1)[1] for op, rest in instructions()
-                if op == "ARG" and rest.startswith(f"{name}=")]  # fmt: skip
+    (value,) = [
+        rest.split("=", 1)[1]
+        for op, rest in instructions()
+        if op == "ARG" and rest.startswith(f"{name}=")
+    ]
     return value
 
 
@@ -87,9 +90,15 @@ def variant_check() -> str:
 
 @pytest.mark.parametrize(
     ("cuda", "variant", "ok"),
-    [(None, "cpu", True), ("12.6", "cu126", True), ("13.0", "cu130", True),
-     (None, "cu126", False), ("12.6", "cpu", False), ("12.8", "cu126", False)],
-)  # fmt: skip
+    [
+        (None, "cpu", True),
+        ("12.6", "cu126", True),
+        ("13.0", "cu130", True),
+        (None, "cu126", False),
+        ("12.6", "cpu", False),
+        ("12.8", "cu126", False),
+    ],
+)
 def test_image_variant_check_accepts_only_the_torch_asked_for(tmp_path, cuda, variant, ok):
     # The check itself, run against a stand-in torch module of each kind.
     (tmp_path / "torch").mkdir()

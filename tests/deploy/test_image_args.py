@@ -57,8 +57,15 @@ def test_every_pip_call_runs_with_the_pip_index_build_args():
                 calls += 1
                 assert set(PIP_ARGS) <= declared, f"{rest!r} runs before ARG {PIP_ARGS}"
                 bare = rest.replace(TORCH_INDEX_OPTION, "")
-                for option in ("--index-url", "-i ", "--extra-index-url", "--trusted-host",
-                               "--no-index", "--find-links", "PIP_INDEX_URL="):  # fmt: skip
+                for option in (
+                    "--index-url",
+                    "-i ",
+                    "--extra-index-url",
+                    "--trusted-host",
+                    "--no-index",
+                    "--find-links",
+                    "PIP_INDEX_URL=",
+                ):
                     assert option not in bare, f"{option} overrides the build args: {rest!r}"
     assert calls >= 3  # the wheel, torch, the wheel's install
 
@@ -214,12 +221,26 @@ def test_build_takes_packages_from_the_index_it_is_given(tmp_path: Path):
     index = f"http://127.0.0.1:{server.server_address[1]}/simple"
     try:
         out = subprocess.run(
-            [builder(), "build", "--network", "host", "--target", "wheel",
-             "--build-arg", f"BASE_IMAGE={base}", "--build-arg", f"PIP_INDEX_URL={index}",
-             *shlex.split(os.environ.get("POWERTRIP_TEST_BUILD_OPTS", "")),
-             "--file", str(DOCKERFILE), str(REPO)],
-            capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
+            [
+                builder(),
+                "build",
+                "--network",
+                "host",
+                "--target",
+                "wheel",
+                "--build-arg",
+                f"BASE_IMAGE={base}",
+                "--build-arg",
+                f"PIP_INDEX_URL={index}",
+                *shlex.split(os.environ.get("POWERTRIP_TEST_BUILD_OPTS", "")),
+                "--file",
+                str(DOCKERFILE),
+                str(REPO),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     finally:
         server.shutdown()
     log = out.stdout + out.stderr

@@ -139,10 +139,23 @@ def link() -> Iterator[Link]:
         for ns in (link.tx_ns, link.rx_ns):
             subprocess.run(["ip", "netns", "add", ns], check=True)
         subprocess.run(
-            ["ip", "link", "add", link.tx_if, "netns", link.tx_ns, "type", "veth",
-             "peer", "name", link.rx_if, "netns", link.rx_ns],
+            [
+                "ip",
+                "link",
+                "add",
+                link.tx_if,
+                "netns",
+                link.tx_ns,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                link.rx_if,
+                "netns",
+                link.rx_ns,
+            ],
             check=True,
-        )  # fmt: skip
+        )
         for ns, iface, ip in (
             (link.tx_ns, link.tx_if, link.tx_ip),
             (link.rx_ns, link.rx_if, link.rx_ip),
@@ -191,9 +204,17 @@ def goodput_mbit(link: Link, payload_bytes: int) -> float:
     try:
         port = receiver.stdout.readline().strip()
         sender = run(
-            "ip", "netns", "exec", link.tx_ns, sys.executable, "-c", SENDER,
-            link.rx_ip, port, str(payload_bytes),
-        )  # fmt: skip
+            "ip",
+            "netns",
+            "exec",
+            link.tx_ns,
+            sys.executable,
+            "-c",
+            SENDER,
+            link.rx_ip,
+            port,
+            str(payload_bytes),
+        )
         assert sender.returncode == 0, sender.stderr
         out, _ = receiver.communicate(timeout=15)
     finally:

@@ -423,8 +423,11 @@ def compose_config(*files: Path) -> dict[str, Any]:
         pytest.skip("docker-compose not installed")
     out = subprocess.run(
         [*command, *(a for f in files for a in ("-f", str(f))), "config"],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     return yaml.safe_load(out.stdout)
 

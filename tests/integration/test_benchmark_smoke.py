@@ -15,17 +15,25 @@ def run_benchmark(script: str, *args: str, timeout_s: float) -> str:
     """``benchmarks/<script>`` with ``args``: its stdout, once it exited 0."""
     done = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / script), *args],
-        capture_output=True, text=True, timeout=timeout_s,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout
 
 
 def test_the_upload_memory_benchmark_folds_every_update_correctly():
     out = run_benchmark(
-        "bench_upload_rss.py", "--model-mib", "4", "--uploads", "2", "--timeout", "60",
+        "bench_upload_rss.py",
+        "--model-mib",
+        "4",
+        "--uploads",
+        "2",
+        "--timeout",
+        "60",
         timeout_s=180,
-    )  # fmt: skip
+    )
     assert out.count("model correct (2/2 folded)") == 2  # streaming and naive
 
 
@@ -58,9 +66,15 @@ def test_the_stream_window_benchmark_shows_the_window_over_rtt_bound():
     # one stream cannot beat window / RTT: with the relay's 50 ms, a 4 MiB window caps it at
     # 80 MiB/s, below what the relay itself moves without a delay (~365 MiB/s here)
     out = run_benchmark(
-        "bench_stream_window.py", "--rtt-ms", "50", "--windows", "4", "--mib", "16",
+        "bench_stream_window.py",
+        "--rtt-ms",
+        "50",
+        "--windows",
+        "4",
+        "--mib",
+        "16",
         timeout_s=120,
-    )  # fmt: skip
+    )
     fixed, bdp = [line.split() for line in out.splitlines() if line.lstrip().startswith("50 ")]
     assert fixed[1:4] == ["window", "4", "MiB"] and bdp[1:3] == ["gRPC", "default"]
     assert 0 < float(fixed[4]) <= 4 / 0.050 * 1.05
@@ -68,11 +82,31 @@ def test_the_stream_window_benchmark_shows_the_window_over_rtt_bound():
 
 def test_the_site_engine_benchmark_times_the_engine_against_the_plain_loop_and_over_ranks():
     out = run_benchmark(
-        "bench_site_engine.py", "--device", "cpu", "--layers", "1", "--d-model", "16",
-        "--heads", "2", "--context", "8", "--vocab", "16", "--batch", "4", "--steps", "2",
-        "--repeats", "1", "--ranks", "1,2", "--sections", "a,b",
+        "bench_site_engine.py",
+        "--device",
+        "cpu",
+        "--layers",
+        "1",
+        "--d-model",
+        "16",
+        "--heads",
+        "2",
+        "--context",
+        "8",
+        "--vocab",
+        "16",
+        "--batch",
+        "4",
+        "--steps",
+        "2",
+        "--repeats",
+        "1",
+        "--ranks",
+        "1,2",
+        "--sections",
+        "a,b",
         timeout_s=240,
-    )  # fmt: skip
+    )
     lines = out.splitlines()
     engine = next(line for line in lines if line.startswith("site engine (round)"))
     ratio = engine.split()[6]  # site engine (round) min median max ratio

@@ -354,8 +354,12 @@ def test_a_service_with_an_expired_certificate_refuses_to_start_in_one_line(pki,
     env |= {"POWERTRIP_GRPC_PORT": "0", "POWERTRIP_METRICS_PORT": "0", **tls_env(bad, "profiler")}
     proc = subprocess.run(
         [sys.executable, "-m", "powertrip.services.profiler"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "our certificate expired at" in lines[0], proc.stderr

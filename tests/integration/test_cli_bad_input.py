@@ -99,9 +99,15 @@ def test_a_logdir_that_cannot_be_written_is_refused_first(args, flag, tmp_path):
 def test_curtail_refuses_values_that_never_end(args, flag, tmp_path):
     out = tmp_path / "out"
     proc = run_powertrip(
-        "curtail", "--preset", "curtailment-quick", *args, "--output", str(out),
-        tmp_path=tmp_path, timeout=60,
-    )  # fmt: skip
+        "curtail",
+        "--preset",
+        "curtailment-quick",
+        *args,
+        "--output",
+        str(out),
+        tmp_path=tmp_path,
+        timeout=60,
+    )
     refused(proc, flag)
     assert not out.exists()
 
@@ -144,8 +150,16 @@ def test_up_refuses_bad_numbers_before_starting_a_service(args, flag, tmp_path):
 def test_a_static_sweep_beyond_the_site_count_is_refused(args, tmp_path):
     out = tmp_path / "out"
     proc = run_powertrip(
-        "experiment", "--sites", "4", "--sweep", "10,20", *args, "--output", str(out),
-        tmp_path=tmp_path, timeout=60,
-    )  # fmt: skip
+        "experiment",
+        "--sites",
+        "4",
+        "--sweep",
+        "10,20",
+        *args,
+        "--output",
+        str(out),
+        tmp_path=tmp_path,
+        timeout=60,
+    )
     refused(proc, "--sweep 10,20", "--sites 4")
     assert not out.exists()

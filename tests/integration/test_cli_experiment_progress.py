@@ -12,8 +12,9 @@ LINE = re.compile(r"\[(\d+)/(\d+)\] (\S+) \(repeat 1/1\) done \((\d+) s(?:, eta 
 
 
 def test_a_log_gets_one_line_per_run_with_an_eta_until_the_last(tmp_path):
-    proc = run_powertrip("experiment", *TINY, "--no-plots", "--output", str(tmp_path / "o"),
-                         tmp_path=tmp_path)  # fmt: skip
+    proc = run_powertrip(
+        "experiment", *TINY, "--no-plots", "--output", str(tmp_path / "o"), tmp_path=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr
 
     lines = [m for m in map(LINE.fullmatch, proc.stderr.splitlines()) if m]

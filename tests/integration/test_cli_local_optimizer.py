@@ -16,18 +16,46 @@ from powertrip.services.cli.main import main as powertrip
 from powertrip.study.files import summary_header
 from tests.cli import run_powertrip
 
-TINY = ["--sites", "4", "--sweep", "2,4", "--max-rounds", "2", "--target", "0.3",
-        "--policies", "static-optimal", "--repeats", "1", "--no-plots"]  # fmt: skip
+TINY = [
+    "--sites",
+    "4",
+    "--sweep",
+    "2,4",
+    "--max-rounds",
+    "2",
+    "--target",
+    "0.3",
+    "--policies",
+    "static-optimal",
+    "--repeats",
+    "1",
+    "--no-plots",
+]
 
 
 def test_an_adamw_recipe_trains_and_is_written_to_the_summary(tmp_path):
     out = tmp_path / "run"
-    flags = ["--optimizer", "adamw", "--lr", "0.002", "--weight-decay", "0.1",
-             "--lr-schedule", "cosine", "--warmup-steps", "2", "--total-steps", "50",
-             "--local-clip-norm", "1.0", "--outer", "nesterov", "--outer-lr", "0.5"]  # fmt: skip
-    proc = run_powertrip(
-        "experiment", *TINY, *flags, "--output", str(out), tmp_path=tmp_path
-    )  # fmt: skip
+    flags = [
+        "--optimizer",
+        "adamw",
+        "--lr",
+        "0.002",
+        "--weight-decay",
+        "0.1",
+        "--lr-schedule",
+        "cosine",
+        "--warmup-steps",
+        "2",
+        "--total-steps",
+        "50",
+        "--local-clip-norm",
+        "1.0",
+        "--outer",
+        "nesterov",
+        "--outer-lr",
+        "0.5",
+    ]
+    proc = run_powertrip("experiment", *TINY, *flags, "--output", str(out), tmp_path=tmp_path)
     assert proc.returncode == 0, proc.stderr
     recipe = json.loads((out / "summary.json").read_text())["config"]["local_optimizer"]
     assert recipe["name"] == "adamw" and recipe["schedule"] == "cosine"

@@ -39,9 +39,17 @@ def _walls_follow_the_clock(events: list, clocks: list[float]) -> None:
 def test_experiment_writes_tensorboard_runs_after_its_outputs(tmp_path):
     out, tb = tmp_path / "run", tmp_path / "tb"
     proc = powertrip(
-        "experiment", *TINY, "--no-plots", "--threads", "1", "--output", str(out),
-        "--tensorboard", str(tb), tmp_path=tmp_path,
-    )  # fmt: skip
+        "experiment",
+        *TINY,
+        "--no-plots",
+        "--threads",
+        "1",
+        "--output",
+        str(out),
+        "--tensorboard",
+        str(tb),
+        tmp_path=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     assert f"tensorboard --logdir {tb}" in proc.stdout
     with (out / "rounds.csv").open() as f:
@@ -61,10 +69,24 @@ def test_experiment_writes_tensorboard_runs_after_its_outputs(tmp_path):
 def test_curtail_writes_tensorboard_runs(tmp_path):
     out, tb = tmp_path / "run", tmp_path / "tb"
     proc = powertrip(
-        "curtail", "--preset", "curtailment-quick", "--num-samples", "1000", "--shards", "10",
-        "--policies", "curtailment", "--no-plots", "--threads", "1", "--output", str(out),
-        "--tensorboard", str(tb), tmp_path=tmp_path,
-    )  # fmt: skip
+        "curtail",
+        "--preset",
+        "curtailment-quick",
+        "--num-samples",
+        "1000",
+        "--shards",
+        "10",
+        "--policies",
+        "curtailment",
+        "--no-plots",
+        "--threads",
+        "1",
+        "--output",
+        str(out),
+        "--tensorboard",
+        str(tb),
+        tmp_path=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     with (out / "rounds.csv").open() as f:
         rows = [r for r in csv.DictReader(f) if r["run"] == "curtailment"]

@@ -23,9 +23,17 @@ pytestmark = pytest.mark.slow
 def test_up_trains_to_the_target_prints_endpoints_and_writes_rounds(tmp_path):
     out = tmp_path / "up"
     r = powertrip(
-        "up", "--workers", "2", "--sites", "4", "--target", "0.3", "--output", str(out),
+        "up",
+        "--workers",
+        "2",
+        "--sites",
+        "4",
+        "--target",
+        "0.3",
+        "--output",
+        str(out),
         tmp_path=tmp_path,
-    )  # fmt: skip
+    )
     assert r.returncode == 0, r.stderr
     assert "target 0.3 reached" in r.stdout
     for name in ("profiler", "aggregator", "worker-0", "worker-1"):
@@ -41,10 +49,23 @@ def test_up_trains_a_mounted_workload_with_its_natural_partition(tmp_path, share
     DATASET_PATH and PARTITION reach the workers through the run's config."""
     out = tmp_path / "up"
     r = powertrip(
-        "up", "--workers", "2", "--sites", "6", "--workload", "fsdd",
-        "--dataset-path", str(shared_data / "datasets" / "fsdd"), "--partition", "natural",
-        "--max-rounds", "2", "--output", str(out), tmp_path=tmp_path,
-    )  # fmt: skip
+        "up",
+        "--workers",
+        "2",
+        "--sites",
+        "6",
+        "--workload",
+        "fsdd",
+        "--dataset-path",
+        str(shared_data / "datasets" / "fsdd"),
+        "--partition",
+        "natural",
+        "--max-rounds",
+        "2",
+        "--output",
+        str(out),
+        tmp_path=tmp_path,
+    )
     assert r.returncode == 0, r.stderr
     rows = list(csv.DictReader((out / "rounds.csv").open()))
     assert [row["round"] for row in rows] == ["1", "2"]
@@ -90,8 +111,10 @@ def test_a_service_asked_for_a_gpu_it_lacks_exits_2_naming_the_variable(kind, en
     done = subprocess.run(
         [service_executable(kind)],
         env={**clean, **env, "POWERTRIP_DEVICE": "cuda", "POWERTRIP_INSECURE": "1"},
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2
     assert "POWERTRIP_DEVICE='cuda'" in done.stderr and "CUDA is not available" in done.stderr
 
@@ -102,11 +125,28 @@ def test_up_shows_each_endpoint_when_ready_and_lingers_for_a_scraper(tmp_path):
     out = tmp_path / "up"
     env = {**os.environ, "POWERTRIP_CACHE_DIR": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "powertrip.services.cli.main", "up", "--workers", "1",
-         "--sites", "2", "--max-rounds", "2", "--linger", "30", "--output", str(out)],
-        cwd=Path(__file__).resolve().parents[2], env=env, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "powertrip.services.cli.main",
+            "up",
+            "--workers",
+            "1",
+            "--sites",
+            "2",
+            "--max-rounds",
+            "2",
+            "--linger",
+            "30",
+            "--output",
+            str(out),
+        ],
+        cwd=Path(__file__).resolve().parents[2],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         urls, lines = [], []
         deadline = time.monotonic() + 240

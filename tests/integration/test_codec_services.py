@@ -16,9 +16,17 @@ pytestmark = pytest.mark.slow
 
 def test_an_int8_run_trains_over_the_services_as_in_the_emulator(tmp_path):
     plan = ClusterPlan(
-        workers=2, sites=4, policy="select-all", clock="emulated", preset="quick", target=0.9,
-        max_rounds=8, seed=0, log_dir=tmp_path / "logs", extra_env={"POWERTRIP_CODEC": "int8"},
-    )  # fmt: skip
+        workers=2,
+        sites=4,
+        policy="select-all",
+        clock="emulated",
+        preset="quick",
+        target=0.9,
+        max_rounds=8,
+        seed=0,
+        log_dir=tmp_path / "logs",
+        extra_env={"POWERTRIP_CODEC": "int8"},
+    )
     with LocalCluster(plan) as cluster:
         cluster.start()
         status = cluster.wait_done(timeout_s=240)
@@ -28,9 +36,13 @@ def test_an_int8_run_trains_over_the_services_as_in_the_emulator(tmp_path):
     assert max(service[-3:]) > service[0] + 0.05  # the model improves
 
     cfg = build_config(
-        "quick", num_sites=4, policies=("select-all",), target_accuracy=0.9, max_rounds=8,
+        "quick",
+        num_sites=4,
+        policies=("select-all",),
+        target_accuracy=0.9,
+        max_rounds=8,
         codec="int8",
-    )  # fmt: skip
+    )
     ((_, emulated),) = run_study(cfg).runs
     expected = [r.accuracy for r in emulated.rounds[: len(service)]]
     # the same sites, batches and codec with the same residuals; only FedAvg's fold order differs

@@ -17,9 +17,17 @@ WORKLOAD = "tests.workloads:normalised_blobs"  # BatchNorm + dropout: sites trai
 
 def test_a_custom_workload_trains_in_the_services_as_in_the_emulator(tmp_path):
     plan = ClusterPlan(
-        workers=2, sites=4, policy="select-all", clock="emulated", preset="quick", target=0.9,
-        max_rounds=8, seed=0, workload=WORKLOAD, log_dir=tmp_path / "logs",
-    )  # fmt: skip
+        workers=2,
+        sites=4,
+        policy="select-all",
+        clock="emulated",
+        preset="quick",
+        target=0.9,
+        max_rounds=8,
+        seed=0,
+        workload=WORKLOAD,
+        log_dir=tmp_path / "logs",
+    )
     with LocalCluster(plan) as cluster:
         cluster.start()
         status = cluster.wait_done(timeout_s=180)
@@ -27,9 +35,13 @@ def test_a_custom_workload_trains_in_the_services_as_in_the_emulator(tmp_path):
     assert status.time_to_accuracy_seconds > 0
 
     cfg = build_config(
-        "quick", workload=WORKLOAD, num_sites=4, policies=("select-all",),
-        target_accuracy=0.9, max_rounds=8,
-    )  # fmt: skip
+        "quick",
+        workload=WORKLOAD,
+        num_sites=4,
+        policies=("select-all",),
+        target_accuracy=0.9,
+        max_rounds=8,
+    )
     ((_, emulated),) = run_study(cfg).runs
     service = [r.accuracy for r in status.rounds]
     expected = [r.accuracy for r in emulated.rounds[: len(service)]]

@@ -18,8 +18,11 @@ TEXT = REPO.parent / "shared" / "data" / "datasets" / "tinyshakespeare" / "input
 def run_example(name: str, *args: str) -> str:
     done = subprocess.run(
         [sys.executable, str(REPO / "examples" / name), *args],
-        cwd=REPO, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout + done.stderr
 
@@ -40,8 +43,21 @@ def test_the_language_model_learns_a_text_file():
     """A 2-layer byte-level GPT on 3,000 windows of Shakespeare over 4 sites: validation loss
     from ln(256) = 5.55 at initialisation to below 3.0 in 8 rounds."""
     out = run_example(
-        "lm_on_text_file.py", "--text", str(TEXT), "--windows", "3000", "--rounds", "8",
-        "--sites", "4", "--layers", "2", "--d-model", "64", "--context", "32",
-    )  # fmt: skip
+        "lm_on_text_file.py",
+        "--text",
+        str(TEXT),
+        "--windows",
+        "3000",
+        "--rounds",
+        "8",
+        "--sites",
+        "4",
+        "--layers",
+        "2",
+        "--d-model",
+        "64",
+        "--context",
+        "32",
+    )
     losses = [float(v) for v in re.findall(r"validation loss (\d+\.\d+)", out)]
     assert len(losses) == 2 and max(losses) < 3.0, out

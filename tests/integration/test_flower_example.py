@@ -71,19 +71,43 @@ def run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, dict]:
         "PATH": os.pathsep.join([str(BIN), os.environ.get("PATH", "")]),
     }
     link = subprocess.Popen(
-        [BIN / "flower-superlink", "--insecure", "--simulation", "--isolation", "subprocess",
-         "--host", "127.0.0.1", "--port", str(port), "--disable-runtime-dependency-installation"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
+        [
+            BIN / "flower-superlink",
+            "--insecure",
+            "--simulation",
+            "--isolation",
+            "subprocess",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--disable-runtime-dependency-installation",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     result = home / "result.json"
     try:
         wait_healthy(port, link)
         proc = subprocess.run(
-            [BIN / "flwr", "run", str(app), "test", "--stream",
-             "--run-config", f"target-accuracy={TARGET} result-path='{result}'",
-             "--federation-config", f"num-supernodes={NODES} client-resources-num-cpus=1"],
-            env=env, capture_output=True, text=True, timeout=900,
-        )  # fmt: skip
+            [
+                BIN / "flwr",
+                "run",
+                str(app),
+                "test",
+                "--stream",
+                "--run-config",
+                f"target-accuracy={TARGET} result-path='{result}'",
+                "--federation-config",
+                f"num-supernodes={NODES} client-resources-num-cpus=1",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
     finally:
         link.terminate()
         try:

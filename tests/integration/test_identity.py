@@ -182,8 +182,9 @@ def test_a_worker_certificate_claiming_another_worker_registers_and_submits_noth
     code, details = refusal(lambda: register(w0, "w1", ["site-005"]))
     assert code == C.PERMISSION_DENIED and "'w0'" in details and "'w1'" in details
     assert denied("AggregatorService", "RegisterWorker", "identity_mismatch") == n + 1
-    update = SiteUpdate(5, {k: np.zeros(v.shape, v.dtype) for k, v in run.executor.params.items()},
-                        10.0, 0.1)  # fmt: skip
+    update = SiteUpdate(
+        5, {k: np.zeros(v.shape, v.dtype) for k, v in run.executor.params.items()}, 10.0, 0.1
+    )
     code, _ = refusal(lambda: w0.SubmitUpdate(update_messages("w1", 0, update, 4096), timeout=5))
     assert code == C.PERMISSION_DENIED  # not NOT_FOUND: refused before the site is looked up
     # the same through UploadUpdate (credit-metered, what workers send): refused alike
@@ -297,8 +298,9 @@ def test_removing_a_worker_from_the_allow_list_file_denies_its_next_call_within_
         time.sleep(0.1)
     assert code == C.PERMISSION_DENIED and "revoked" in details
     assert time.monotonic() - removed < 2.5
-    update = SiteUpdate(2, {k: np.zeros(v.shape, v.dtype) for k, v in run.executor.params.items()},
-                        10.0, 0.1)  # fmt: skip
+    update = SiteUpdate(
+        2, {k: np.zeros(v.shape, v.dtype) for k, v in run.executor.params.items()}, 10.0, 0.1
+    )
     code, details = refusal(lambda: w2.SubmitUpdate(update_messages("w2", 0, update, 4096)))
     assert code == C.PERMISSION_DENIED and "revoked" in details
     assert refusal(lambda: status(address, pki, "w2"))[0] == C.PERMISSION_DENIED
@@ -367,8 +369,12 @@ def start_profiler(env: dict[str, str]) -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("POWERTRIP_")} | env
     return subprocess.Popen(
         [sys.executable, "-m", "powertrip.services.profiler"],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def test_a_service_without_tls_or_the_insecure_flag_refuses_to_start():
@@ -383,8 +389,12 @@ def test_a_service_without_tls_or_the_insecure_flag_refuses_to_start():
 
 
 def test_an_insecure_service_starts_with_a_loud_plaintext_warning():
-    env = {"POWERTRIP_INSECURE": "1", "POWERTRIP_GRPC_PORT": "0", "POWERTRIP_METRICS_PORT": "0",
-           "POWERTRIP_BIND_HOST": "127.0.0.1"}  # fmt: skip
+    env = {
+        "POWERTRIP_INSECURE": "1",
+        "POWERTRIP_GRPC_PORT": "0",
+        "POWERTRIP_METRICS_PORT": "0",
+        "POWERTRIP_BIND_HOST": "127.0.0.1",
+    }
     proc = start_profiler(env)
     try:
         ready = proc.stdout.readline()  # type: ignore[union-attr]
@@ -414,8 +424,10 @@ def test_the_health_port_is_plaintext_and_serves_health_only(pki):
     servicer = ProfilerServicer(SiteCatalogue(prof_cfg), LinkProber(prof_cfg))
     server, tls_port, health = build_server(
         [lambda s: profiler_pb2_grpc.add_ProfilerServiceServicer_to_server(servicer, s)],
-        "127.0.0.1:0", cfg, names,
-    )  # fmt: skip
+        "127.0.0.1:0",
+        cfg,
+        names,
+    )
     server.start()
     try:
         plain = grpc.insecure_channel(f"127.0.0.1:{port}")

@@ -167,12 +167,13 @@ def test_a_killed_worker_costs_its_site_then_is_left_out_until_it_comes_back(clu
     mark = c.status().round
     wait_for(
         lambda: [
-            r for r in rounds_after(c, mark) if "site-003" in r.selected_site_ids
-            and r.contributions == 4
+            r
+            for r in rounds_after(c, mark)
+            if "site-003" in r.selected_site_ids and r.contributions == 4
         ],
         30,
         "site-003 selected and delivering again",
-    )  # fmt: skip
+    )
     assert sample(agg, "powertrip_workers_alive") == 4
 
 
@@ -210,12 +211,13 @@ def test_a_frozen_worker_goes_offline_within_one_lease_and_rejoins_after_sigcont
     thawed = c.status().round
     wait_for(
         lambda: [
-            r for r in rounds_after(c, thawed) if "site-002" in r.selected_site_ids
-            and r.contributions == 4
+            r
+            for r in rounds_after(c, thawed)
+            if "site-002" in r.selected_site_ids and r.contributions == 4
         ],
         15,
         "the thawed worker delivering again",
-    )  # fmt: skip
+    )
     # its update of the frozen round(s) was never folded in (contributions above); say how it
     # ended: dropped late by the worker itself, or refused / timed out on the way
     log = (c.plan.log_dir / "worker-2.log").read_text().splitlines()
@@ -231,12 +233,13 @@ def test_a_worker_restarted_under_its_id_is_not_double_counted_and_selected_next
     mark = c.status().round
     wait_for(
         lambda: [
-            r for r in rounds_after(c, mark) if "site-001" in r.selected_site_ids
-            and r.contributions == 4
+            r
+            for r in rounds_after(c, mark)
+            if "site-001" in r.selected_site_ids and r.contributions == 4
         ],
         30,
         "the restarted worker delivering",
-    )  # fmt: skip
+    )
     for r in rounds_after(c, last):
         assert r.contributions <= len(r.selected_site_ids), r
 

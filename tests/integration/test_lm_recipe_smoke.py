@@ -13,9 +13,15 @@ def test_the_lm_recipe_benchmark_prints_every_row_with_bits_per_byte(tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(synthetic_corpus(20_000))
     out = run_benchmark(
-        "bench_lm_recipe.py", "--data", str(corpus), "--steps", "8", "--seeds", "0,1",
+        "bench_lm_recipe.py",
+        "--data",
+        str(corpus),
+        "--steps",
+        "8",
+        "--seeds",
+        "0,1",
         timeout_s=300,
-    )  # fmt: skip
+    )
     lines = out.strip().splitlines()
     header = lines.index(next(line for line in lines if line.startswith("recipe")))
     assert lines[header].split()[-4:] == ["nats/token", "nats/byte", "bits/byte", "s/run"]
@@ -32,9 +38,17 @@ def test_the_diloco_benchmark_trains_single_and_four_site_rows_on_equal_bytes(tm
     corpus.write_text(synthetic_corpus(40_000))
     report = tmp_path / "diloco.json"
     run_benchmark(
-        "bench_lm_diloco.py", "--data", str(corpus), "--steps", "8", "--json", str(report),
-        "--rows", "single,diloco-H10-reset,fedavg-H50", timeout_s=300,
-    )  # fmt: skip
+        "bench_lm_diloco.py",
+        "--data",
+        str(corpus),
+        "--steps",
+        "8",
+        "--json",
+        str(report),
+        "--rows",
+        "single,diloco-H10-reset,fedavg-H50",
+        timeout_s=300,
+    )
     rows = json.loads(report.read_text())
     assert list(rows) == ["single", "diloco-H10-reset", "fedavg-H50"]
     for row in rows.values():

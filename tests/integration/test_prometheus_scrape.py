@@ -301,8 +301,9 @@ def test_a_wall_clock_run_fills_every_panel(tmp_path):
     # apart, around a round's observation, and since training got faster 0.5 could be reached
     # ~5 s after the start, before Prometheus had scraped the round histograms twice.
     run = {**SMALL, "target": 0.8, "max_rounds": 40}
-    plan = ClusterPlan(**run, clock="wall", log_dir=tmp_path / "logs",
-                       checkpoint_dir=tmp_path / "checkpoints")  # fmt: skip
+    plan = ClusterPlan(
+        **run, clock="wall", log_dir=tmp_path / "logs", checkpoint_dir=tmp_path / "checkpoints"
+    )
     with scraped_cluster(plan, tmp_path) as (cluster, prom, _):
         status = watch_every_panel(cluster, prom, "powertrip")
     assert status.state != aggregator_pb2.RUN_STATE_FAILED, status.message
@@ -312,9 +313,14 @@ def test_a_curtailment_run_fills_every_panel(tmp_path):
     # curtailment-quick: one site per region of the trace, 3 workers; the data is used up at
     # ~14.6 h of run clock, accuracy passes 0.16 at ~4.4 h: ~6 s paced at 2500 s per s.
     plan = ClusterPlan(
-        workers=3, sites=3, mode="curtailment", curtail_preset="curtailment-quick",
-        target=0.16, pace=2500.0, log_dir=tmp_path / "logs",
-    )  # fmt: skip
+        workers=3,
+        sites=3,
+        mode="curtailment",
+        curtail_preset="curtailment-quick",
+        target=0.16,
+        pace=2500.0,
+        log_dir=tmp_path / "logs",
+    )
     with scraped_cluster(plan, tmp_path) as (cluster, prom, began):
         status = watch_every_panel(cluster, prom, "curtailment")
         took = time.monotonic() - began

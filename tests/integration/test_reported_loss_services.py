@@ -58,11 +58,21 @@ def test_a_worker_claiming_a_huge_loss_gains_its_site_no_selections_under_oort(t
     (hook / "sitecustomize.py").write_text(HOOK)
     path = os.pathsep.join(p for p in (str(hook), os.environ.get("PYTHONPATH")) if p)
     plan = ClusterPlan(
-        workers=1, sites=SITES, policy="oort", clock="emulated", preset="quick",
-        num_samples=400, partition="iid", target=0.99, max_rounds=ROUNDS, seed=0,
-        log_dir=tmp_path / "logs", insecure=True, round_deadline_s=60,
+        workers=1,
+        sites=SITES,
+        policy="oort",
+        clock="emulated",
+        preset="quick",
+        num_samples=400,
+        partition="iid",
+        target=0.99,
+        max_rounds=ROUNDS,
+        seed=0,
+        log_dir=tmp_path / "logs",
+        insecure=True,
+        round_deadline_s=60,
         extra_env={"PYTHONPATH": path, "R36_HOSTILE_SITE": HOSTILE, "R36_HOSTILE_LOSS": "1e300"},
-    )  # fmt: skip
+    )
     with LocalCluster(plan) as cluster:
         cluster.start()
         status = cluster.wait_done(timeout_s=600)

@@ -18,10 +18,19 @@ def test_a_real_aggregator_with_the_median_rule_reproduces_the_emulated_median_r
     three rounds over real sockets give the emulator's median run's accuracy and loss exactly,
     and not FedAvg's."""
     plan = ClusterPlan(
-        workers=2, sites=4, policy="select-all", preset="quick", max_rounds=3,
-        num_samples=600, target=0.99, seed=0, log_dir=tmp_path / "logs", insecure=True,
-        round_deadline_s=30, extra_env={"POWERTRIP_AGGREGATION": "median"},
-    )  # fmt: skip
+        workers=2,
+        sites=4,
+        policy="select-all",
+        preset="quick",
+        max_rounds=3,
+        num_samples=600,
+        target=0.99,
+        seed=0,
+        log_dir=tmp_path / "logs",
+        insecure=True,
+        round_deadline_s=30,
+        extra_env={"POWERTRIP_AGGREGATION": "median"},
+    )
     with LocalCluster(plan) as cluster:
         cluster.start()
         status = cluster.wait_done(timeout_s=120)

@@ -24,10 +24,18 @@ REPORTED = re.compile(r"round (\d+): per-site training loss \[([^\]]*)\], sample
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     plan = ClusterPlan(
-        workers=1, sites=4, policy="oort", clock="emulated", preset="quick", target=0.99,
-        max_rounds=ROUNDS, seed=0, log_dir=tmp_path_factory.mktemp("selectors") / "logs",
-        insecure=True, extra_env={"POWERTRIP_LOG_LEVEL": "DEBUG"},
-    )  # fmt: skip
+        workers=1,
+        sites=4,
+        policy="oort",
+        clock="emulated",
+        preset="quick",
+        target=0.99,
+        max_rounds=ROUNDS,
+        seed=0,
+        log_dir=tmp_path_factory.mktemp("selectors") / "logs",
+        insecure=True,
+        extra_env={"POWERTRIP_LOG_LEVEL": "DEBUG"},
+    )
     with LocalCluster(plan) as c:
         c.start()
         yield c

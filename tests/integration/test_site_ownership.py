@@ -134,8 +134,12 @@ def start_worker(pki: Path, aggregator: str, worker_id: str, sites: str) -> subp
     }
     return subprocess.Popen(
         [sys.executable, "-m", "powertrip.services.worker"],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 # -- the owners map decides, not the order of arrival ---------------------------------------
@@ -176,8 +180,9 @@ def test_the_operator_certificate_cannot_register_or_submit_as_a_worker(pki):
         assert denied("RegisterWorker", "wrong_role") == n + 1
         assert run.registry.owner(3) is None
         params = run.executor.params
-        update = SiteUpdate(3, {k: np.zeros(v.shape, v.dtype) for k, v in params.items()},
-                            10.0, 0.1)  # fmt: skip
+        update = SiteUpdate(
+            3, {k: np.zeros(v.shape, v.dtype) for k, v in params.items()}, 10.0, 0.1
+        )
         n = denied("SubmitUpdate", "wrong_role")
         code, details = refusal(
             lambda: operator.SubmitUpdate(update_messages("operator", 0, update, 4096), timeout=5)
@@ -208,8 +213,11 @@ def test_the_owners_file_moves_a_site_to_its_new_owner_without_a_restart(pki, tm
         w0, w1 = as_cert(address, pki, "w0"), as_cert(address, pki, "w1")
         register(w0, "w0", ["site-000", "site-001"])
         path.write_text("w0: 0\nw1: 1-3\n")
-        wait_for(lambda: _admitted(lambda: register(w1, "w1", ["site-001", "site-002"])), 3.0,
-                 "w1 admitted to site-001 after the file gave it")  # fmt: skip
+        wait_for(
+            lambda: _admitted(lambda: register(w1, "w1", ["site-001", "site-002"])),
+            3.0,
+            "w1 admitted to site-001 after the file gave it",
+        )
         assert run.registry.owner(1).worker_id == "w1"  # taken from w0, which held it
         code, details = refusal(lambda: register(w0, "w0", ["site-000", "site-001"]))
         assert code == C.PERMISSION_DENIED and details.endswith("site-001: assigned to 'w1'")
@@ -235,8 +243,11 @@ def test_a_refused_worker_process_keeps_running_and_logs_the_refusal_once(bound,
     n = denied("RegisterWorker", "site_not_assigned")
     squatter = Worker(pki, address, "w1", "0-1")  # w0's sites, with w1's certificate
     try:
-        wait_for(lambda: denied("RegisterWorker", "site_not_assigned") >= n + 5, 60,
-                 "five refused attempts")  # fmt: skip
+        wait_for(
+            lambda: denied("RegisterWorker", "site_not_assigned") >= n + 5,
+            60,
+            "five refused attempts",
+        )
         assert squatter.alive(), "the refused worker exited"
         assert run.registry.owner(0) is None
         w0 = as_cert(address, pki, "w0")
@@ -301,8 +312,12 @@ def test_a_bad_owners_map_stops_the_aggregator_with_exit_2_naming_the_entry():
     }
     proc = subprocess.Popen(
         [sys.executable, "-m", "powertrip.services.aggregator"],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         _, err = proc.communicate(timeout=60)
     finally:

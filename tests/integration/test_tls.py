@@ -85,12 +85,11 @@ def aggregator_cfg(certs: Path, allowed: str = "w0,w1") -> AggregatorConfig:
 def serve_aggregator(cfg: AggregatorConfig) -> tuple[grpc.Server, str, AggregatorRun]:
     run = AggregatorRun(cfg)
     server, port, health = build_server(
-        [lambda s: add_to_server(
-            AggregatorServicer(run), s)],
+        [lambda s: add_to_server(AggregatorServicer(run), s)],
         "127.0.0.1:0",
         cfg,
         [SERVICE],
-    )  # fmt: skip
+    )
     server.start()
     set_serving(health, [SERVICE], True)
     return server, f"127.0.0.1:{port}", run

@@ -80,12 +80,27 @@ def installed(tmp_path_factory) -> Installed:
     venv = tmp / "venv"
     _check([sys.executable, "-m", "venv", "--without-pip", str(venv)])
     python = venv / "bin" / "python"
-    _check([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps",
-            "--no-index", "--disable-pip-version-check", str(wheel)])  # fmt: skip
+    _check(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(python),
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-index",
+            "--disable-pip-version-check",
+            str(wheel),
+        ]
+    )
     site = subprocess.run(
         [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True, text=True, check=True,
-    ).stdout.strip()  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     dev = dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))
     (Path(site) / "_dev_venv_dependencies.pth").write_text("".join(f"{d}\n" for d in dev))
     workdir = tmp / "elsewhere"
@@ -120,9 +135,13 @@ def test_another_services_package_on_the_path_does_not_shadow_the_cli(installed)
     env = {**installed.env, "PYTHONPATH": str(installed.workdir)}
     for command in ("powertrip", "powertrip-aggregator"):
         done = subprocess.run(
-            [str(installed.bin / command), "--help"], cwd=installed.workdir, env=env,
-            capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+            [str(installed.bin / command), "--help"],
+            cwd=installed.workdir,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert done.returncode == 0, done.stderr
         assert "the working directory's services package was imported" not in done.stderr
 
@@ -159,9 +178,22 @@ def test_the_installed_package_ships_its_link_shaping_scripts(installed):
 
 def test_powertrip_up_runs_from_a_directory_with_its_own_services_package(installed):
     done = installed.run(
-        "powertrip", "up", "--workers", "2", "--sites", "4", "--samples", "1000",
-        "--target", "0.99", "--max-rounds", "2", "--output", "out", timeout=600,
-    )  # fmt: skip
+        "powertrip",
+        "up",
+        "--workers",
+        "2",
+        "--sites",
+        "4",
+        "--samples",
+        "1000",
+        "--target",
+        "0.99",
+        "--max-rounds",
+        "2",
+        "--output",
+        "out",
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr
     assert (installed.workdir / "out" / "rounds.csv").read_text().count("\n") == 1 + 2
 
@@ -172,10 +204,27 @@ def test_powertrip_up_shapes_links_in_network_namespaces_from_anywhere(installed
     profile.write_text("worker-0 10mbit 1ms\nworker-1 40mbit 1ms\n")
     before = set(namespaces())
     done = installed.run(
-        "powertrip", "up", "--workers", "2", "--sites", "4", "--clock", "wall",
-        "--netns-profile", str(profile),  # mTLS: the certificates name the veth addresses
-        "--policy", "select-all", "--samples", "1000",
-        "--target", "0.99", "--max-rounds", "2", "--output", "out-netns", timeout=600,
-    )  # fmt: skip
+        "powertrip",
+        "up",
+        "--workers",
+        "2",
+        "--sites",
+        "4",
+        "--clock",
+        "wall",
+        "--netns-profile",
+        str(profile),  # mTLS: the certificates name the veth addresses
+        "--policy",
+        "select-all",
+        "--samples",
+        "1000",
+        "--target",
+        "0.99",
+        "--max-rounds",
+        "2",
+        "--output",
+        "out-netns",
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr
     assert set(namespaces()) <= before  # the hub and worker namespaces are gone

@@ -32,14 +32,20 @@ def run_with(clock: str) -> AggregatorRun:
 
 def reply() -> profiler_pb2.GetSiteProfilesResponse:
     probed = common_pb2.SiteProfile(
-        site_id="site-001", power_fraction=0.5, modelled_latency_seconds=0.01,
-        modelled_bandwidth_bytes_per_second=1e9, rtt_seconds=0.2,
-        bandwidth_bytes_per_second=2.5e6, measured_at_seconds=3.0,
-    )  # fmt: skip
+        site_id="site-001",
+        power_fraction=0.5,
+        modelled_latency_seconds=0.01,
+        modelled_bandwidth_bytes_per_second=1e9,
+        rtt_seconds=0.2,
+        bandwidth_bytes_per_second=2.5e6,
+        measured_at_seconds=3.0,
+    )
     unprobed = common_pb2.SiteProfile(
-        site_id="site-000", power_fraction=0.9, modelled_latency_seconds=0.02,
+        site_id="site-000",
+        power_fraction=0.9,
+        modelled_latency_seconds=0.02,
         modelled_bandwidth_bytes_per_second=5e8,
-    )  # fmt: skip
+    )
     return profiler_pb2.GetSiteProfilesResponse(sites=[probed, unprobed])  # any order
 
 
@@ -106,9 +112,11 @@ def rounds_over(masks: list[list[bool] | None], policy: str = "select-all", k: i
     def profile_at(t: float) -> SiteProfile:
         mask = masks[len(rec.asked)]
         return SiteProfile(
-            power, np.full(sites, 0.1), np.zeros(sites),
+            power,
+            np.full(sites, 0.1),
+            np.zeros(sites),
             available=None if mask is None else np.array(mask),
-        )  # fmt: skip
+        )
 
     rec = Recorder()
     policy_ = build_policy(policy, PolicyContext(k_star=k))

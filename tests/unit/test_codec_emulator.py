@@ -36,9 +36,16 @@ def _emulator(cfg, data, cache=None):
     tm = TimeModel(cfg.ideal_compute_s, wire_update_bytes(cfg, fed.initial_params))
     tm = TimeModel(tm.ideal_compute_s, tm.update_bytes, RoundTimeModel.PER_SITE_MAX)
     em = Emulator(
-        fed, sites, StaticPower(sites.base_power), ModelledLinks(sites), tm, 0, cache,
-        codec=cfg.codec, error_feedback=cfg.error_feedback,
-    )  # fmt: skip
+        fed,
+        sites,
+        StaticPower(sites.base_power),
+        ModelledLinks(sites),
+        tm,
+        0,
+        cache,
+        codec=cfg.codec,
+        error_feedback=cfg.error_feedback,
+    )
     return fed, em
 
 

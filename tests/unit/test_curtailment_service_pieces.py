@@ -69,9 +69,14 @@ def test_the_inbox_refuses_stale_foreign_and_duplicate_updates_and_closes_missin
 def test_curtailment_mode_reads_its_run_from_the_environment():
     cfg = load_config(
         AggregatorConfig,
-        {**BASE, "POWERTRIP_CURTAIL_PRESET": "curtailment-quick", "POWERTRIP_SEED": "4",
-         "POWERTRIP_REGIONS": "region-1, region-0", "POWERTRIP_PROVISIONING_S": "60"},
-    )  # fmt: skip
+        {
+            **BASE,
+            "POWERTRIP_CURTAIL_PRESET": "curtailment-quick",
+            "POWERTRIP_SEED": "4",
+            "POWERTRIP_REGIONS": "region-1, region-0",
+            "POWERTRIP_PROVISIONING_S": "60",
+        },
+    )
     run = cfg.curtailment()
     assert (run.name, run.num_samples, run.seed) == ("curtailment-quick", 4_000, 4)
     assert run.regions == ("region-1", "region-0") and run.provisioning_s == 60

@@ -83,8 +83,9 @@ def test_the_per_site_loop_uses_the_custom_loss_too(setup):
     batched = trainer.train(state, x, y, SITES, SEEDS)
     schedules = [trainer._site_schedule(len(s), seed) for s, seed in zip(SITES, SEEDS, strict=True)]
 
-    in_turn = train_sites_in_turn(model, state, x, y, SITES, schedules, LR, trainer.device,
-                                  loss_fn=one_hot_mse)  # fmt: skip
+    in_turn = train_sites_in_turn(
+        model, state, x, y, SITES, schedules, LR, trainer.device, loss_fn=one_hot_mse
+    )
 
     np.testing.assert_allclose(batched.loss, in_turn.loss, rtol=1e-5)
     for name in state:
@@ -100,15 +101,29 @@ def test_evaluation_reports_the_custom_loss(setup):
 
 
 def _emulator(workload: pt.CustomWorkload) -> Emulator:
-    cfg = pt.build_config(None, workload=pt.register_workload(workload), num_sites=3,
-                          policies=("select-all",), static_sweep=(), target_accuracy=0.99,
-                          max_rounds=1)  # fmt: skip
+    cfg = pt.build_config(
+        None,
+        workload=pt.register_workload(workload),
+        num_sites=3,
+        policies=("select-all",),
+        static_sweep=(),
+        target_accuracy=0.99,
+        max_rounds=1,
+    )
     sites = generate_sites(cfg.num_sites, np.random.default_rng(cfg.site_seed))
     fed = build_federation(cfg, load_workload(cfg), 0)
     tm = TimeModel(cfg.ideal_compute_s, cfg.update_bytes, RoundTimeModel.PER_SITE_MAX)
     # plain FedAvg: these tests check what a custom step makes against the exact mean
-    return Emulator(fed, sites, StaticPower(sites.base_power), ModelledLinks(sites), tm, 0,
-                    TrajectoryCache(), Aggregation("fedavg"))  # fmt: skip
+    return Emulator(
+        fed,
+        sites,
+        StaticPower(sites.base_power),
+        ModelledLinks(sites),
+        tm,
+        0,
+        TrajectoryCache(),
+        Aggregation("fedavg"),
+    )
 
 
 def test_a_custom_train_step_is_called_and_what_it_made_is_what_fedavg_averages():
@@ -121,9 +136,15 @@ def test_a_custom_train_step_is_called_and_what_it_made_is_what_fedavg_averages(
                 p.add_(lr)  # every weight moves by lr per step
         return 0.5
 
-    workload = pt.CustomWorkload(name="shift-step", model=normalised_mlp, data=blobs(),
-                                 partitioner=halves, lr=0.01, batch_size=50,
-                                 train_step=shift_by_lr)  # fmt: skip
+    workload = pt.CustomWorkload(
+        name="shift-step",
+        model=normalised_mlp,
+        data=blobs(),
+        partitioner=halves,
+        lr=0.01,
+        batch_size=50,
+        train_step=shift_by_lr,
+    )
     em = _emulator(workload)
     assert em.fed.trainer.unbatched_reason == "the workload brings its own train_step"
     start = em.state_dict(em.fed.initial_params)
@@ -165,20 +186,33 @@ def test_a_loss_vmap_cannot_batch_is_refused_with_the_way_out():
 
 
 def test_a_train_step_that_returns_no_loss_is_refused_naming_the_workload():
-    workload = pt.CustomWorkload(name="silent-step", model=plain_mlp, data=blobs(),
-                                 train_step=lambda model, x, y, lr: None)  # fmt: skip
+    workload = pt.CustomWorkload(
+        name="silent-step", model=plain_mlp, data=blobs(), train_step=lambda model, x, y, lr: None
+    )
 
     with pytest.raises(ValueError, match="workload 'silent-step': train_step must return"):
         _emulator(workload).run(SelectAll(), None, 1)
 
 
 def test_a_train_step_with_another_local_optimizer_is_refused():
-    name = pt.register_workload(pt.CustomWorkload(
-        name="step-adamw", model=plain_mlp, data=blobs(), train_step=lambda m, x, y, lr: 0.0,
-    ))  # fmt: skip
-    cfg = pt.build_config(None, workload=name, num_sites=3, policies=("select-all",),
-                          static_sweep=(), target_accuracy=0.9, max_rounds=1,
-                          local_optimizer={"name": "adamw"})  # fmt: skip
+    name = pt.register_workload(
+        pt.CustomWorkload(
+            name="step-adamw",
+            model=plain_mlp,
+            data=blobs(),
+            train_step=lambda m, x, y, lr: 0.0,
+        )
+    )
+    cfg = pt.build_config(
+        None,
+        workload=name,
+        num_sites=3,
+        policies=("select-all",),
+        static_sweep=(),
+        target_accuracy=0.9,
+        max_rounds=1,
+        local_optimizer={"name": "adamw"},
+    )
 
     with pytest.raises(ValueError, match="'step-adamw': its train_step .* plain SGD, got adamw"):
         build_federation(cfg, load_workload(cfg), 0)

@@ -68,9 +68,14 @@ def test_running_statistics_are_state_that_sites_send_and_fedavg_averages():
 def test_a_normalised_model_learns_in_a_study():
     name = pt.register_workload(normalised_blobs)
     cfg = pt.build_config(
-        workload=name, num_sites=4, policies=("select-all",), static_sweep=(),
-        target_accuracy=0.9, max_rounds=8, update_gb=0.01,
-    )  # fmt: skip
+        workload=name,
+        num_sites=4,
+        policies=("select-all",),
+        static_sweep=(),
+        target_accuracy=0.9,
+        max_rounds=8,
+        update_gb=0.01,
+    )
     result = pt.run_study(cfg)
     ((_, run),) = result.runs
     assert run.initial_accuracy < 0.5
@@ -150,9 +155,11 @@ def test_labels_out_of_range_are_refused_naming_the_workload_and_split():
 )
 def test_a_bad_partition_is_refused_naming_the_problem(parts, message):
     w = pt.CustomWorkload(
-        name="bad-split", model=normalised_mlp, data=blobs(60),
+        name="bad-split",
+        model=normalised_mlp,
+        data=blobs(60),
         partitioner=lambda labels, k, rng: parts(len(labels), k),
-    )  # fmt: skip
+    )
     with pytest.raises(ValueError, match=f"workload 'bad-split': the partitioner.*{message}"):
         w.split(np.zeros(20, dtype=np.int64), 3, np.random.default_rng(0))
 

@@ -16,8 +16,14 @@ from powertrip.rounds.emulate import Emulator, TimeModel, TrajectoryCache
 from powertrip.selection.base import StaticTopK
 from powertrip.sites.profiles import ModelledLinks, StaticPower, generate_sites
 
-TINY = {"num_sites": 6, "num_samples": 600, "static_sweep": (2,), "max_rounds": 3,
-        "policies": ("select-all",), "ideal_compute_s": 10.0}  # fmt: skip
+TINY = {
+    "num_sites": 6,
+    "num_samples": 600,
+    "static_sweep": (2,),
+    "max_rounds": 3,
+    "policies": ("select-all",),
+    "ideal_compute_s": 10.0,
+}
 
 
 @pytest.fixture(scope="module")

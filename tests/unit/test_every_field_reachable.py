@@ -182,11 +182,34 @@ def test_the_registries_names_are_the_choices():
 def test_curtails_flags_are_the_ones_users_typed():
     ctx = main.commands["curtail"].make_context(
         "curtail",
-        ["--carbon-trace", "x.csv", "--hold", "30", "--provisioning", "60", "--round-min", "300",
-         "--overhead", "10", "--shards", "20", "--target", "0.5", "--regions", "A,B",
-         "--site-power", "0.5,1", "--reset-optimizer-state", "--betas", "0.9,0.99",
-         "--outer-lr", "0.5", "--eval-every", "60"],
-    )  # fmt: skip
+        [
+            "--carbon-trace",
+            "x.csv",
+            "--hold",
+            "30",
+            "--provisioning",
+            "60",
+            "--round-min",
+            "300",
+            "--overhead",
+            "10",
+            "--shards",
+            "20",
+            "--target",
+            "0.5",
+            "--regions",
+            "A,B",
+            "--site-power",
+            "0.5,1",
+            "--reset-optimizer-state",
+            "--betas",
+            "0.9,0.99",
+            "--outer-lr",
+            "0.5",
+            "--eval-every",
+            "60",
+        ],
+    )
     p = ctx.params
     assert (p["hold_s"], p["provisioning_s"], p["round_min_s"]) == (30, 60, 300)
     assert (p["overhead_s"], p["num_shards"], p["target_accuracy"]) == (10, 20, 0.5)
@@ -220,11 +243,37 @@ def planned(monkeypatch):
 
 def test_ups_run_flags_reach_the_aggregators_run(planned, tmp_path):
     plan = planned(
-        "--output", str(tmp_path), "--workload", "lm", "--optimizer", "adamw", "--betas",
-        "0.9,0.99", "--momentum", "0.8", "--weight-decay", "0", "--codec", "int8",
-        "--aggregation", "trimmed-mean", "--trim-beta", "0.1", "--k0", "3", "--lr", "0.01",
-        "--outer", "nesterov", "--max-rounds", "4", "--batch-size", "8", "--site-seed", "5",
-    )  # fmt: skip
+        "--output",
+        str(tmp_path),
+        "--workload",
+        "lm",
+        "--optimizer",
+        "adamw",
+        "--betas",
+        "0.9,0.99",
+        "--momentum",
+        "0.8",
+        "--weight-decay",
+        "0",
+        "--codec",
+        "int8",
+        "--aggregation",
+        "trimmed-mean",
+        "--trim-beta",
+        "0.1",
+        "--k0",
+        "3",
+        "--lr",
+        "0.01",
+        "--outer",
+        "nesterov",
+        "--max-rounds",
+        "4",
+        "--batch-size",
+        "8",
+        "--site-seed",
+        "5",
+    )
     env = plan.extra_env
     run = load_config(AggregatorConfig, {**env, **AGG}).experiment()
     recipe = run.run_recipe(100)
@@ -238,10 +287,25 @@ def test_ups_run_flags_reach_the_aggregators_run(planned, tmp_path):
 
 def test_ups_curtailment_flags_reach_the_curtailment_run(planned, tmp_path):
     plan = planned(
-        "--output", str(tmp_path), "--mode", "curtailment", "--curtail-preset",
-        "curtailment-quick", "--sites", "3", "--optimizer", "adamw", "--shards", "10",
-        "--eval-samples", "50", "--seed", "3", "--threshold", "120",
-    )  # fmt: skip
+        "--output",
+        str(tmp_path),
+        "--mode",
+        "curtailment",
+        "--curtail-preset",
+        "curtailment-quick",
+        "--sites",
+        "3",
+        "--optimizer",
+        "adamw",
+        "--shards",
+        "10",
+        "--eval-samples",
+        "50",
+        "--seed",
+        "3",
+        "--threshold",
+        "120",
+    )
     mode = {"POWERTRIP_MODE": "curtailment", "POWERTRIP_CURTAIL_PRESET": "curtailment-quick"}
     run = load_config(AggregatorConfig, {**plan.extra_env, **AGG, **mode}).curtailment()
     assert (run.local_optimizer.name, run.num_shards, run.eval_samples) == ("adamw", 10, 50)
@@ -250,9 +314,21 @@ def test_ups_curtailment_flags_reach_the_curtailment_run(planned, tmp_path):
 
 def test_ups_site_engine_flags_reach_the_workers_engine(planned, tmp_path):
     plan = planned(
-        "--output", str(tmp_path), "--workers", "1", "--sites", "1", "--site-ranks", "2",
-        "--site-sharding", "fsdp", "--site-timeout-s", "30", "--site-keep-moments", "false",
-    )  # fmt: skip
+        "--output",
+        str(tmp_path),
+        "--workers",
+        "1",
+        "--sites",
+        "1",
+        "--site-ranks",
+        "2",
+        "--site-sharding",
+        "fsdp",
+        "--site-timeout-s",
+        "30",
+        "--site-keep-moments",
+        "false",
+    )
     worker = {"POWERTRIP_AGGREGATOR_ADDR": "a:1", "POWERTRIP_SITES": "0", **AGG}
     engine = load_config(WorkerConfig, {**plan.extra_env, **worker}).site_engine
     assert (engine.ranks, engine.sharding, engine.timeout_s) == (2, "fsdp", 30)

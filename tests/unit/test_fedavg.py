@@ -401,8 +401,10 @@ def test_validation_and_a_streamed_fold_measure_the_same_norm():
 
     rng = np.random.default_rng(2)
     template = {"w": np.zeros(FOLD_BLOCK + 999, np.float32), "b": np.zeros(7, np.float32)}
-    deltas = [{k: rng.standard_normal(v.size).astype(np.float32) for k, v in template.items()}
-              for _ in range(3)]  # fmt: skip
+    deltas = [
+        {k: rng.standard_normal(v.size).astype(np.float32) for k, v in template.items()}
+        for _ in range(3)
+    ]
     whole, streamed = StreamingFedAvg(template), StreamingFedAvg(template)
     for j, d in enumerate(deltas):
         whole.add(d, float(j + 1))

@@ -60,8 +60,9 @@ def test_the_run_carries_the_final_global_model_as_a_loadable_state_dict(cfg, da
     # loaded into the workload's model, it scores what the run's last round reported
     model = build_federation(cfg, data, 0).trainer.model
     model.load_state_dict(run.model)
-    accuracy, loss = em.fed.trainer.evaluate(dict(model.named_parameters()), em.fed.x_test,
-                                             em.fed.y_test)  # fmt: skip
+    accuracy, loss = em.fed.trainer.evaluate(
+        dict(model.named_parameters()), em.fed.x_test, em.fed.y_test
+    )
     assert accuracy == run.rounds[-1].accuracy
     assert loss == pytest.approx(run.rounds[-1].loss, rel=1e-6)
 
@@ -104,8 +105,15 @@ def test_changing_the_handed_back_model_changes_nothing_the_emulator_keeps(cfg, 
 
 def test_a_model_with_buffers_loads_strictly_with_its_bookkeeping_from_the_start():
     name = pt.register_workload(normalised_blobs)
-    cfg = build_config(None, workload=name, num_sites=3, policies=("select-all",),
-                       static_sweep=(), target_accuracy=0.99, max_rounds=2)  # fmt: skip
+    cfg = build_config(
+        None,
+        workload=name,
+        num_sites=3,
+        policies=("select-all",),
+        static_sweep=(),
+        target_accuracy=0.99,
+        max_rounds=2,
+    )
     data = load_workload(cfg)
     em = _emulator(cfg, data, TrajectoryCache())
     run = em.run(SelectAll(), None, 2)

@@ -25,8 +25,9 @@ def record(selected, duration_s, end_s=1000.0):
 
 
 def model(power, grid=None, train_kw=2.0, idle_kw=0.5):
-    return FootprintModel(StaticPower(np.asarray(power, float)), TAU, grid or SiteGrid(), train_kw,
-                          idle_kw)  # fmt: skip
+    return FootprintModel(
+        StaticPower(np.asarray(power, float)), TAU, grid or SiteGrid(), train_kw, idle_kw
+    )
 
 
 def test_a_capped_site_spends_the_same_training_energy_and_waits_for_the_straggler() -> None:
@@ -81,10 +82,14 @@ def test_settings_reject_negative_weights_and_power() -> None:
 
 def test_a_study_prices_every_run_up_to_the_target_except_the_centralized_baseline(tmp_path):
     cfg = build_config(
-        "quick", num_sites=8, static_sweep=(2, 8), max_rounds=4, target_accuracy=0.99,
-        num_samples=600, policies=("static-optimal", "select-all",
-                                                     "centralized-25"),
-    )  # fmt: skip
+        "quick",
+        num_sites=8,
+        static_sweep=(2, 8),
+        max_rounds=4,
+        target_accuracy=0.99,
+        num_samples=600,
+        policies=("static-optimal", "select-all", "centralized-25"),
+    )
     result = run_study(cfg)
     by = {s.policy: s for s in result.summaries}
     assert by["centralized-25"].footprint is None

@@ -155,11 +155,29 @@ def test_forecast_none_leaves_the_context_without_one():
 
     profile = _ctx(None).profile
     records: list[RoundRecord] = []
-    run_rounds(Spy(), Executor(), lambda t: profile, TimeModel(50.0, 1e9), EmulatedClock(), 0,
-               None, 2, on_round=records.append)  # fmt: skip
+    run_rounds(
+        Spy(),
+        Executor(),
+        lambda t: profile,
+        TimeModel(50.0, 1e9),
+        EmulatedClock(),
+        0,
+        None,
+        2,
+        on_round=records.append,
+    )
     assert len(seen) == 2 and all(c.forecast is None for c in seen)
     oracle = NoisyOracle(StaticPower(profile.power))
     seen.clear()
-    run_rounds(Spy(), Executor(), lambda t: profile, TimeModel(50.0, 1e9), EmulatedClock(), 0,
-               None, 1, forecast=oracle)  # fmt: skip
+    run_rounds(
+        Spy(),
+        Executor(),
+        lambda t: profile,
+        TimeModel(50.0, 1e9),
+        EmulatedClock(),
+        0,
+        None,
+        1,
+        forecast=oracle,
+    )
     assert seen[0].forecast is oracle

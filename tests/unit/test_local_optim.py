@@ -31,19 +31,30 @@ def _torch_reference(recipe: LocalOptimizer, start: dict, row: int, grad_steps: 
     ps = {n: t[row].clone().requires_grad_(True) for n, t in start.items()}
     decay = [p for n, p in ps.items() if decays(n, tuple(p.shape))]
     rest = [p for n, p in ps.items() if not decays(n, tuple(p.shape))]
-    groups = [{"params": decay, "weight_decay": recipe.weight_decay},
-              {"params": rest, "weight_decay": 0.0}]  # fmt: skip
+    groups = [
+        {"params": decay, "weight_decay": recipe.weight_decay},
+        {"params": rest, "weight_decay": 0.0},
+    ]
     if recipe.name == "adamw":
         opt = torch.optim.AdamW(groups, lr=recipe.lr, betas=recipe.betas, eps=recipe.eps)
     else:
         opt = torch.optim.SGD(
-            groups, lr=recipe.lr, momentum=recipe.momentum if recipe.name != "sgd" else 0,
+            groups,
+            lr=recipe.lr,
+            momentum=recipe.momentum if recipe.name != "sgd" else 0,
             nesterov=recipe.name == "nesterov",
-        )  # fmt: skip
+        )
 
     def factor(k: int) -> float:
-        return float(lr_factors(np.array([k]), recipe.schedule, recipe.warmup_steps,
-                                recipe.total_steps, recipe.min_lr_ratio)[0])  # fmt: skip
+        return float(
+            lr_factors(
+                np.array([k]),
+                recipe.schedule,
+                recipe.warmup_steps,
+                recipe.total_steps,
+                recipe.min_lr_ratio,
+            )[0]
+        )
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
     for g in grad_steps:
@@ -67,7 +78,7 @@ RECIPES = [
         total_steps=6,
         min_lr_ratio=0.1,
         clip_norm=1.5,
-    ),  # fmt: skip
+    ),
     LocalOptimizer(name="momentum", lr=0.05, weight_decay=0.01, clip_norm=2.0),
     LocalOptimizer(name="nesterov", lr=0.05, schedule="wsd", total_steps=5),
     LocalOptimizer(name="sgd", lr=0.1, clip_norm=0.5),
@@ -96,8 +107,9 @@ def test_stacked_rows_equal_torch_optimizer_run_on_each_site_alone(recipe):
 
 
 def test_a_site_resumes_its_own_moments_and_step_count_in_a_later_round():
-    recipe = LocalOptimizer(name="adamw", lr=0.01, weight_decay=0.1, schedule="cosine",
-                            total_steps=8, warmup_steps=1)  # fmt: skip
+    recipe = LocalOptimizer(
+        name="adamw", lr=0.01, weight_decay=0.1, schedule="cosine", total_steps=8, warmup_steps=1
+    )
     params = _stacked(2)
     start = {n: t.clone() for n, t in params.items()}
     first = SiteOptimizer(recipe, 2)
@@ -110,8 +122,10 @@ def test_a_site_resumes_its_own_moments_and_step_count_in_a_later_round():
     second.load(saved, swapped)
     for s in range(3, 5):
         second.update(swapped, _grads(2, s), 2)
-    seen = [[_grads(2, s) for s in (0, 1)] + [{n: g.flip(0) for n, g in _grads(2, s).items()}
-                                             for s in (3, 4)]]  # fmt: skip
+    seen = [
+        [_grads(2, s) for s in (0, 1)]
+        + [{n: g.flip(0) for n, g in _grads(2, s).items()} for s in (3, 4)]
+    ]
     want = _torch_reference(recipe, start, 1, seen[0])
     for n in SHAPES:
         torch.testing.assert_close(swapped[n][0], want[n], rtol=1e-5, atol=1e-6)
@@ -144,8 +158,9 @@ def test_schedules_at_known_steps():
     assert lr_factors(steps, "constant", warmup_steps=2).tolist() == [0.5, 1, 1, 1, 1, 1, 1]
     cos = lr_factors(steps, "cosine", warmup_steps=2, total_steps=10, min_lr_ratio=0.1)
     mid = 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 2 / 8))  # step 4: 2 of 8 decay steps
-    np.testing.assert_allclose(cos[:4], [0.5, 1.0, 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi / 8)),
-                                         mid])  # fmt: skip
+    np.testing.assert_allclose(
+        cos[:4], [0.5, 1.0, 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi / 8)), mid]
+    )
     assert cos[-1] == pytest.approx(0.1)
     wsd = lr_factors(steps, "wsd", warmup_steps=0, total_steps=10, min_lr_ratio=0.0)
     # decay over the last 20 % (2 steps): stable through step 8, 0.5 at step 9, 0 from 10 on

@@ -21,9 +21,11 @@ def test_unset_it_is_left_out_of_the_dumped_configuration():
 
 def test_a_recipe_is_validated_dumped_and_reaches_the_trainer_at_the_workloads_lr():
     cfg = build_config(
-        None, num_sites=4, num_samples=400,
+        None,
+        num_sites=4,
+        num_samples=400,
         local_optimizer={"name": "adamw", "weight_decay": 0.1, "clip_norm": 1.0},
-    )  # fmt: skip
+    )
     dumped = json.loads(cfg.model_dump_json())["local_optimizer"]
     assert dumped["name"] == "adamw" and dumped["clip_norm"] == 1.0
     recipe = build_federation(cfg, load_workload(cfg), 0).trainer.config.recipe
@@ -64,9 +66,12 @@ def test_a_schedule_longer_than_the_run_is_refused_naming_the_field():
     with pytest.raises(ValueError, match=r"total_steps \(10000\) is longer than the run.* 12 "):
         build_federation(cfg, load_workload(cfg), 0)
     fits = build_config(
-        None, num_sites=4, num_samples=400, max_rounds=3,
+        None,
+        num_sites=4,
+        num_samples=400,
+        max_rounds=3,
         local_optimizer={**cosine, "total_steps": 12},
-    )  # fmt: skip
+    )
     build_federation(fits, load_workload(fits), 0)
     stream = {**cosine, "total_steps": 10**6}
     with pytest.raises(ValueError, match="longer than the run.*the whole stream"):

@@ -16,9 +16,15 @@ from powertrip.learning.lr_schedule import lr_factors
 from powertrip.learning.trainer import LocalTrainingConfig, SiteTrainer, get_params
 
 ADAMW = LocalOptimizer(
-    name="adamw", lr=0.02, weight_decay=0.1, schedule="cosine", warmup_steps=2,
-    total_steps=12, min_lr_ratio=0.1, clip_norm=0.5,
-)  # fmt: skip
+    name="adamw",
+    lr=0.02,
+    weight_decay=0.1,
+    schedule="cosine",
+    warmup_steps=2,
+    total_steps=12,
+    min_lr_ratio=0.1,
+    clip_norm=0.5,
+)
 SITES = [np.arange(0, 10), np.arange(10, 37), np.arange(40, 47)]  # 3, 7 and 2 steps
 SEEDS = [11, 12, 13]
 
@@ -122,9 +128,11 @@ def test_a_reset_recipe_rebuilds_adamw_each_round_on_the_schedule_of_cumulative_
                     p.copy_(start[n])
             groups = [
                 {"params": [p for n, p in ps.items() if decays(n, tuple(p.shape))]},
-                {"params": [p for n, p in ps.items() if not decays(n, tuple(p.shape))],
-                 "weight_decay": 0},
-            ]  # fmt: skip
+                {
+                    "params": [p for n, p in ps.items() if not decays(n, tuple(p.shape))],
+                    "weight_decay": 0,
+                },
+            ]
             opt = torch.optim.AdamW(groups, lr=reset.lr, betas=reset.betas, weight_decay=0.1)
             for step in site_schedule(cfg, len(idx), seed):
                 factor = lr_factors(np.array([done]), "cosine", 2, 12, 0.1)[0]

@@ -40,9 +40,14 @@ SHAPES = {
 }
 MATRICES = {"blocks.0.fc.weight", "blocks.0.out.weight"}
 MUON = LocalOptimizer(
-    name="muon", lr=0.01, weight_decay=0.1, schedule="cosine", warmup_steps=1, total_steps=6,
+    name="muon",
+    lr=0.01,
+    weight_decay=0.1,
+    schedule="cosine",
+    warmup_steps=1,
+    total_steps=6,
     clip_norm=2.0,
-)  # fmt: skip
+)
 
 
 def _stacked(rows: int, seed: int) -> dict[str, torch.Tensor]:
@@ -64,9 +69,11 @@ def test_the_hidden_matrices_are_the_gpts_block_matrices_and_no_embedding_head_o
     mlp = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 3))
     assert _names(mlp) == {"0.weight", "2.weight"}  # its last Linear is its output layer
     assert _names(build_model("lstm", 80, (20,))) == {
-        "input_proj.0.weight", "input_proj.1.weight", "hidden_proj.0.weight",
+        "input_proj.0.weight",
+        "input_proj.1.weight",
+        "hidden_proj.0.weight",
         "hidden_proj.1.weight",
-    }  # fmt: skip
+    }
 
 
 def test_newton_schulz_orthogonalises_each_sites_matrix_on_its_own():
@@ -165,10 +172,19 @@ def test_the_rank_engines_moments_go_through_its_files_and_back(tmp_path):
 
 def test_a_short_lm_run_with_muon_trains_in_the_emulator():
     cfg = pt.build_config(
-        None, workload="lm", num_sites=2, num_samples=256, n_layer=1, n_head=2, d_model=32,
-        context_length=16, static_sweep=(2,), policies=("static-optimal",), max_rounds=3,
+        None,
+        workload="lm",
+        num_sites=2,
+        num_samples=256,
+        n_layer=1,
+        n_head=2,
+        d_model=32,
+        context_length=16,
+        static_sweep=(2,),
+        policies=("static-optimal",),
+        max_rounds=3,
         local_optimizer={"name": "muon", "lr": 2e-3},
-    )  # fmt: skip
+    )
     losses: list[float] = []
     pt.run_study(cfg, on_round=lambda policy, repeat, record: losses.append(record.loss))
     assert len(losses) == 3 and all(np.isfinite(losses))

@@ -87,13 +87,20 @@ def test_the_library_constraints_refuse_a_bad_variable_at_start(variable, value,
 
 
 def test_variables_reach_the_run_under_the_library_names():
-    env = {**AGG, "POWERTRIP_MODE": "curtailment", "POWERTRIP_CURTAIL_PRESET": "curtailment-quick",
-           "POWERTRIP_REGIONS": "region-1, region-0", "POWERTRIP_THRESHOLD": "150",
-           "POWERTRIP_HOLD_S": "30", "POWERTRIP_HOURS": "6"}  # fmt: skip
+    env = {
+        **AGG,
+        "POWERTRIP_MODE": "curtailment",
+        "POWERTRIP_CURTAIL_PRESET": "curtailment-quick",
+        "POWERTRIP_REGIONS": "region-1, region-0",
+        "POWERTRIP_THRESHOLD": "150",
+        "POWERTRIP_HOLD_S": "30",
+        "POWERTRIP_HOURS": "6",
+    }
     c = load_config(AggregatorConfig, env).curtailment()
     assert (c.regions, c.threshold, c.hold_s, c.hours) == (("region-1", "region-0"), 150, 30, 6)
-    exp = load_config(AggregatorConfig, {**AGG, "POWERTRIP_NUM_SITES": "7",
-                                         "POWERTRIP_OUTER": "nesterov"}).experiment()  # fmt: skip
+    exp = load_config(
+        AggregatorConfig, {**AGG, "POWERTRIP_NUM_SITES": "7", "POWERTRIP_OUTER": "nesterov"}
+    ).experiment()
     assert (exp.num_sites, exp.outer, exp.name) == (7, "nesterov", "quick")
 
 
@@ -166,10 +173,14 @@ def test_each_option_is_named_as_users_type_it_and_explained_by_the_field():
 
 @pytest.mark.parametrize(
     ("name", "choices"),
-    [("partition", ["iid", "dirichlet", "natural"]), ("distance_mode", ["stratified", "uniform"]),
-     ("ground_truth", ["per-site-max", "aggregate"]), ("outer", ["fedavg", "nesterov"]),
-     ("power_model", ["uniform", "synthetic-trace", "google-trace"])],
-)  # fmt: skip
+    [
+        ("partition", ["iid", "dirichlet", "natural"]),
+        ("distance_mode", ["stratified", "uniform"]),
+        ("ground_truth", ["per-site-max", "aggregate"]),
+        ("outer", ["fedavg", "nesterov"]),
+        ("power_model", ["uniform", "synthetic-trace", "google-trace"]),
+    ],
+)
 def test_choices_come_from_the_models_literal_or_enum(name, choices):
     assert list(experiment_params()[name].type.choices) == choices
 
@@ -177,10 +188,31 @@ def test_choices_come_from_the_models_literal_or_enum(name, choices):
 def test_the_readme_flags_still_parse_into_the_configuration():
     ctx = main.commands["experiment"].make_context(
         "experiment",
-        ["--preset", "quick", "--partition", "dirichlet", "--dirichlet-alpha", "0.3",
-         "--threads", "1", "--max-rounds", "5", "--repeats", "2", "--update-gb", "2",
-         "--sites", "8", "--sweep", "2,4", "--target", "auto", "--k0", "3"],
-    )  # fmt: skip
+        [
+            "--preset",
+            "quick",
+            "--partition",
+            "dirichlet",
+            "--dirichlet-alpha",
+            "0.3",
+            "--threads",
+            "1",
+            "--max-rounds",
+            "5",
+            "--repeats",
+            "2",
+            "--update-gb",
+            "2",
+            "--sites",
+            "8",
+            "--sweep",
+            "2,4",
+            "--target",
+            "auto",
+            "--k0",
+            "3",
+        ],
+    )
     p = ctx.params
     assert (p["partition"], p["dirichlet_alpha"], p["max_rounds"]) == ("dirichlet", 0.3, 5)
     assert (p["repeats"], p["update_gb"], p["num_sites"]) == (2, 2.0, 8)

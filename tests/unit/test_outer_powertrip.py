@@ -53,9 +53,14 @@ def test_the_split_half_model_takes_the_same_step_without_advancing_the_momentum
     evaluate = lambda p: (0.5, 1.0)  # noqa: E731
     outer = NesterovOuter(0.7, 0.9)
     out = round_outcome(
-        folded(0.1, 0.3), MODEL, evaluate, selected=2, half=folded(0.1), evaluate_half=False,
+        folded(0.1, 0.3),
+        MODEL,
+        evaluate,
+        selected=2,
+        half=folded(0.1),
+        evaluate_half=False,
         outer=outer,
-    )  # fmt: skip
+    )
     half_expected = NesterovOuter(0.7, 0.9).step(MODEL, folded(0.1).apply(MODEL))
     assert all(np.array_equal(out.half_params[k], half_expected[k]) for k in MODEL)
     alone = NesterovOuter(0.7, 0.9)

@@ -168,9 +168,14 @@ def emulator_factory():
     def make() -> Emulator:  # no cache: the paced run trains again, as a service run would
         fed = build_federation(cfg, data, 0)
         return Emulator(
-            fed, sites, StaticPower(sites.base_power), ModelledLinks(sites), tm, 0,
+            fed,
+            sites,
+            StaticPower(sites.base_power),
+            ModelledLinks(sites),
+            tm,
+            0,
             TrajectoryCache(max_entries=0),
-        )  # fmt: skip
+        )
 
     return make
 

@@ -385,12 +385,31 @@ def test_robust_rules_hold_n_models_where_fedavg_holds_one(capsys):
 def test_powertrip_experiment_runs_a_study_with_the_median_rule(tmp_path):
     out = tmp_path / "out"
     proc = run_powertrip(
-        "experiment", "--preset", "quick", "--aggregation", "median",
-        "--sites", "6", "--num-samples", "600", "--sweep", "2,4", "--max-rounds", "2",
-        "--policies", "powertrip,select-all", "--target", "0.3", "--no-plots",
-        "--threads", "1", "--output", str(out),
-        tmp_path=tmp_path, timeout=60,
-    )  # fmt: skip
+        "experiment",
+        "--preset",
+        "quick",
+        "--aggregation",
+        "median",
+        "--sites",
+        "6",
+        "--num-samples",
+        "600",
+        "--sweep",
+        "2,4",
+        "--max-rounds",
+        "2",
+        "--policies",
+        "powertrip,select-all",
+        "--target",
+        "0.3",
+        "--no-plots",
+        "--threads",
+        "1",
+        "--output",
+        str(out),
+        tmp_path=tmp_path,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert summary["config"]["aggregation"] == "median"
@@ -398,8 +417,15 @@ def test_powertrip_experiment_runs_a_study_with_the_median_rule(tmp_path):
 
 def test_powertrip_experiment_refuses_a_trim_that_leaves_nothing(tmp_path):
     proc = run_powertrip(
-        "experiment", "--aggregation", "trimmed-mean", "--trim-beta", "0.5",
-        "--output", str(tmp_path / "out"), tmp_path=tmp_path, timeout=60,
-    )  # fmt: skip
+        "experiment",
+        "--aggregation",
+        "trimmed-mean",
+        "--trim-beta",
+        "0.5",
+        "--output",
+        str(tmp_path / "out"),
+        tmp_path=tmp_path,
+        timeout=60,
+    )
     assert proc.returncode != 0
     assert "--trim-beta: must be in [0, 0.5)" in proc.stderr + proc.stdout

@@ -483,6 +483,7 @@ def test_the_round_loop_tells_the_policy_its_target_and_rounds_left():
             return RoundOutcome(0.1, 2.0, (1.0, 1.0, 1.0), int(selected.size))
 
     profile = SiteProfile(np.ones(3), np.ones(3), np.ones(3))
-    run_rounds(Recording(2), Flat(), lambda t: profile, TimeModel(1.0, 1e3), EmulatedClock(), 0,
-               0.9, 4)  # fmt: skip
+    run_rounds(
+        Recording(2), Flat(), lambda t: profile, TimeModel(1.0, 1e3), EmulatedClock(), 0, 0.9, 4
+    )
     assert seen == [(0.9, 4), (0.9, 3), (0.9, 2), (0.9, 1)]

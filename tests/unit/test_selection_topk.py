@@ -46,13 +46,22 @@ def feedback(rng: np.random.Generator, r: int, selected: NDArray[np.int64], acc:
     k = float(selected.size)
     gain = float(rng.uniform(-0.002, 0.02))
     return RoundFeedback(
-        r, selected, float(rng.uniform(1, 5)), acc + gain, acc,
-        mean_sq_norm=float(rng.uniform(1, 2)), sq_norm_of_mean=float(rng.uniform(0.01, 1)),
-        effective_sites=k, loss=1.0 - acc - gain, previous_loss=1.0 - acc,
-        half_loss=1.0 - acc - gain * rng.uniform(0.3, 1.2), half_sites=max(k / 2, 1.0),
+        r,
+        selected,
+        float(rng.uniform(1, 5)),
+        acc + gain,
+        acc,
+        mean_sq_norm=float(rng.uniform(1, 2)),
+        sq_norm_of_mean=float(rng.uniform(0.01, 1)),
+        effective_sites=k,
+        loss=1.0 - acc - gain,
+        previous_loss=1.0 - acc,
+        half_loss=1.0 - acc - gain * rng.uniform(0.3, 1.2),
+        half_sites=max(k / 2, 1.0),
         half_accuracy=acc + gain * rng.uniform(0.3, 1.2),
-        mean_proj=float(rng.uniform(0.01, 0.5)), mean_sq_proj=float(rng.uniform(0.3, 1)),
-    )  # fmt: skip
+        mean_proj=float(rng.uniform(0.01, 0.5)),
+        mean_sq_proj=float(rng.uniform(0.3, 1)),
+    )
 
 
 def drive(new: SelectionPolicy, old: SelectionPolicy, n: int, seed: int, rounds: int) -> None:

@@ -79,9 +79,18 @@ def test_shortest_round_then_highest_utility():
     assert policy.last_duration_s == 120.0
     # a 3-minute round admits site 2; with the highest utility it displaces site 0 or 1
     policy = FedZero(FedZeroConfig(k=2))
-    policy.observe(SiteFeedback(1, np.arange(4), 1.0, 0.5, 0.4, loss=1.0,
-                                site_loss=np.array([1.0, 2.0, 9.0, 9.0]),
-                                site_samples=np.ones(4)))  # fmt: skip
+    policy.observe(
+        SiteFeedback(
+            1,
+            np.arange(4),
+            1.0,
+            0.5,
+            0.4,
+            loss=1.0,
+            site_loss=np.array([1.0, 2.0, 9.0, 9.0]),
+            site_samples=np.ones(4),
+        )
+    )
     assert policy.select(ctx(power, comm)).tolist() == [0, 1]  # d = 2 min still suffices
     policy.cfg = FedZeroConfig(k=3)
     assert policy.select(ctx(power, comm)).tolist() == [0, 1, 2]

@@ -33,8 +33,9 @@ def ctx(power, comm, round_index=1, seed=0):
 def feedback(r, sites, loss, samples=None):
     sites = np.asarray(sites, np.int64)
     n = np.ones(sites.size) if samples is None else np.asarray(samples, float)
-    return SiteFeedback(r, sites, 1.0, 0.5, 0.4, loss=1.0, site_loss=np.asarray(loss, float),
-                        site_samples=n)  # fmt: skip
+    return SiteFeedback(
+        r, sites, 1.0, 0.5, 0.4, loss=1.0, site_loss=np.asarray(loss, float), site_samples=n
+    )
 
 
 def test_round_time_is_compute_over_power_plus_comm():

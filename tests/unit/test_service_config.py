@@ -49,8 +49,9 @@ def test_the_workload_defaults_to_the_presets():
 
 def test_a_dataset_missing_at_start_is_named_but_the_config_still_validates(tmp_path):
     gone = tmp_path / "nowhere"
-    cfg = load_config(AggregatorConfig, {**AGG, "POWERTRIP_WORKLOAD": "fsdd",
-                                         "POWERTRIP_DATASET_PATH": str(gone)})  # fmt: skip
+    cfg = load_config(
+        AggregatorConfig, {**AGG, "POWERTRIP_WORKLOAD": "fsdd", "POWERTRIP_DATASET_PATH": str(gone)}
+    )
     with pytest.raises(ConfigError, match=f"POWERTRIP_DATASET_PATH='{gone}': no such file"):
         cfg.experiment()  # what the service's start checks
 
@@ -64,8 +65,12 @@ def test_the_lm_workload_takes_its_size_and_iid_sites():
 
 def test_a_mounted_dataset_reaches_the_run_the_workers_get(shared_data):
     fsdd = shared_data / "datasets" / "fsdd"
-    env = {**AGG, "POWERTRIP_WORKLOAD": "fsdd", "POWERTRIP_DATASET_PATH": str(fsdd),
-           "POWERTRIP_PARTITION": "natural"}  # fmt: skip
+    env = {
+        **AGG,
+        "POWERTRIP_WORKLOAD": "fsdd",
+        "POWERTRIP_DATASET_PATH": str(fsdd),
+        "POWERTRIP_PARTITION": "natural",
+    }
     exp = load_config(AggregatorConfig, env).experiment()
     assert (exp.workload, exp.dataset_path, exp.partition) == ("fsdd", fsdd, "natural")
     assert exp.name == "quick"  # the rest is still the preset's

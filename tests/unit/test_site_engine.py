@@ -30,9 +30,16 @@ N = 44
 #: of up to +-lr. At eps 1e-8 the one-process reference differs from itself by 5e-5 when only
 #: its attention kernel changes (1e-6 at eps 1e-5), so a 1e-5 tolerance needs eps 1e-5.
 ADAMW = LocalOptimizer(
-    name="adamw", lr=0.01, eps=1e-5, weight_decay=0.1, schedule="cosine", warmup_steps=1,
-    total_steps=20, min_lr_ratio=0.1, clip_norm=0.5,
-)  # fmt: skip
+    name="adamw",
+    lr=0.01,
+    eps=1e-5,
+    weight_decay=0.1,
+    schedule="cosine",
+    warmup_steps=1,
+    total_steps=20,
+    min_lr_ratio=0.1,
+    clip_norm=0.5,
+)
 
 
 class ExitingGPT(GPT):

@@ -39,10 +39,12 @@ def test_the_ranks_weights_sum_to_the_batch_mean(world, row):
 def test_rows_are_checked_before_any_rank_sees_them():
     assert check_rows(np.array([[0, 1], [2, -1]], dtype=np.int32), 3).dtype == np.int64
     for bad, why in [
-        (np.zeros((0, 2), int), "shape"), (np.array([[0, 3]]), r"\[0, 3\)"),
-        (np.array([[0, -2]]), r"-1"), (np.array([[0, 1], [-1, -1]]), "step 1"),
+        (np.zeros((0, 2), int), "shape"),
+        (np.array([[0, 3]]), r"\[0, 3\)"),
+        (np.array([[0, -2]]), r"-1"),
+        (np.array([[0, 1], [-1, -1]]), "step 1"),
         (np.array([[0.0, 1.0]]), "integer"),
-    ]:  # fmt: skip
+    ]:
         with pytest.raises(ValueError, match=why):
             check_rows(bad, 3)
 
@@ -52,18 +54,27 @@ RECIPES = {
     "momentum": LocalOptimizer(name="momentum", lr=0.1, momentum=0.8, weight_decay=0.05),
     "nesterov": LocalOptimizer(name="nesterov", lr=0.1, momentum=0.7, clip_norm=0.3),
     "adamw": LocalOptimizer(
-        name="adamw", lr=0.01, weight_decay=0.1, schedule="cosine", warmup_steps=2,
-        total_steps=6, min_lr_ratio=0.1, clip_norm=0.3,
+        name="adamw",
+        lr=0.01,
+        weight_decay=0.1,
+        schedule="cosine",
+        warmup_steps=2,
+        total_steps=6,
+        min_lr_ratio=0.1,
+        clip_norm=0.3,
     ),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("kind", list(RECIPES))
 def test_torch_optim_from_the_recipe_steps_as_site_optimizer(kind):
     recipe = RECIPES[kind]
     g = torch.Generator().manual_seed(1)
-    start = {"w": torch.randn(4, 3, generator=g), "b": torch.randn(3, generator=g),
-             "tok_emb": torch.randn(5, 2, generator=g)}  # fmt: skip
+    start = {
+        "w": torch.randn(4, 3, generator=g),
+        "b": torch.randn(3, generator=g),
+        "tok_emb": torch.randn(5, 2, generator=g),
+    }
     grads = [{n: torch.randn(t.shape, generator=g) for n, t in start.items()} for _ in range(5)]
     ref = SiteOptimizer(recipe, 1)
     rows = {n: t.clone().unsqueeze(0) for n, t in start.items()}
@@ -83,8 +94,11 @@ def test_torch_optim_from_the_recipe_steps_as_site_optimizer(kind):
 
 
 def test_weight_decay_only_where_decays_says_and_never_torchs_default():
-    params = {"w": torch.nn.Parameter(torch.ones(2, 2)), "b": torch.nn.Parameter(torch.ones(2)),
-              "tok_emb.weight": torch.nn.Parameter(torch.ones(3, 2))}  # fmt: skip
+    params = {
+        "w": torch.nn.Parameter(torch.ones(2, 2)),
+        "b": torch.nn.Parameter(torch.ones(2)),
+        "tok_emb.weight": torch.nn.Parameter(torch.ones(3, 2)),
+    }
     opt = build_optimizer(LocalOptimizer(name="adamw", lr=0.1), params.items())
     assert [g["weight_decay"] for g in opt.param_groups] == [0.0, 0.0]
     opt = build_optimizer(LocalOptimizer(name="sgd", lr=0.1, weight_decay=0.3), params.items())
@@ -123,10 +137,16 @@ def test_shards_are_the_shard_rows_views_of_the_delta():
 
 def test_on_cuda_a_site_defaults_to_bf16_compile_and_nccl_on_the_cpu_to_fp32_eager_gloo():
     cfg = SiteEngineConfig()
-    assert (cfg.resolved_precision("cuda"), cfg.resolved_compile("cuda"),
-            cfg.resolved_backend("cuda")) == ("bf16", True, "nccl")  # fmt: skip
-    assert (cfg.resolved_precision("cpu"), cfg.resolved_compile("cpu"),
-            cfg.resolved_backend("cpu")) == ("fp32", False, "gloo")  # fmt: skip
+    assert (
+        cfg.resolved_precision("cuda"),
+        cfg.resolved_compile("cuda"),
+        cfg.resolved_backend("cuda"),
+    ) == ("bf16", True, "nccl")
+    assert (
+        cfg.resolved_precision("cpu"),
+        cfg.resolved_compile("cpu"),
+        cfg.resolved_backend("cpu"),
+    ) == ("fp32", False, "gloo")
     forced = SiteEngineConfig(precision="fp32", compile="off", backend="gloo")
     assert forced.resolved_precision("cuda") == "fp32" and not forced.resolved_compile("cuda")
 

@@ -24,21 +24,39 @@ VOCAB, SHAPE, N = 20, GPTShape(n_layer=2, n_head=2, d_model=32, context_length=1
 FACTORY = functools.partial(GPT, VOCAB, SHAPE, fused_attention=True)
 RECIPES = {
     "sgd": LocalOptimizer(
-        name="sgd", lr=0.2, weight_decay=0.01, schedule="wsd", warmup_steps=2, total_steps=20,
-        decay_fraction=0.5, clip_norm=1.0,
+        name="sgd",
+        lr=0.2,
+        weight_decay=0.01,
+        schedule="wsd",
+        warmup_steps=2,
+        total_steps=20,
+        decay_fraction=0.5,
+        clip_norm=1.0,
     ),
     # keep_state=False: fresh momentum every round, the cosine on the cumulative step
     "momentum": LocalOptimizer(
-        name="momentum", lr=0.05, momentum=0.9, weight_decay=0.01, schedule="cosine",
-        total_steps=20, keep_state=False,
+        name="momentum",
+        lr=0.05,
+        momentum=0.9,
+        weight_decay=0.01,
+        schedule="cosine",
+        total_steps=20,
+        keep_state=False,
     ),
     "nesterov": LocalOptimizer(name="nesterov", lr=0.05, momentum=0.8, clip_norm=0.5),
     # eps 1e-5: see test_site_engine.py (AdamW amplifies rounding on ~0 gradients)
     "adamw": LocalOptimizer(
-        name="adamw", lr=0.01, eps=1e-5, weight_decay=0.1, schedule="cosine", warmup_steps=2,
-        total_steps=20, min_lr_ratio=0.1, clip_norm=0.5,
+        name="adamw",
+        lr=0.01,
+        eps=1e-5,
+        weight_decay=0.1,
+        schedule="cosine",
+        warmup_steps=2,
+        total_steps=20,
+        min_lr_ratio=0.1,
+        clip_norm=0.5,
     ),
-}  # fmt: skip
+}
 
 
 def data() -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,9 +79,16 @@ def start_params() -> dict[str, torch.Tensor]:
 def reference(recipe, params, rows, state):
     x, y = data()
     out = train_sites_in_turn(
-        GPT(VOCAB, SHAPE), params, x, y, [np.arange(N)], [rows], recipe,
-        torch.device("cpu"), [state],
-    )  # fmt: skip
+        GPT(VOCAB, SHAPE),
+        params,
+        x,
+        y,
+        [np.arange(N)],
+        [rows],
+        recipe,
+        torch.device("cpu"),
+        [state],
+    )
     delta = {n: d[0] for n, d in out.deltas.items()}
     return delta, float(out.loss[0]), (out.opt_state or [SiteState(0, {})])[0]
 
@@ -83,9 +108,14 @@ def groups():
         if kind not in made:
             x, y = data()
             made[kind] = SiteGroup(
-                FACTORY, x, y, RECIPES[kind.split("-")[0]], SiteEngineConfig(**cfg),
-                device="cpu", threads=1,
-            )  # fmt: skip
+                FACTORY,
+                x,
+                y,
+                RECIPES[kind.split("-")[0]],
+                SiteEngineConfig(**cfg),
+                device="cpu",
+                threads=1,
+            )
         return made[kind]
 
     yield get

@@ -156,7 +156,7 @@ def test_curtailment_runs_carry_their_energy_and_emissions(tmp_path):
             ["curtailment", 1, "0", "45", "645", "2611.4", "a;b;c", "1;1;1", 96, "", "0.1", "2.3"],
             ["curtailment", 2, "3000", "3045", "3645", "4000", "a", "1", 32, "", "0.2", "2.2"],
         ],
-    )  # fmt: skip
+    )
     _write(
         out / "runs.csv",
         ["run", "time_to_accuracy_hours", "energy_kwh", "emissions_kg", "curtailed_energy_share"],

@@ -144,9 +144,10 @@ def test_the_sender_stays_within_its_window_of_what_the_receiver_consumed(slow_s
 
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
         call = channel.stream_stream(
-            METHOD, request_serializer=None,
+            METHOD,
+            request_serializer=None,
             response_deserializer=aggregator_pb2.UploadReply.FromString,
-        )  # fmt: skip
+        )
         result = upload(call, wire(), timeout_s=60)
     assert result.accepted
     assert consumed[0] == 64 * CHUNK

@@ -75,10 +75,13 @@ def test_a_reset_recipe_keeps_only_what_its_schedule_needs():
 def same_states(a, b) -> bool:
     return sorted(a) == sorted(b) and all(
         a[s].step == b[s].step
-        and all(torch.equal(t, b[s].moments[n][k]) for n, m in a[s].moments.items()
-                for k, t in m.items())
+        and all(
+            torch.equal(t, b[s].moments[n][k])
+            for n, m in a[s].moments.items()
+            for k, t in m.items()
+        )
         for s in a
-    )  # fmt: skip
+    )
 
 
 def test_a_restarted_worker_with_a_state_dir_resumes_its_sites_bit_identically(tmp_path):

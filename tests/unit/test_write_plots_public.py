@@ -49,6 +49,9 @@ def test_without_a_static_sweep_there_is_no_sweep_figure(tmp_path):
 
     made = pt.write_plots(pt.run_study(cfg), tmp_path)
 
-    assert [p.name for p in made] == ["tta_bars.png", "sites_over_time.png",
-                                      "accuracy_over_time.png"]  # fmt: skip
+    assert [p.name for p in made] == [
+        "tta_bars.png",
+        "sites_over_time.png",
+        "accuracy_over_time.png",
+    ]
     assert not (tmp_path / "static_sweep.png").exists()

@@ -32,7 +32,7 @@ def summarise(strategy: TimedFedAvg, target: float, wall_s: float) -> dict[str, 
                 "clock_h": r.time_s / 3600,
                 "nodes": list(r.selected),
                 "accuracy": r.accuracy,
-            }  # fmt: skip
+            }
             for r in rounds
         ],
     }

@@ -69,11 +69,19 @@ def load_task(cfg: TaskConfig) -> Federation:
     emulator's own ``build_federation`` (same generator, partitioner, seeds and model)."""
     torch.set_num_threads(1)  # the nodes share two cores; one thread each trains fastest
     run = build_config(
-        workload="mnist1d", num_samples=cfg.num_samples, partition=cfg.partition,
-        dirichlet_alpha=cfg.dirichlet_alpha, lr=cfg.lr, batch_size=cfg.batch_size,
-        local_epochs=cfg.local_epochs, num_sites=cfg.nodes, seed=cfg.seed,
-        policies=("select-all",), static_sweep=(), target_accuracy=0.8,
-    )  # fmt: skip
+        workload="mnist1d",
+        num_samples=cfg.num_samples,
+        partition=cfg.partition,
+        dirichlet_alpha=cfg.dirichlet_alpha,
+        lr=cfg.lr,
+        batch_size=cfg.batch_size,
+        local_epochs=cfg.local_epochs,
+        num_sites=cfg.nodes,
+        seed=cfg.seed,
+        policies=("select-all",),
+        static_sweep=(),
+        target_accuracy=0.8,
+    )
     return build_federation(run, load_workload(run, seed=cfg.seed), cfg.seed, device="cpu")
 
 

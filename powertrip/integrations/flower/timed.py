@@ -252,9 +252,14 @@ class TimedFedAvg(FedAvg):
             log(
                 INFO,
                 "%s round %d: nodes %s (%d replied); emulated round %.1f s, clock %.1f s (%.3f h)",
-                self.result.policy, server_round, list(p.nodes), p.contributions,
-                p.duration_s, now, now / 3600,
-            )  # fmt: skip
+                self.result.policy,
+                server_round,
+                list(p.nodes),
+                p.contributions,
+                p.duration_s,
+                now,
+                now / 3600,
+            )
         return arrays, metrics
 
     def fold_direction(self, sent: NumpyParams) -> NumpyParams | None:
@@ -302,9 +307,13 @@ class TimedFedAvg(FedAvg):
             log(
                 INFO,
                 "round %d aggregation (%s): %d accepted, %d clipped, %d dropped, %d skipped",
-                server_round, self.aggregation.rule, done.accepted, done.clipped, done.dropped,
+                server_round,
+                self.aggregation.rule,
+                done.accepted,
+                done.clipped,
+                done.dropped,
                 done.skipped,
-            )  # fmt: skip
+            )
         if not accepted:
             log(WARNING, "round %d: no reply could be aggregated: the model is kept", server_round)
             return None, None
@@ -406,9 +415,12 @@ class TimedFedAvg(FedAvg):
             log(
                 INFO,
                 "%s round %d reached accuracy %.4f >= target %.4f at emulated %.1f s: stopping",
-                self.result.policy, server_round, self.accuracy, self.stop_at_accuracy,
+                self.result.policy,
+                server_round,
+                self.accuracy,
+                self.stop_at_accuracy,
                 self.clock.now(),
-            )  # fmt: skip
+            )
 
     def on_round_scored(  # noqa: B027 - optional hook
         self, pending: PendingRound, previous_accuracy: float, previous_loss: float
@@ -480,9 +492,16 @@ class TimedFedAvg(FedAvg):
                 return metrics
 
         out = run_rounds(
-            self, grid, initial_arrays, num_rounds, timeout, train_config, evaluate_config,
-            wrapped, should_stop=lambda: self.stopped,
-        )  # fmt: skip
+            self,
+            grid,
+            initial_arrays,
+            num_rounds,
+            timeout,
+            train_config,
+            evaluate_config,
+            wrapped,
+            should_stop=lambda: self.stopped,
+        )
         self._close_unscored_round()
         return out
 

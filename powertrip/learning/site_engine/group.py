@@ -149,9 +149,17 @@ class SiteGroup:
         self._generation += 1
         store = self._dir / f"store.{self._generation}"
         spec = RankSpec(
-            self.site, self.config.ranks, self.factory, self.recipe, self.config,
-            self.device_type, str(self._dir), str(store), self.layout, self.threads,
-        )  # fmt: skip
+            self.site,
+            self.config.ranks,
+            self.factory,
+            self.recipe,
+            self.config,
+            self.device_type,
+            str(self._dir),
+            str(store),
+            self.layout,
+            self.threads,
+        )
         for rank in range(self.config.ranks):
             mine, theirs = ctx.Pipe(duplex=True)
             proc = ctx.Process(
