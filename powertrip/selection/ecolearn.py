@@ -24,16 +24,19 @@ the round's clock time: deterministic, time-varying, the same for every policy a
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from powertrip import state_dict as sd
-from powertrip.selection.base import RoundContext, RoundFeedback, SelectionPolicy
-from powertrip.selection.oort import OortConfig, OortUtility, participants, site_round_times
+from powertrip.selection.base import RoundContext
+from powertrip.selection.oort import (
+    OortConfig,
+    OortUtility,
+    OortUtilityPolicy,
+    participants,
+    site_round_times,
+)
 from powertrip.selection.registration import register_policy
 from powertrip.sites.grid import SiteGrid
 
@@ -63,8 +66,9 @@ def site_carbon(ctx: RoundContext, fallback: SiteGrid) -> NDArray[np.float64]:
     return fallback.intensity(ctx.profile.size, ctx.now_s)
 
 
-class EcoLearn(SelectionPolicy):
-    """Oort's utility pool, then the lowest-carbon sites in it; more sites in early rounds."""
+class EcoLearn(OortUtilityPolicy):
+    """Oort's utility pool, then the lowest-carbon sites in it; more sites in early rounds. Its
+    state is Oort's utility; the carbon grid is configuration (rebuilt from its seed)."""
 
     def __init__(self, cfg: EcoLearnConfig | None = None, name: str = "ecolearn") -> None:
         self.cfg = cfg or EcoLearnConfig()
@@ -111,18 +115,6 @@ class EcoLearn(SelectionPolicy):
         chosen = pool[np.lexsort((pool, carbon[pool]))][:k]  # lowest carbon, ties by index
         self.state.decay()
         return np.sort(chosen).astype(np.int64)
-
-    def observe(self, feedback: RoundFeedback) -> None:
-        self.state.observe(feedback)
-
-    def state_dict(self) -> dict[str, Any]:
-        """Oort's utility state; the carbon grid is configuration (rebuilt from its seed)."""
-        return {"utility": self.state.state_dict()}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        where = f"policy {self.name} state"
-        d = sd.fields(state, where, {"utility"})
-        self.state.load_state_dict(d["utility"], f"{where}.utility")
 
 
 register_policy("ecolearn", lambda name, ctx: EcoLearn())  # its paper's defaults

@@ -215,17 +215,11 @@ def oort_pick(
     return np.sort(np.asarray(picked, dtype=np.int64))
 
 
-class Oort(SelectionPolicy):
-    """Oort's guided participant selection: K sites a round by statistical x system utility."""
+class OortUtilityPolicy(SelectionPolicy):
+    """A policy that learns Oort's utility (``self.state``) from every round and keeps it as its
+    whole state (Oort, and EcoLearn on top of it); what it configures is rebuilt, not kept."""
 
-    def __init__(self, cfg: OortConfig | None = None, name: str = "oort") -> None:
-        self.cfg = cfg or OortConfig()
-        self.state = OortUtility(self.cfg)
-        self.name = name
-
-    def select(self, ctx: RoundContext) -> NDArray[np.int64]:
-        k = participants(self.cfg.k, ctx.profile.size)
-        return oort_pick(self.state, ctx, k, site_round_times(ctx))
+    state: OortUtility
 
     def observe(self, feedback: RoundFeedback) -> None:
         self.state.observe(feedback)
@@ -237,6 +231,19 @@ class Oort(SelectionPolicy):
         where = f"policy {self.name} state"
         d = sd.fields(state, where, {"utility"})
         self.state.load_state_dict(d["utility"], f"{where}.utility")
+
+
+class Oort(OortUtilityPolicy):
+    """Oort's guided participant selection: K sites a round by statistical x system utility."""
+
+    def __init__(self, cfg: OortConfig | None = None, name: str = "oort") -> None:
+        self.cfg = cfg or OortConfig()
+        self.state = OortUtility(self.cfg)
+        self.name = name
+
+    def select(self, ctx: RoundContext) -> NDArray[np.int64]:
+        k = participants(self.cfg.k, ctx.profile.size)
+        return oort_pick(self.state, ctx, k, site_round_times(ctx))
 
 
 register_policy("oort", lambda name, ctx: Oort())  # its paper's defaults
