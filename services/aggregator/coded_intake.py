@@ -6,7 +6,7 @@ payload larger, smaller or shaped otherwise is refused from its tensor header, b
 A verified stream is decoded whole (its values checked: ``decode_update``) and handed to the
 round as a ``DecodedUpdate``; a refused one fails its site, and the round goes on without it.
 Every upload path takes it: a whole update, one rank's shard (the shard's rows of every tensor,
-coded on their own: ``receive_shard``) and a curtailment sub-round's update.
+coded on their own: ``receive_update`` of its ``shard_specs``) and a curtailment sub-round's update.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 from powertrip.codecs import Codec, get_codec
 from powertrip.services.aggregator import metrics
 from powertrip.services.common.errors import BadRequest
-from powertrip.services.common.tensor_stream import StreamError, TensorSpec, shard_specs
+from powertrip.services.common.tensor_stream import StreamError, TensorSpec
 from powertrip.services.common.update_codec import (
     NONE,
     DecodedUpdate,
@@ -26,7 +26,7 @@ from powertrip.services.common.update_codec import (
     wire_codec,
 )
 
-__all__ = ["assigned_codec", "check_header", "receive_coded", "receive_shard"]
+__all__ = ["assigned_codec", "check_header", "receive_update"]
 
 
 def assigned_codec(run: Any) -> Codec:
@@ -46,21 +46,27 @@ def check_header(head: Any, codec: Codec) -> None:
         )
 
 
-def receive_coded(
+def receive_update(
     receive: Callable[..., Any],
     collector: Any,
     site: int,
     head: Any,
-    model: Sequence[TensorSpec],
+    specs: Sequence[TensorSpec],
     requests: Iterator[Any],
     what: str,
     fail: Callable[[str], None],
     codec: Codec,
-) -> DecodedUpdate:
-    """A coded update (``head.codec`` already checked), verified and decoded."""
-    rx = receive(collector, site, head, coded_specs(model, codec), requests, what, fail)
+    sink_for: Callable[[], Any] | None = None,
+) -> Any:
+    """An update (``head.codec`` already checked) laid out as ``specs`` (the model's tensors, or
+    one rank's shard of them: ``shard_specs``), verified: its raw rows (``receive``'s receiver,
+    streamed to ``sink_for``'s sink), or under a codec its payload (laid out as the codec lays out
+    ``specs``) decoded whole, a ``DecodedUpdate``."""
+    if codec.name == NONE:
+        return receive(collector, site, head, specs, requests, what, fail, sink_for)
+    rx = receive(collector, site, head, coded_specs(specs, codec), requests, what, fail)
     try:
-        update = DecodedUpdate(decode_update(model, codec, rx.arrays()), rx.total_bytes)
+        update = DecodedUpdate(decode_update(specs, codec, rx.arrays()), rx.total_bytes)
     except StreamError as exc:
         fail(exc.reason)
         metrics.UPDATES.labels(exc.reason).inc()
@@ -68,23 +74,3 @@ def receive_coded(
     finally:
         rx.close()
     return update
-
-
-def receive_shard(
-    receive: Callable[..., Any],
-    collector: Any,
-    site: int,
-    head: Any,
-    model: Sequence[TensorSpec],
-    requests: Iterator[Any],
-    what: str,
-    fail: Callable[[str], None],
-    codec: Codec,
-) -> Any:
-    """One rank's shard of a site's update (``head.shard_index`` of ``head.shard_count``),
-    verified: the raw rows of every tensor, or under a codec their payload (laid out as the
-    codec lays out the shard's rows), decoded."""
-    specs = shard_specs(model, head.shard_count, head.shard_index)
-    if codec.name == NONE:
-        return receive(collector, site, head, specs, requests, what, fail)
-    return receive_coded(receive, collector, site, head, specs, requests, what, fail, codec)

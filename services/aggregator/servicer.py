@@ -13,8 +13,7 @@ from powertrip.services.aggregator import metrics
 from powertrip.services.aggregator.coded_intake import (
     assigned_codec,
     check_header,
-    receive_coded,
-    receive_shard,
+    receive_update,
 )
 from powertrip.services.aggregator.collector import CountedReceiver
 from powertrip.services.aggregator.lifecycle import Run
@@ -35,7 +34,7 @@ from powertrip.services.common.identity import (
     require_site_ids,
 )
 from powertrip.services.common.tensor_receiver import Sink
-from powertrip.services.common.tensor_stream import StreamError, TensorSpec, specs_of
+from powertrip.services.common.tensor_stream import StreamError, TensorSpec, shard_specs, specs_of
 from powertrip.services.common.update_codec import DecodedUpdate
 from powertrip.sites.profiles import site_id, site_index
 from powertrip.v1 import aggregator_pb2, aggregator_pb2_grpc
@@ -165,9 +164,12 @@ class AggregatorServicer(aggregator_pb2_grpc.AggregatorServiceServicer):
         if collector is None:
             raise StaleRound(f"no round is open (update for round {head.round})")
         model = specs_of(self.run.executor.params)
-        rx: CountedReceiver | DecodedUpdate
-        if head.shard_count or head.shard_index:  # one of a site's per-rank shards (R31)
-            index, count = head.shard_index, head.shard_count
+        # one of a site's per-rank shards (R31), or its whole update
+        sharded = bool(head.shard_count or head.shard_index)
+        index, count = head.shard_index, head.shard_count
+        fail: Callable[[str], None]
+        sink_for: Callable[[], Sink | None] | None
+        if sharded:
             what = f"update from {head.site_id} for round {head.round}, shard {index} of {count},"
             try:
                 check_header(head, self.codec)
@@ -177,18 +179,8 @@ class AggregatorServicer(aggregator_pb2_grpc.AggregatorServiceServicer):
                 collector.fail_shard(site, None, exc.reason)
                 metrics.UPDATES.labels(exc.reason).inc()
                 raise BadRequest(f"{what} refused: {exc}") from None
-            rx = receive_shard(
-                self._receive,
-                collector,
-                site,
-                head,
-                model,
-                request_iterator,
-                what,
-                lambda reason: collector.fail_shard(site, index, reason),
-                self.codec,
-            )
-            collector.commit_shard(site, index, rx)  # the collector owns rx from here
+            specs, sink_for = shard_specs(model, count, index), None
+            fail = lambda reason: collector.fail_shard(site, index, reason)  # noqa: E731
         else:
             collector.admit(site, head.round)
             what, fail = f"update from {head.site_id}", lambda r: collector.fail(site, r)
@@ -199,14 +191,23 @@ class AggregatorServicer(aggregator_pb2_grpc.AggregatorServiceServicer):
                 metrics.UPDATES.labels(exc.reason).inc()
                 raise BadRequest(f"{what} rejected: {exc}") from None
             note_update(self.run.executor, collector, site, head)
-            if self.codec.name != "none":  # decoded whole, then folded
-                args = (collector, site, head, model, request_iterator, what, fail)
-                rx = receive_coded(self._receive, *args, self.codec)
-            else:
-                sink_for = lambda: collector.direct_sink(site, head.num_samples)  # noqa: E731
-                rx = self._receive(
-                    collector, site, head, model, request_iterator, what, fail, sink_for
-                )
+            specs, sink_for = model, lambda: collector.direct_sink(site, head.num_samples)
+        # raw: verified (a whole update streamed into the fold); coded: decoded whole
+        rx: CountedReceiver | DecodedUpdate = receive_update(
+            self._receive,
+            collector,
+            site,
+            head,
+            specs,
+            request_iterator,
+            what,
+            fail,
+            self.codec,
+            sink_for,
+        )
+        if sharded:
+            collector.commit_shard(site, index, rx)  # the collector owns rx from here
+        else:
             collector.commit(site, rx, head.num_samples)  # the collector owns rx from here
         metrics.UPDATE_BYTES.labels(head.site_id, "up").inc(rx.total_bytes)
         metrics.UPDATES.labels("accepted").inc()

@@ -3,7 +3,7 @@
 A site trained by N ranks (FSDP2) may send its update as N ``SubmitUpdate`` streams, shard i
 holding rows ``shard_rows(dim0, N, i)`` of every tensor (``shard_specs``; the header's
 ``shard_index``/``shard_count``), raw or, under the run's codec, coded on their own (each
-shard decoded once verified: ``coded_intake.receive_shard``). Every number in those headers
+shard decoded once verified: ``coded_intake.receive_update``). Every number in those headers
 is a claim: the count must be 1..``MAX_SHARDS`` and the same for every shard of the site this
 round, the index below it and not seen before, the weight the same as the other shards', and
 the shapes exactly what the aggregator computes from its own template; anything else is refused
