@@ -14,57 +14,31 @@ from rich.table import Table
 
 from powertrip.config.curtailment import CURTAIL_PRESETS, CurtailmentConfig, build_curtail_config
 from powertrip.services.cli.common import (
-    OutputDir,
     describe_validation,
-    device_option,
     err,
     fail,
     out,
-    preset_option,
-    require_output,
 )
-from powertrip.services.cli.export import require_tensorboard, tensorboard_option, write_tensorboard
 from powertrip.services.cli.model_options import CURTAIL_FLAGS, curtail_options
 from powertrip.services.cli.optimizer_options import optimizer_options
+from powertrip.services.cli.study_command import StudyRun, study_options
 
 
 @click.command()
-@preset_option(CURTAIL_PRESETS, "curtailment")
-@click.option("--output", "-o", type=OutputDir(), help="Default: results/<preset>.")
-@curtail_options
-@optimizer_options
-@click.option("--plots/--no-plots", default=True, show_default=True, help="Write PNG figures.")
-@tensorboard_option
-@click.option("--threads", type=click.IntRange(min=1), help="CPU threads for torch.")
-@device_option
-def curtail(
-    preset: str,
-    output: Path | None,
-    plots: bool,
-    tensorboard: Path | None,
-    threads: int | None,
-    device: str,
-    **options: object,
-) -> None:
+@study_options(CURTAIL_PRESETS, "curtailment", curtail_options, optimizer_options)
+def curtail(study: StudyRun, **options: object) -> None:
     """Curtailment-aware elastic training on an emulated clock (arXiv 2602.22760).
 
     Prints time, accuracy, energy and emissions per run and writes runs.csv, baselines.csv,
     rounds.csv, availability.csv, modes.csv, summary.json and PNG plots.
     """
     try:
-        cfg = build_curtail_config(preset, **options)
+        cfg = build_curtail_config(study.preset, **options)
     except ValidationError as exc:
         fail(describe_validation(exc, "curtailment configuration", CURTAIL_FLAGS))
     except ValueError as exc:
         fail(str(exc))
-    require_tensorboard(tensorboard)
-    if threads is not None:
-        import torch
-
-        torch.set_num_threads(threads)
-    out_dir = output or require_output(Path("results") / cfg.name)
-    _run(cfg, out_dir, plots, device)
-    write_tensorboard(out_dir, tensorboard)
+    study.run(cfg.name, lambda out_dir: _run(cfg, out_dir, study.plots, study.device))
 
 
 def _run(cfg: CurtailmentConfig, out_dir: Path, plots: bool, device: str) -> None:

@@ -14,19 +14,16 @@ from powertrip.services.cli import export
 from powertrip.services.cli.certs import certs
 from powertrip.services.cli.common import (
     OneLineErrors,
-    OutputDir,
     check_sweep,
     describe_validation,
-    device_option,
     err,
     fail,
     out,
-    preset_option,
-    require_output,
 )
 from powertrip.services.cli.curtail import curtail
 from powertrip.services.cli.model_options import EXPERIMENT_FLAGS, experiment_options
 from powertrip.services.cli.optimizer_options import optimizer_options
+from powertrip.services.cli.study_command import StudyRun, study_options
 from powertrip.services.cli.study_progress import StudyProgress
 from powertrip.services.cli.traces import traces
 from powertrip.services.cli.up import up
@@ -46,33 +43,8 @@ main.add_command(export.export_tensorboard_command)
 
 
 @main.command()
-@preset_option(PRESETS, "quick")
-@click.option(
-    "--output",
-    "-o",
-    type=OutputDir(),
-    default=None,
-    help="Output folder (default: results/<preset>).",
-)
-@experiment_options
-@optimizer_options
-@click.option("--plots/--no-plots", default=True, show_default=True, help="Write PNG figures.")
-@export.tensorboard_option
-@click.option(
-    "--threads",
-    type=click.IntRange(min=1),
-    help="CPU threads for torch (default: one per core; use 1 when sharing cores).",
-)
-@device_option
-def experiment(
-    preset: str,
-    output: Path | None,
-    plots: bool,
-    tensorboard: Path | None,
-    threads: int | None,
-    device: str,
-    **options: object,
-) -> None:
+@study_options(PRESETS, "quick", experiment_options, optimizer_options)
+def experiment(study: StudyRun, **options: object) -> None:
     """Reproduce and extend the PowerTrip study on one machine with an emulated clock.
 
     Runs every policy x repeat over emulated sites, prints a time-to-accuracy table and writes
@@ -81,20 +53,13 @@ def experiment(
     greedy = {k: options.pop(k) for k in GreedyParams.model_fields}
     greedy = {k: v for k, v in greedy.items() if v is not None}
     try:
-        cfg = build_config(preset, **options, **({"greedy": greedy} if greedy else {}))
+        cfg = build_config(study.preset, **options, **({"greedy": greedy} if greedy else {}))
     except ValidationError as exc:
         fail(describe_validation(exc, "experiment configuration", EXPERIMENT_FLAGS, {"greedy"}))
     except ValueError as exc:
         fail(str(exc))
     check_sweep(cfg)
-    out_dir = output or require_output(Path("results") / cfg.name)
-    export.require_tensorboard(tensorboard)
-    if threads is not None:
-        import torch
-
-        torch.set_num_threads(threads)
-    _run_experiment(cfg, out_dir, plots, device)
-    export.write_tensorboard(out_dir, tensorboard)
+    study.run(cfg.name, lambda out_dir: _run_experiment(cfg, out_dir, study.plots, study.device))
 
 
 def _run_experiment(cfg: ExperimentConfig, out_dir: Path, plots: bool, device: str) -> None:
