@@ -14,7 +14,7 @@ them, cannot be batched (``batched_training_blocker``); its sites train one at a
 
 from __future__ import annotations
 
-from typing import Protocol
+from abc import ABC, abstractmethod
 
 import numpy as np
 import torch
@@ -55,8 +55,17 @@ def why_not_batched(spec: EngineSpec) -> str | None:
     return batched_training_blocker(spec.model)
 
 
-class BatchedStep(Protocol):
-    """One local step of stacked site rows, in place."""
+class BatchedStep(ABC):
+    """One local step of stacked site rows, in place: each row's gradient and loss (the
+    engine's own ``grads_and_loss``), then ``opt``'s update of the rows."""
+
+    @abstractmethod
+    def grads_and_loss(
+        self, params: TorchParams, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[TorchParams, torch.Tensor]:
+        """Rows ``params`` ([S, ...]) on their batches ``x``/``y`` ([S, B, ...]; ``mask``
+        [S, B]: 1 for a real sample): each row's gradient of its masked mean loss (valid until
+        the next call), and that loss [S]."""
 
     def step(
         self,
@@ -66,10 +75,10 @@ class BatchedStep(Protocol):
         mask: torch.Tensor,
         opt: SiteOptimizer,
     ) -> torch.Tensor:
-        """Rows ``params`` ([S, ...]) train on their batches ``x``/``y`` ([S, B, ...]; ``mask``
-        [S, B]: 1 for a real sample): each row's masked mean loss, its gradient, ``opt``'s
-        update of the S rows. Returns the S losses before the step."""
-        ...
+        """Train the S rows one step on their batches; returns their losses before the step."""
+        grads, loss = self.grads_and_loss(params, x, y, mask)
+        opt.update(params, grads, y.shape[0])
+        return loss
 
 
 class BatchedEngine:

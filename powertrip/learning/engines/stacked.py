@@ -31,7 +31,7 @@ from torch import nn
 
 from powertrip.learning.device import TorchParams
 from powertrip.learning.engines.base import EngineSpec, register_engine
-from powertrip.learning.engines.batched import BatchedEngine, why_not_batched
+from powertrip.learning.engines.batched import BatchedEngine, BatchedStep, why_not_batched
 from powertrip.learning.engines.stacked_layers import (
     Activation,
     Conv1dLayer,
@@ -40,7 +40,6 @@ from powertrip.learning.engines.stacked_layers import (
     chain_layers,
 )
 from powertrip.learning.engines.vmap import VmapStep
-from powertrip.learning.site_optim import SiteOptimizer
 
 __all__ = ["StackedChain", "StackedStep", "stacked_chain", "stacked_engine"]
 
@@ -70,7 +69,7 @@ class _Workspace:
         return buf[: shape[0]]
 
 
-class StackedChain:
+class StackedChain(BatchedStep):
     """A model's forward as a chain of layers, trained for S sites at once."""
 
     def __init__(self, layers: Sequence[Layer], label: str) -> None:
@@ -90,25 +89,12 @@ class StackedChain:
             return x.dim() == 2
         return True
 
-    def step(
-        self,
-        params: TorchParams,
-        x: torch.Tensor,
-        y: torch.Tensor,
-        m: torch.Tensor,
-        opt: SiteOptimizer,
-    ) -> torch.Tensor:
-        """One local step of every site in place: ``params`` [S, ...], ``x`` [S, B, ...],
-        ``y``/``m`` [S, B]. Returns each site's masked mean loss [S] before the step."""
-        grads, loss = self._grad_and_loss(params, x, y, m)
-        opt.update(params, grads, y.shape[0])
-        return loss
-
-    def _grad_and_loss(
+    def grads_and_loss(
         self, params: TorchParams, x: torch.Tensor, y: torch.Tensor, m: torch.Tensor
     ) -> tuple[TorchParams, torch.Tensor]:
         """Each site's gradient of its masked mean cross-entropy (in the workspace: valid until
-        the next call), and that loss."""
+        the next call), and that loss: ``params`` [S, ...], ``x`` [S, B, ...], ``y``/``m``
+        [S, B]."""
         s, b = y.shape
         h, layout = x.reshape(s, b, *x.shape[2:]), "bf"
         if isinstance(self.layers[0], Conv1dLayer):
@@ -255,25 +241,20 @@ def stacked_chain(model: nn.Module) -> StackedChain | None:
     return StackedChain(layers, type(model).__name__)
 
 
-class StackedStep:
+class StackedStep(BatchedStep):
     """The chain's step, or vmap's for a batch whose shape the chain does not take."""
 
     def __init__(self, spec: EngineSpec, chain: StackedChain) -> None:
         self.spec, self.chain = spec, chain
         self._vmap: VmapStep | None = None
 
-    def step(
-        self,
-        params: TorchParams,
-        x: torch.Tensor,
-        y: torch.Tensor,
-        mask: torch.Tensor,
-        opt: SiteOptimizer,
-    ) -> torch.Tensor:
+    def grads_and_loss(
+        self, params: TorchParams, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[TorchParams, torch.Tensor]:
         if self.chain.accepts(x[0], y[0]):  # one site's batch: [B, ...] and [B]
-            return self.chain.step(params, x, y, mask, opt)
+            return self.chain.grads_and_loss(params, x, y, mask)
         self._vmap = self._vmap or VmapStep(self.spec)
-        return self._vmap.step(params, x, y, mask, opt)
+        return self._vmap.grads_and_loss(params, x, y, mask)
 
 
 def why_not_stacked(spec: EngineSpec) -> str | None:

@@ -15,14 +15,13 @@ from torch.func import functional_call, grad_and_value, vmap
 
 from powertrip.learning.device import TorchParams
 from powertrip.learning.engines.base import EngineSpec, register_engine
-from powertrip.learning.engines.batched import BatchedEngine, why_not_batched
-from powertrip.learning.site_optim import SiteOptimizer
+from powertrip.learning.engines.batched import BatchedEngine, BatchedStep, why_not_batched
 from powertrip.learning.site_params import sample_losses
 
 __all__ = ["VmapStep", "vmap_engine"]
 
 
-class VmapStep:
+class VmapStep(BatchedStep):
     """One local step of every site: one vmapped ``grad_and_value`` call, then the update."""
 
     def __init__(self, spec: EngineSpec) -> None:
@@ -35,18 +34,11 @@ class VmapStep:
 
         self._grad_and_loss = vmap(grad_and_value(site_loss))
 
-    def step(
-        self,
-        params: TorchParams,
-        x: torch.Tensor,
-        y: torch.Tensor,
-        mask: torch.Tensor,
-        opt: SiteOptimizer,
-    ) -> torch.Tensor:
+    def grads_and_loss(
+        self, params: TorchParams, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[TorchParams, torch.Tensor]:
         with torch.enable_grad():
-            grads, loss = self._grad_and_loss(params, x, y, mask)
-        opt.update(params, grads, y.shape[0])
-        return loss
+            return self._grad_and_loss(params, x, y, mask)
 
 
 def vmap_engine(spec: EngineSpec) -> BatchedEngine:
