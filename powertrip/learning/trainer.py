@@ -17,18 +17,10 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from powertrip.learning import engines
 from powertrip.learning.batches import LocalTrainingConfig, Seeds, site_schedule
 from powertrip.learning.device import TorchParams, resolve_device, scalar
-from powertrip.learning.engines import (
-    EngineSpec,
-    LocalEngine,
-    LocalRound,
-    LocalStep,
-    LossFn,
-    SiteUpdates,
-    build_engine,
-    why_not_batched,
-)
+from powertrip.learning.engines import SiteUpdates
 from powertrip.learning.site_optim import SiteState
 from powertrip.learning.site_params import get_params, sample_losses
 
@@ -47,19 +39,19 @@ class SiteTrainer:
         device: torch.device | str | None = None,
         max_parallel_sites: int = 128,
         engine: str = "auto",
-        loss: LossFn | None = None,
-        train_step: LocalStep | None = None,
+        loss: engines.LossFn | None = None,
+        train_step: engines.LocalStep | None = None,
     ) -> None:
         self.device = resolve_device(device or "auto")
         self.model = model.to(self.device)
         self.loss, self.train_step = loss, train_step
-        self._spec = EngineSpec(
+        self._spec = engines.EngineSpec(
             self.model, config, self.device, loss, train_step, max_parallel_sites
         )
         self._engine_name = engine
         #: why these sites cannot train batched (None: they can), said once by the engine
-        self.unbatched_reason = why_not_batched(self._spec)
-        self.engine: LocalEngine = build_engine(engine, self._spec)
+        self.unbatched_reason = engines.why_not_batched(self._spec)
+        self.engine: engines.LocalEngine = engines.build_engine(engine, self._spec)
         self.model.eval()  # evaluation mode; an engine trains copies or parameters it stacks
 
     @property
@@ -71,7 +63,7 @@ class SiteTrainer:
     def config(self, config: LocalTrainingConfig) -> None:
         """Another schedule or recipe: the engine is built again for it (same name)."""
         self._spec = dataclasses.replace(self._spec, config=config)
-        self.engine = build_engine(self._engine_name, self._spec)
+        self.engine = engines.build_engine(self._engine_name, self._spec)
 
     def resident(self, t: torch.Tensor) -> torch.Tensor:
         """``t`` on the trainer's device: data is moved once, when a run is built, so a round
@@ -95,7 +87,8 @@ class SiteTrainer:
         ``states[i]``: site i's optimizer state from an earlier round (None: a fresh start)."""
         x, y = self.resident(x), self.resident(y)
         given = list(states) if states is not None else []
-        return self.engine.train(LocalRound(global_params, x, y, site_indices, seeds, given))
+        local_round = engines.LocalRound(global_params, x, y, site_indices, seeds, given)
+        return self.engine.train(local_round)
 
     def evaluate(
         self, params: TorchParams, x: torch.Tensor, y: torch.Tensor, batch_size: int = 4096

@@ -30,18 +30,6 @@ from powertrip.learning.batches import LocalTrainingConfig, Seeds
 from powertrip.learning.device import TorchParams, host_rows
 from powertrip.learning.site_optim import SiteState
 
-__all__ = [
-    "EngineSpec",
-    "LocalEngine",
-    "LocalRound",
-    "LocalStep",
-    "LossFn",
-    "SiteUpdates",
-    "build_engine",
-    "engine_names",
-    "register_engine",
-]
-
 logger = logging.getLogger(__name__)
 
 #: per-sample losses: (logits, targets) -> [B]
