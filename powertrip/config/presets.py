@@ -120,6 +120,14 @@ ALL_POLICIES = (
 # writer, i.e. non-IID; `--partition iid` gives IID sites instead (docs/reproduction.md).
 # The paper presets average with the paper's plain FedAvg; every other run gets the robust
 # default (docs/robust-aggregation.md: it costs PowerTrip ~8 % time to accuracy on honest sites).
+PAPER_PROTOCOL: dict[str, object] = {
+    "partition": "dirichlet",
+    "policies": ALL_POLICIES,
+    "repeats": 10,
+    "max_rounds": 100,
+    "target_accuracy": 0.45,
+    "aggregation": "fedavg",  # the paper's plain mean: its figures (docs/reproduction.md)
+}
 PRESETS: dict[str, dict[str, object]] = {
     "quick": {
         "description": "a one-minute study: 50 sites, 1 repeat, coarse sweep",
@@ -142,23 +150,13 @@ PRESETS: dict[str, dict[str, object]] = {
     "paper-uniform": {
         "description": "the paper's protocol (Figs. 8-10): 100 sites, uniform power, 1.5 GB, "
         "all policies, 10 repeats",
-        "partition": "dirichlet",
-        "policies": ALL_POLICIES,
-        "repeats": 10,
-        "max_rounds": 100,
-        "target_accuracy": 0.45,
-        "aggregation": "fedavg",  # the paper's plain mean: its figures (docs/reproduction.md)
+        **PAPER_PROTOCOL,
     },
     "paper-traces": {
         "description": "the paper's Fig. 12: paper-uniform with trace-driven power (the "
         "embedded synthetic-trace; --power-model google-trace --power-trace DIR for real files); "
         "--update-gb 1/1.5/2 gives Fig. 13",
-        "partition": "dirichlet",
-        "policies": ALL_POLICIES,
-        "repeats": 10,
-        "max_rounds": 100,
-        "target_accuracy": 0.45,
-        "aggregation": "fedavg",  # the paper's plain mean: its figures (docs/reproduction.md)
+        **PAPER_PROTOCOL,
         "power_model": "synthetic-trace",
     },
 }

@@ -12,14 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TypeVar
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from powertrip.services.common.settings import PREFIX, CurtailSettings, env_name
 
