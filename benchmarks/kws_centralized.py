@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from powertrip.config.experiment import MODEL_FOR_WORKLOAD, WORKLOAD_DEFAULTS
-from powertrip.learning.datasets import load_dataset
+from powertrip.config.experiment import WORKLOAD_DEFAULTS
+from powertrip.learning.datasets import load_speech
 from powertrip.learning.models import build_model, num_parameters
 from powertrip.learning.trainer import LocalTrainingConfig, SiteTrainer, get_params
 
@@ -35,11 +35,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    data = load_dataset(args.workload, args.dataset_path)
+    data = load_speech(args.dataset_path, args.workload)
     defaults = WORKLOAD_DEFAULTS[args.workload]
     lr = args.lr or defaults.lr
     torch.manual_seed(args.seed)
-    model = build_model(MODEL_FOR_WORKLOAD[args.workload], data.num_classes, data.in_shape)
+    model = build_model("kwt", data.num_classes, data.in_shape)
     trainer = SiteTrainer(model, LocalTrainingConfig(lr=lr, batch_size=defaults.batch_size))
     params = get_params(model)
     everything = [np.arange(len(data.y_train))]

@@ -9,11 +9,9 @@ build the learning side here, so they share the model, its initialisation and th
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Callable
 from dataclasses import replace
-from functools import partial
 
 import numpy as np
 import torch
@@ -21,107 +19,52 @@ import torch
 from powertrip.aggregation.outer_step import NesterovOuter
 from powertrip.aggregation.robust import Aggregation
 from powertrip.config.curtailment import CurtailmentConfig
-from powertrip.config.experiment import MODEL_FOR_WORKLOAD, ExperimentConfig, default_lr
+from powertrip.config.experiment import ExperimentConfig, default_lr
 from powertrip.curtailment.learner import StreamLearner
 from powertrip.curtailment.wall_clock import WallClockRounds
 from powertrip.learning.batches import local_steps
-from powertrip.learning.custom import custom_workload
-from powertrip.learning.datasets import Dataset, load_dataset
+from powertrip.learning.custom import CustomWorkload, declared_workload
+from powertrip.learning.datasets import Dataset
 from powertrip.learning.device import array, resolve_device
-from powertrip.learning.gpt import GPT, GPTShape, gpt_shape
-from powertrip.learning.models import build_model
 from powertrip.learning.partition import partition
 from powertrip.learning.site_params import running_statistics
 from powertrip.learning.trainer import LocalTrainingConfig, SiteTrainer, get_params
 from powertrip.rounds.emulate import Federation
 
-__all__ = ["StreamSetup", "build_federation", "lm_shape", "load_workload", "site_model_factory"]
+__all__ = ["StreamSetup", "build_federation", "load_workload", "site_model_factory"]
 
 
 def load_workload(cfg: ExperimentConfig | CurtailmentConfig, seed: int = 0) -> Dataset:
-    """The run's dataset; ``num_samples`` caps the generated or windowed sample count (a
-    custom workload's data is taken as given)."""
-    custom = custom_workload(cfg.workload)
-    if custom is not None:
-        return custom.load(cfg.dataset_path)
-    kwargs: dict[str, object] = {"seed": seed}
-    if cfg.workload == "mnist1d":
-        kwargs["num_samples"] = cfg.num_samples
-    elif cfg.workload == "shakespeare":
-        kwargs["max_samples"] = cfg.num_samples
-    elif cfg.workload == "lm":  # num_samples: training windows of the model's context
-        kwargs["max_samples"] = cfg.num_samples
-        kwargs["context_length"] = lm_shape(cfg).context_length
-        kwargs["tokenizer"] = cfg.tokenizer  # the LM's vocabulary follows from it
-        kwargs["tokenizer_sha256"] = cfg.tokenizer_sha256  # a worker must rebuild that one
-    return load_dataset(cfg.workload, cfg.dataset_path, **kwargs)
-
-
-def lm_shape(cfg: ExperimentConfig | CurtailmentConfig) -> GPTShape:
-    """The language model's shape: the named size (tiny by default) and the run's overrides."""
-    return gpt_shape(
-        cfg.model_size,
-        n_layer=cfg.n_layer,
-        n_head=cfg.n_head,
-        d_model=cfg.d_model,
-        context_length=cfg.context_length,
-    )
-
-
-def _workload_model(workload: str, data: Dataset, shape: GPTShape | None = None) -> torch.nn.Module:
-    """The workload's model sized for ``data``, initialised from torch's global seed."""
-    custom = custom_workload(workload)
-    if custom is not None:
-        return custom.build_model(data)
-    return build_model(
-        MODEL_FOR_WORKLOAD[workload],
-        num_classes=data.num_classes,
-        in_shape=tuple(data.x_train.shape[1:]),
-        vocab_size=data.num_classes if data.task == "next-char" else None,
-        gpt=shape,
-    )
+    """The run's dataset, as its workload loads it (``num_samples`` caps a built-in one's
+    generated or windowed samples; a custom workload's data is taken as given)."""
+    return declared_workload(cfg.workload).load_run(cfg, seed)
 
 
 def site_model_factory(
     cfg: ExperimentConfig, data: Dataset, model: torch.nn.Module
 ) -> Callable[[], torch.nn.Module]:
     """A picklable builder of the run's architecture for the site engine's rank processes
-    (``model``: the run's model, copied for a custom workload). The language model gets
-    ``scaled_dot_product_attention`` there: nothing is vmapped, same parameters and logits."""
-    if cfg.workload == "lm":
-        return partial(GPT, data.num_classes, lm_shape(cfg), fused_attention=True)
-    custom = custom_workload(cfg.workload)
-    if custom is not None and (custom.loss or custom.train_step) is not None:
-        raise ValueError(
-            f"workload {cfg.workload!r}: the site engine (POWERTRIP_SITE_RANKS) trains with "
-            "cross-entropy; a workload's own loss or train_step needs a one-process worker"
-        )
-    return partial(copy.deepcopy, model)  # the weights are overwritten each round
-
-
-def _shape(cfg: ExperimentConfig | CurtailmentConfig) -> GPTShape | None:
-    return lm_shape(cfg) if cfg.workload == "lm" else None
+    (``model``: the run's model, copied unless the workload builds its own: the language
+    model gets ``scaled_dot_product_attention`` there, same parameters and logits)."""
+    return declared_workload(cfg.workload).rank_model_factory(cfg, data, model)
 
 
 def _site_trainer(
-    workload: str,
+    workload: CustomWorkload,
     model: torch.nn.Module,
     local: LocalTrainingConfig,
     device: torch.device,
     data: Dataset,
 ) -> SiteTrainer:
-    """The trainer of ``model``, with a custom workload's own loss or local step (checked)."""
-    custom = custom_workload(workload)
-    if custom is None:
-        return SiteTrainer(model, local, device=device)
-    if custom.train_step is not None and not local.recipe.plain_sgd:
+    """The trainer of ``model``, with the workload's own loss or local step (checked)."""
+    if workload.train_step is not None and not local.recipe.plain_sgd:
         raise ValueError(
-            f"workload {workload!r}: its train_step makes each local step itself; the local "
+            f"workload {workload.name!r}: its train_step makes each local step itself; the local "
             f"optimizer must be plain SGD, got {local.recipe.name}"
         )
-    step = None if custom.train_step is None else custom.local_step()
-    trainer = SiteTrainer(model, local, device=device, loss=custom.loss, train_step=step)
-    custom.check_loss(trainer.model, data, batched=trainer.unbatched_reason is None)
+    step = None if workload.train_step is None else workload.local_step()
+    trainer = SiteTrainer(model, local, device=device, loss=workload.loss, train_step=step)
+    workload.check_loss(trainer.model, data, batched=trainer.unbatched_reason is None)
     return trainer
 
 
@@ -132,9 +75,9 @@ def build_federation(
     the model and the data go to ``device`` once, here (an execution setting, not part of the
     run definition: results on the CPU do not depend on it)."""
     rng = np.random.default_rng([seed, 1])
-    custom = custom_workload(cfg.workload)
-    if custom is not None and custom.partitioner is not None:
-        parts = custom.split(array(data.y_train), cfg.num_sites, rng)
+    workload = declared_workload(cfg.workload)
+    if workload.partitioner is not None:
+        parts = workload.split(array(data.y_train), cfg.num_sites, rng)
     else:
         parts = partition(
             cfg.partition,
@@ -145,7 +88,7 @@ def build_federation(
             alpha=cfg.dirichlet_alpha,
         )
     torch.manual_seed(seed)
-    model = _workload_model(cfg.workload, data, _shape(cfg))
+    model = workload.initial_model(cfg, data)
     local = LocalTrainingConfig(
         lr=cfg.learning_rate,
         batch_size=cfg.local_batch_size,
@@ -156,7 +99,7 @@ def build_federation(
     # a recipe whose schedule spans the run (the LM's) is fitted to it here, where it is known
     local = replace(local, optimizer=cfg.run_recipe(per_round * cfg.max_rounds))
     local.recipe.check_fits(per_round * cfg.max_rounds, f"{cfg.max_rounds} rounds of {per_round}")
-    trainer = _site_trainer(cfg.workload, model, local, resolve_device(device), data)
+    trainer = _site_trainer(workload, model, local, resolve_device(device), data)
     on = trainer.resident
     return Federation(
         trainer=trainer,
@@ -178,8 +121,9 @@ class StreamSetup:
     def __init__(
         self, cfg: CurtailmentConfig, data: Dataset, device: torch.device | str = "auto"
     ) -> None:
+        workload = declared_workload(cfg.workload)
         torch.manual_seed(cfg.seed)
-        model = _workload_model(cfg.workload, data, _shape(cfg))
+        model = workload.initial_model(cfg, data)
         lr = cfg.lr if cfg.lr is not None else default_lr(cfg.workload, cfg.local_optimizer)
         local = LocalTrainingConfig(
             lr=lr, batch_size=cfg.batch_size, shuffle=False, optimizer=cfg.local_optimizer
@@ -187,7 +131,7 @@ class StreamSetup:
         # one site can at most train the whole stream
         stream = local_steps(local, len(data.y_train))
         local.recipe.check_fits(stream, f"the whole stream of {len(data.y_train)} samples")
-        self.trainer = _site_trainer(cfg.workload, model, local, resolve_device(device), data)
+        self.trainer = _site_trainer(workload, model, local, resolve_device(device), data)
         self.params = get_params(model)
         on = self.trainer.resident  # the data moves to the trainer's device once, here
         self.data = replace(

@@ -7,6 +7,7 @@ import numpy as np
 from torch import nn
 
 import powertrip as pt
+from powertrip.learning.workloads import builtin
 
 
 def blobs(n: int = 1200, dim: int = 12, classes: int = 4, seed: int = 0) -> pt.Dataset:
@@ -53,3 +54,11 @@ normalised_blobs = pt.CustomWorkload(
 def plain_blobs() -> pt.CustomWorkload:
     """A factory function: references may name one instead of a workload."""
     return pt.CustomWorkload(name="plain-blobs", model=plain_mlp, data=blobs(), lr=0.1)
+
+
+def blobs_builtin() -> pt.CustomWorkload:
+    """A built-in workload's declaration, as a module of ``powertrip.learning.workloads`` would
+    write it: the test that adds a built-in lists it in ``BUILTINS`` as "tests.workloads:..."."""
+    return builtin(
+        "blobs", "Gaussian clusters, an MLP", lambda run, seed: blobs(seed=seed), plain_mlp
+    )

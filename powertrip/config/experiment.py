@@ -37,7 +37,8 @@ from powertrip.config.workload_defaults import (
 )
 from powertrip.config.workload_defaults import default_lr as default_lr
 from powertrip.config.workload_defaults import workload_default as workload_default
-from powertrip.config.workloads import BUILTIN_WORKLOADS, BuiltinWorkload, validate_workload
+from powertrip.config.workloads import needs_dataset_path as needs_dataset_path
+from powertrip.config.workloads import validate_workload
 
 
 def _target_in_unit_interval(v: float | None) -> float | None:
@@ -53,30 +54,10 @@ def _unset(v: object) -> bool:
 #: an accuracy to reach, in (0, 1]; None where a rule picks it after the fact
 TargetAccuracy = Annotated[float | None, AfterValidator(_target_in_unit_interval)]
 
-#: the built-in workloads' names; a run's ``workload`` may also name a custom one (workloads.py)
-Workload = BuiltinWorkload
 ModelSize = Literal["tiny", "small", "medium", "large", "xl"]
 #: powertrip.aggregation.robust.RULES
 AggregationRule = Literal["robust", "fedavg", "trimmed-mean", "median"]
 TrimBeta = Annotated[float | None, AfterValidator(check_trim_beta)]
-#: workloads that run without --dataset-path (lm: an embedded synthetic corpus)
-GENERATED_WORKLOADS = ("mnist1d", "lm")
-
-MODEL_FOR_WORKLOAD = {
-    "mnist1d": "cnn1d",
-    "mnist": "cnn2d",
-    "emnist": "cnn2d",
-    "shakespeare": "lstm",
-    "lm": "gpt",
-    "speech-commands": "kwt",
-    "fsdd": "kwt",
-}
-
-
-def needs_dataset_path(workload: str | None) -> bool:
-    """Whether ``workload`` reads a user-given dataset: built-ins other than the generated ones
-    (a custom workload brings its data, or reads the path itself when one is given)."""
-    return workload in BUILTIN_WORKLOADS and workload not in GENERATED_WORKLOADS
 
 
 class RunConfig(BaseModel):

@@ -1,4 +1,5 @@
-"""Bring your own model, data and partitioner: a ``CustomWorkload`` trains like a built-in one.
+"""Bring your own model, data and partitioner: a ``CustomWorkload`` trains like a built-in one,
+because every built-in workload is one too (``powertrip.learning.workloads``).
 
 A workload is three things the rest of PowerTrip never looks inside: a model factory (any
 ``nn.Module``; one the batched trainer cannot vmap, with normalisation, dropout or buffers,
@@ -9,13 +10,17 @@ the run's ``partition`` setting). A study, the emulator and the services all use
 ``powertrip.register_workload`` in-process, or a ``"package.module:attribute"`` reference that
 every service process imports (``POWERTRIP_WORKLOAD``). Labels are integer class ids, one per
 sample or per position of a sequence; the trainer minimises cross-entropy unless the workload
-brings its own ``loss``, or its own local step (``train_step``). See docs/workloads.md.
+brings its own ``loss``, or its own local step (``train_step``). A workload whose data or model
+follow the run's settings (its seed and sample cap, the LM's tokenizer and shape, as the
+built-ins' do) gives ``run_data`` / ``run_model`` instead. See docs/workloads.md.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +28,19 @@ import numpy as np
 import torch
 from torch import nn
 
-from powertrip.config.workloads import resolve_workload
+from powertrip.config.curtailment import CurtailmentConfig
+from powertrip.config.experiment import ExperimentConfig
+from powertrip.config.workloads import workload_declaration
 from powertrip.learning.datasets.record import Dataset, DatasetError, split_indices
 
-__all__ = ["CustomWorkload", "Partitioner", "dataset_from_arrays", "dataset_from_torch"]
+__all__ = [
+    "CustomWorkload",
+    "Partitioner",
+    "RunSettings",
+    "dataset_from_arrays",
+    "dataset_from_torch",
+    "declared_workload",
+]
 
 #: labels, number of sites, rng -> one index array per site (no index twice)
 Partitioner = Callable[[np.ndarray, int, np.random.Generator], Sequence[np.ndarray]]
@@ -34,6 +48,8 @@ Partitioner = Callable[[np.ndarray, int, np.random.Generator], Sequence[np.ndarr
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 #: (model holding the site's weights, inputs, targets, lr) -> the batch's loss; updates in place
 TrainStep = Callable[[nn.Module, torch.Tensor, torch.Tensor, float], "torch.Tensor | float"]
+#: the settings of the run a workload trains in, either study's
+RunSettings = ExperimentConfig | CurtailmentConfig
 
 
 @dataclass(frozen=True)
@@ -52,24 +68,35 @@ class CustomWorkload:
     gets a private copy of the model holding the site's weights (in training mode) and one
     batch, updates the weights in place and returns the batch's loss; sites then train one at a
     time (``engines.in_turn``) with plain SGD's settings only (no other local optimizer).
+
+    ``run_data(settings, seed)`` replaces ``data`` and ``run_model(settings, data)`` replaces
+    ``model`` for a workload that reads the run's settings (``RunSettings``): its sample cap,
+    a tokenizer, a model size. ``rank_model(settings, data)`` gives the site engine's rank
+    processes a picklable builder of the model (by default a copy of the run's).
     """
 
     name: str
-    model: Callable[[Dataset], nn.Module]
-    data: Dataset | Callable[[Path | None], Dataset]
+    model: Callable[[Dataset], nn.Module] | None = None
+    data: Dataset | Callable[[Path | None], Dataset] | None = None
     partitioner: Partitioner | None = None
     lr: float = 0.05
     batch_size: int = 20
     description: str = ""
     loss: Loss | None = None
     train_step: TrainStep | None = None
+    run_data: Callable[[RunSettings, int], Dataset] | None = None
+    run_model: Callable[[RunSettings, Dataset], nn.Module] | None = None
+    rank_model: Callable[[RunSettings, Dataset], Callable[[], nn.Module]] | None = None
 
     def __post_init__(self) -> None:
         if not self.name or ":" in self.name:
             raise ValueError(f"a workload name must be non-empty without ':', got {self.name!r}")
+        for given, run in (("model", "run_model"), ("data", "run_data")):
+            if (getattr(self, given) is None) == (getattr(self, run) is None):
+                raise ValueError(f"workload {self.name!r}: give either {given} or {run}")
         if self.lr <= 0 or self.batch_size < 1:
             raise ValueError(f"workload {self.name!r}: lr and batch_size must be positive")
-        for hook in ("loss", "train_step"):
+        for hook in ("loss", "train_step", "run_data", "run_model", "rank_model"):
             if getattr(self, hook) is not None and not callable(getattr(self, hook)):
                 raise TypeError(f"workload {self.name!r}: {hook} must be callable")
 
@@ -120,9 +147,20 @@ class CustomWorkload:
 
         return checked
 
+    def load_run(self, run: RunSettings, seed: int = 0) -> Dataset:
+        """The run's dataset, checked: ``run_data`` of its settings and ``seed``, else ``data``
+        (of its ``dataset_path``)."""
+        if self.run_data is None:
+            return self.load(run.dataset_path)
+        return self._checked(self.run_data(run, seed))
+
     def load(self, dataset_path: Path | None = None) -> Dataset:
         """The dataset, checked: consistent lengths, integer labels in range."""
-        data = self.data(dataset_path) if callable(self.data) else self.data
+        if self.data is None:
+            raise ValueError(f"workload {self.name!r} reads its data from the run: use load_run")
+        return self._checked(self.data(dataset_path) if callable(self.data) else self.data)
+
+    def _checked(self, data: object) -> Dataset:
         if not isinstance(data, Dataset):
             raise DatasetError(
                 f"workload {self.name!r}: data must be a powertrip Dataset (see "
@@ -132,8 +170,35 @@ class CustomWorkload:
         _check_split(self.name, "test", data.x_test, data.y_test, data.num_classes)
         return data
 
+    def initial_model(self, run: RunSettings, data: Dataset) -> nn.Module:
+        """A freshly initialised model for ``data`` (``run_model`` of the run's settings, else
+        ``model``), from torch's global seed."""
+        if self.run_model is None:
+            return self.build_model(data)
+        return self._module(self.run_model(run, data))
+
     def build_model(self, data: Dataset) -> nn.Module:
-        model = self.model(data)
+        if self.model is None:
+            raise ValueError(
+                f"workload {self.name!r} sizes its model by the run: use initial_model"
+            )
+        return self._module(self.model(data))
+
+    def rank_model_factory(
+        self, run: RunSettings, data: Dataset, model: nn.Module
+    ) -> Callable[[], nn.Module]:
+        """A picklable builder of the run's ``model`` for the site engine's rank processes:
+        ``rank_model``'s, else a copy (the weights are overwritten each round)."""
+        if self.rank_model is not None:
+            return self.rank_model(run, data)
+        if (self.loss or self.train_step) is not None:
+            raise ValueError(
+                f"workload {self.name!r}: the site engine (POWERTRIP_SITE_RANKS) trains with "
+                "cross-entropy; a workload's own loss or train_step needs a one-process worker"
+            )
+        return partial(copy.deepcopy, model)
+
+    def _module(self, model: object) -> nn.Module:
         if not isinstance(model, nn.Module):
             raise TypeError(
                 f"workload {self.name!r}: the model factory returned {type(model).__name__}, "
@@ -242,10 +307,12 @@ def dataset_from_torch(
     return dataset_from_arrays(x, y, xt, yt, **kwargs)
 
 
-def custom_workload(name: str) -> CustomWorkload | None:
-    """The ``CustomWorkload`` a run's workload name refers to; None for a built-in one (the
-    name resolves in ``powertrip.config.workloads``, which holds it without its type)."""
-    found = resolve_workload(name)
-    if found is not None and not isinstance(found, CustomWorkload):
-        raise ValueError(f"workload {name!r}: expected a powertrip.CustomWorkload")
+def declared_workload(name: str) -> CustomWorkload:
+    """The ``CustomWorkload`` a run's workload name refers to, built-in or a user's (the name
+    resolves in ``powertrip.config.workloads``, which holds it without its type)."""
+    found = workload_declaration(name)
+    if not isinstance(found, CustomWorkload):
+        raise ValueError(
+            f"workload {name!r}: expected a powertrip.CustomWorkload, got {type(found).__name__}"
+        )
     return found

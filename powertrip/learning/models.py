@@ -17,25 +17,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from powertrip.config.experiment import MODEL_FOR_WORKLOAD
-from powertrip.learning.datasets import Dataset
 from powertrip.learning.gpt import GPT, GPTShape, gpt_shape
 from powertrip.learning.kwt import KWT, KWTShape
 
-__all__ = [
-    "DEFAULT_MODELS",
-    "MODEL_NAMES",
-    "CNN1D",
-    "CNN2D",
-    "CharLSTM",
-    "build_model",
-    "model_for_dataset",
-    "num_parameters",
-]
+__all__ = ["MODEL_NAMES", "CNN1D", "CNN2D", "CharLSTM", "build_model", "num_parameters"]
 
+#: each built-in workload names its model in its declaration (``powertrip.learning.workloads``)
 MODEL_NAMES = ("cnn1d", "cnn2d", "lstm", "gpt", "kwt")
-#: the model of each workload: one mapping, kept with the run definition (torch-free)
-DEFAULT_MODELS = MODEL_FOR_WORKLOAD
 
 
 def _conv_out(length: int, kernel: int, stride: int, padding: int) -> int:
@@ -179,13 +167,3 @@ def build_model(
             raise ValueError(f"kwt needs in_shape (frames, n_mels), got {in_shape}")
         return KWT(num_classes, frames=in_shape[0], n_mels=in_shape[1], shape=kwt)
     raise ValueError(f"unknown model {name!r}; valid names: {', '.join(MODEL_NAMES)}")
-
-
-def model_for_dataset(dataset: Dataset, *, width: float = 1.0, hidden_size: int = 100) -> nn.Module:
-    """The paper's model for a loaded dataset (see DEFAULT_MODELS)."""
-    name = DEFAULT_MODELS.get(dataset.name)
-    if name is None:
-        raise ValueError(f"no default model for dataset {dataset.name!r}")
-    return build_model(
-        name, dataset.num_classes, dataset.in_shape, width=width, hidden_size=hidden_size
-    )

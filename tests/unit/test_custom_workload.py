@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import powertrip as pt
-from powertrip.learning.custom import custom_workload
+from powertrip.learning.custom import declared_workload
 from powertrip.learning.engines import batched_training_blocker, train_sites_in_turn
 from powertrip.learning.models import CNN1D
 from powertrip.learning.trainer import LocalTrainingConfig, SiteTrainer, get_params
@@ -83,8 +83,8 @@ def test_a_normalised_model_learns_in_a_study():
 
 
 def test_a_reference_names_a_workload_or_a_function_returning_one():
-    assert custom_workload("tests.workloads:normalised_blobs") is normalised_blobs
-    assert custom_workload("tests.workloads:plain_blobs").name == "plain-blobs"
+    assert declared_workload("tests.workloads:normalised_blobs") is normalised_blobs
+    assert declared_workload("tests.workloads:plain_blobs").name == "plain-blobs"
     cfg = pt.build_config(
         workload="tests.workloads:plain_blobs", num_sites=3, static_sweep=(3,), target_accuracy=0.5
     )

@@ -13,12 +13,10 @@ import pytest
 import torch
 
 from powertrip.learning.datasets import (
-    DATASET_NAMES,
     LEAF_VOCAB,
     DatasetError,
     decode_chars,
     encode_chars,
-    load_dataset,
     load_idx,
     load_mnist1d,
     load_shakespeare,
@@ -137,7 +135,7 @@ def test_idx_with_62_labels_is_emnist(tmp_path, t10k):
     labels = np.arange(500) % 62
     write_idx(tmp_path / "emnist-byclass-test-images-idx3-ubyte.gz", images[:500])
     write_idx(tmp_path / "emnist-byclass-test-labels-idx1-ubyte.gz", labels)
-    ds = load_dataset("emnist", tmp_path)
+    ds = load_idx(tmp_path)
     assert ds.name == "emnist" and ds.num_classes == 62
 
 
@@ -323,22 +321,3 @@ def test_shakespeare_parses_a_small_play_in_both_tag_styles(tmp_path):
     assert ds.group_names == ("richard/BUCK", "richard/GLO")
     all_text = "".join(decode_chars(x) for x in ds.x_train)
     assert "Exit" not in all_text and "London" not in all_text and "by W.S." not in all_text
-
-
-# ---------------------------------------------------------------------------------- dispatch
-
-
-def test_load_dataset_rejects_unknown_names_listing_the_valid_ones():
-    with pytest.raises(DatasetError, match="valid names: mnist1d, mnist, emnist, shakespeare"):
-        load_dataset("cifar10", None)
-    assert {"mnist1d", "mnist", "emnist", "shakespeare", "lm"} <= set(DATASET_NAMES)
-
-
-def test_load_dataset_needs_a_path_for_real_data():
-    with pytest.raises(DatasetError, match="needs a path"):
-        load_dataset("shakespeare", None)
-
-
-def test_load_dataset_dispatches_to_the_loaders(tmp_path):
-    ds = load_dataset("mnist1d", None, num_samples=200, cache_dir=tmp_path)
-    assert ds.name == "mnist1d" and ds.in_shape == (1, 40)

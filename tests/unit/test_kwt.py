@@ -11,10 +11,11 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, grad, stack_module_state, vmap
 
-from powertrip.config.experiment import MODEL_FOR_WORKLOAD, WORKLOAD_DEFAULTS
-from powertrip.learning.datasets import load_dataset
+from powertrip.config.experiment import WORKLOAD_DEFAULTS
+from powertrip.learning.custom import dataset_from_arrays, declared_workload
+from powertrip.learning.datasets import load_speech
 from powertrip.learning.kwt import KWT, KWT_SIZES, KWTShape, kwt_shape
-from powertrip.learning.models import DEFAULT_MODELS, MODEL_NAMES, build_model, num_parameters
+from powertrip.learning.models import MODEL_NAMES, build_model, num_parameters
 from powertrip.learning.trainer import LocalTrainingConfig, SiteTrainer, get_params
 
 
@@ -33,10 +34,12 @@ def expected_parameters(shape: KWTShape, frames: int, n_mels: int, classes: int)
     )
 
 
-def test_kwt_is_registered_for_both_speech_workloads():
+def test_kwt_is_the_model_of_both_speech_workloads():
     assert "kwt" in MODEL_NAMES
+    frames = dataset_from_arrays(np.zeros((4, 101, 40)), np.arange(4) % 2, num_classes=12)
     for workload in ("speech-commands", "fsdd"):
-        assert MODEL_FOR_WORKLOAD[workload] == DEFAULT_MODELS[workload] == "kwt"
+        model = declared_workload(workload).build_model(frames)
+        assert isinstance(model, KWT) and model(frames.x_train).shape == (3, 12)
         defaults = WORKLOAD_DEFAULTS[workload]
         assert (defaults.lr, defaults.batch_size) == (0.05, 20)
 
@@ -106,7 +109,7 @@ def test_vmapped_grad_over_stacked_sites_equals_each_models_backward():
 
 
 def test_speakers_train_under_the_batched_trainer(shared_data):
-    data = load_dataset("fsdd", shared_data / "datasets" / "fsdd")
+    data = load_speech(shared_data / "datasets" / "fsdd", "fsdd")
     rng = np.random.default_rng(0)
     sites = [
         rng.choice(np.flatnonzero(data.groups_train == g), 40, replace=False) for g in range(3)

@@ -168,6 +168,7 @@ def _heavy_modules_after_import(module: str) -> list[str]:
         "powertrip.config.curtailment",
         "powertrip.config.site_engine",
         "powertrip.config.recipe",
+        "powertrip.config.workloads",
     ],
 )
 def test_the_settings_load_no_torch_and_no_grpc(module):

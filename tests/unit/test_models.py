@@ -16,7 +16,6 @@ from powertrip.learning.models import (
     CNN2D,
     CharLSTM,
     build_model,
-    model_for_dataset,
     num_parameters,
 )
 
@@ -115,11 +114,6 @@ def test_char_lstm_recurrence_matches_torch_lstm():
     x = torch.randint(0, 20, (4, 9))
     out, _ = ref(ours.embed(x))
     torch.testing.assert_close(ours(x), ours.head(out[:, -1]))
-
-
-def test_model_for_dataset_picks_the_papers_model(tmp_path):
-    ds = load_mnist1d(num_samples=200, cache_dir=tmp_path)
-    assert isinstance(model_for_dataset(ds), CNN1D)
 
 
 def test_build_model_rejects_unknown_names():

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from powertrip.learning.datasets import DATASET_NAMES, DatasetError, load_dataset
+from powertrip.config.workloads import BUILTIN_WORKLOADS
+from powertrip.learning.datasets import DatasetError, load_speech
 from powertrip.learning.datasets.speech import log_mel, read_wav, which_set
 from powertrip.learning.partition import partition
 
@@ -21,12 +22,12 @@ FSDD = "datasets/fsdd"
 
 @pytest.fixture(scope="module")
 def speech_commands(shared_data: Path):
-    return load_dataset("speech-commands", shared_data / SPEECH)
+    return load_speech(shared_data / SPEECH, "speech-commands")
 
 
 @pytest.fixture(scope="module")
 def fsdd(shared_data: Path):
-    return load_dataset("fsdd", shared_data / FSDD)
+    return load_speech(shared_data / FSDD, "fsdd")
 
 
 def small_fsdd(shared_data: Path, root: Path) -> Path:
@@ -46,8 +47,8 @@ def write_wav(path: Path, samples: np.ndarray, rate: int, width: int = 2) -> Pat
     return path
 
 
-def test_both_layouts_are_registered_dataset_names():
-    assert {"speech-commands", "fsdd"} <= set(DATASET_NAMES)
+def test_both_layouts_are_built_in_workloads():
+    assert {"speech-commands", "fsdd"} <= set(BUILTIN_WORKLOADS)
 
 
 def test_speech_commands_gives_one_second_of_40_mel_frames_per_clip(speech_commands):
@@ -104,7 +105,7 @@ def test_natural_partition_gives_one_site_per_speaker(fsdd):
 
 
 def test_loading_twice_is_identical(shared_data, speech_commands):
-    again = load_dataset("speech-commands", shared_data / SPEECH, seed=7)
+    again = load_speech(shared_data / SPEECH, "speech-commands", seed=7)
     assert torch.equal(again.x_train, speech_commands.x_train)
     assert torch.equal(again.y_test, speech_commands.y_test)
     assert np.array_equal(again.groups_train, speech_commands.groups_train)
@@ -112,7 +113,7 @@ def test_loading_twice_is_identical(shared_data, speech_commands):
 
 def test_resampling_and_frame_settings_change_the_feature_shape(shared_data, tmp_path):
     root = small_fsdd(shared_data, tmp_path)
-    ds = load_dataset("fsdd", root, sample_rate=16_000, clip_seconds=0.5, n_mels=32, hop_ms=20)
+    ds = load_speech(root, "fsdd", sample_rate=16_000, clip_seconds=0.5, n_mels=32, hop_ms=20)
     assert ds.x_train.shape[1:] == (26, 32)  # 8000 samples, hop 320, centred frames
     assert len(ds.y_train) + len(ds.y_test) == 20
 
@@ -137,7 +138,7 @@ def test_a_corrupt_wav_is_refused_naming_the_file(tmp_path, shared_data):
     bad = root / "recordings" / "3_jackson_7.wav"
     bad.write_bytes(b"RIFF\x00\x00\x00\x00not a wave file")
     with pytest.raises(DatasetError, match="3_jackson_7.wav"):
-        load_dataset("fsdd", root)
+        load_speech(root, "fsdd")
 
 
 def test_an_empty_or_24_bit_wav_is_refused_naming_the_file(tmp_path):
@@ -153,9 +154,9 @@ def test_files_outside_the_layout_are_refused(tmp_path):
     (tmp_path / "recordings").mkdir()
     write_wav(tmp_path / "recordings" / "hello.wav", np.zeros(80, np.int16), 8000)
     with pytest.raises(DatasetError, match="hello.wav.*<digit>_<speaker>_<index>"):
-        load_dataset("fsdd", tmp_path)
+        load_speech(tmp_path, "fsdd")
     with pytest.raises(DatasetError, match="hello.wav.*<speaker>_nohash_<n>"):
-        load_dataset("speech-commands", tmp_path)
+        load_speech(tmp_path, "speech-commands")
     (tmp_path / "empty").mkdir()
     with pytest.raises(DatasetError, match="no .wav clips"):
-        load_dataset("speech-commands", tmp_path / "empty")
+        load_speech(tmp_path / "empty", "speech-commands")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from powertrip.learning.datasets import DatasetError, load_dataset
+from powertrip.learning.datasets import DatasetError
 from powertrip.learning.datasets.text import (
     BYTE_VOCAB,
     decode_bytes,
@@ -57,7 +57,7 @@ def test_a_pre_tokenized_npy_corpus_keeps_its_ids_and_vocabulary(tmp_path):
     ids = np.random.default_rng(0).integers(0, 5000, size=4000)
     np.save(tmp_path / "tokens.npy", ids)
 
-    data = load_dataset("lm", tmp_path / "tokens.npy", context_length=20)
+    data = load_text(tmp_path / "tokens.npy", context_length=20)
 
     assert data.num_classes == int(ids.max()) + 1
     assert (data.x_train[0].numpy() == ids[:20]).all()
@@ -65,8 +65,8 @@ def test_a_pre_tokenized_npy_corpus_keeps_its_ids_and_vocabulary(tmp_path):
 
 
 def test_without_a_file_the_corpus_is_generated_from_its_seed_and_marked_synthetic():
-    a = load_dataset("lm", None, context_length=32, max_samples=100, seed=0)
-    b = load_dataset("lm", None, context_length=32, max_samples=100, seed=0)
+    a = load_text(None, context_length=32, max_samples=100, seed=0)
+    b = load_text(None, context_length=32, max_samples=100, seed=0)
 
     assert a.synthetic and len(a.x_train) == 100
     assert (a.x_train == b.x_train).all()
