@@ -71,14 +71,8 @@ class DistributedSitesHost:
         recipe = self._local.recipe
         # the site's optimizer state and codec residual, resumed from an earlier process of
         # this worker when there is one
-        self._book = WorkerBook(
-            recipe,
-            {k: tuple(v.shape) for k, v in self._template.items()},
-            recipe.carries_over,
-            cfg.codec,
-            cfg.error_feedback,
-            store,
-            self.sites,
+        self._book = WorkerBook.for_sites(
+            recipe, self._template, recipe.carries_over, cfg, store, self.sites
         )
         self.group = SiteGroup(
             site_model_factory(cfg, data, fed.trainer.model),

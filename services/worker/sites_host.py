@@ -65,15 +65,8 @@ class SitesHost:
         # its sites fresh. A round trained again (the aggregator resumed from before it)
         # starts from what the site had before it (``ROUNDS_KEPT`` rounds of history).
         params = self._fed.initial_params
-        self._book = WorkerBook(
-            recipe,
-            {k: tuple(v.shape) for k, v in params.items()},
-            recipe.carries_over,
-            cfg.codec,
-            cfg.error_feedback,
-            store,
-            self.sites,
-            next(iter(params.values())).device,
+        self._book = WorkerBook.for_sites(
+            recipe, params, recipe.carries_over, cfg, store, self.sites
         )
 
     def round_inputs(self, spec: common_pb2.RoundSpec) -> None:

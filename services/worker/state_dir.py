@@ -30,10 +30,12 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from powertrip.codecs import ErrorFeedback, get_codec
+from powertrip.config.codecs import CodecSettings
 from powertrip.config.recipe import LocalOptimizer
 from powertrip.learning.site_optim import SiteState
 from powertrip.learning.site_state_io import run_identity, write_atomically
@@ -150,6 +152,30 @@ class WorkerBook:
         self.store = store if carried else None
         if self.store is not None:
             self.store.load(self.book, hosted, device)
+
+    @classmethod
+    def for_sites(
+        cls,
+        recipe: LocalOptimizer,
+        params: Mapping[str, Any],
+        keeps: bool,
+        run: CodecSettings,
+        store: SiteStateStore | None,
+        hosted: Sequence[int],
+    ) -> WorkerBook:
+        """The book of the ``hosted`` sites of a model with ``params``' shapes, on their device
+        (a host's numpy template: the CPU), under ``run``'s codec."""
+        first = next(iter(params.values()))
+        return cls(
+            recipe,
+            {k: tuple(v.shape) for k, v in params.items()},
+            keeps,
+            run.codec,
+            run.error_feedback,
+            store,
+            hosted,
+            first.device if isinstance(first, torch.Tensor) else "cpu",
+        )
 
     @property
     def site_states(self) -> dict[int, SiteState] | None:

@@ -57,15 +57,8 @@ class StreamHost:
         # taken before it) starts from the state the site had before it. Optimizer states are
         # kept unless the recipe is plain SGD; codec residuals whenever the run codes updates.
         params = self.setup.params
-        self._book = WorkerBook(
-            recipe,
-            {k: tuple(v.shape) for k, v in params.items()},
-            not recipe.plain_sgd,
-            cfg.codec,
-            cfg.error_feedback,
-            store,
-            self.sites,
-            next(iter(params.values())).device,
+        self._book = WorkerBook.for_sites(
+            recipe, params, not recipe.plain_sgd, cfg, store, self.sites
         )
         self._stream_round: dict[int, int] = {}  # sub-round -> its elastic round (specs seen)
 
