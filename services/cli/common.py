@@ -9,7 +9,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import NoReturn, TypeVar
 
 import click
 from pydantic import ValidationError
@@ -21,6 +21,8 @@ from powertrip.config.workloads import BUILTIN_WORKLOADS, validate_workload
 
 err = Console(stderr=True, soft_wrap=True)
 out = Console(width=None if sys.stdout.isatty() else 160)
+
+T = TypeVar("T")
 
 
 def fail(message: str) -> NoReturn:
@@ -210,6 +212,19 @@ class RegisteredName(click.ParamType):
         except ValueError as exc:
             self.fail(str(exc), param, ctx)
         return str(value)
+
+
+def configured(
+    build: Callable[[], T], what: str, flags: Mapping[str, str], flattened: Collection[str] = ()
+) -> T:
+    """``build()``'s configuration, or the command ended with one line: a ``ValidationError`` as
+    ``describe_validation`` words it, any other ``ValueError`` as it is."""
+    try:
+        return build()
+    except ValidationError as exc:
+        fail(describe_validation(exc, what, flags, flattened))
+    except ValueError as exc:
+        fail(str(exc))
 
 
 def preset_option(presets: Mapping[str, Mapping[str, object]], default: str):  # noqa: ANN201

@@ -9,12 +9,11 @@ import math
 from pathlib import Path
 
 import click
-from pydantic import ValidationError
 from rich.table import Table
 
 from powertrip.config.curtailment import CURTAIL_PRESETS, CurtailmentConfig, build_curtail_config
 from powertrip.services.cli.common import (
-    describe_validation,
+    configured,
     err,
     fail,
     out,
@@ -32,13 +31,16 @@ def curtail(study: StudyRun, **options: object) -> None:
     Prints time, accuracy, energy and emissions per run and writes runs.csv, baselines.csv,
     rounds.csv, availability.csv, modes.csv, summary.json and PNG plots.
     """
-    try:
-        cfg = build_curtail_config(study.preset, **options)
-    except ValidationError as exc:
-        fail(describe_validation(exc, "curtailment configuration", CURTAIL_FLAGS))
-    except ValueError as exc:
-        fail(str(exc))
-    study.run(cfg.name, lambda out_dir: _run(cfg, out_dir, study.plots, study.device))
+    cfg = configured(
+        lambda: build_curtail_config(study.preset, **options),
+        "curtailment configuration",
+        CURTAIL_FLAGS,
+    )
+    banner = (
+        f"[bold]powertrip curtail[/] preset={cfg.name} policies={','.join(cfg.policies)} "
+        f"carbon={cfg.carbon_trace_path or 'synthetic'}"
+    )
+    study.run(cfg.name, banner, lambda out_dir: _run(cfg, out_dir, study.plots, study.device))
 
 
 def _run(cfg: CurtailmentConfig, out_dir: Path, plots: bool, device: str) -> None:
@@ -47,12 +49,6 @@ def _run(cfg: CurtailmentConfig, out_dir: Path, plots: bool, device: str) -> Non
     from powertrip.study.curtailment_plots import write_curtailment_plots
     from powertrip.study.curtailment_report import write_curtailment_outputs
     from powertrip.traces.io import TraceError
-
-    err.print(
-        f"[bold]powertrip curtail[/] preset={cfg.name} policies={','.join(cfg.policies)} "
-        f"carbon={cfg.carbon_trace_path or 'synthetic'}",
-        highlight=False,
-    )
 
     def progress(done: int, total: int, label: str) -> None:
         if done < total:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
-from pydantic import ValidationError
 from rich.table import Table
 
 from powertrip.config.experiment import ExperimentConfig, GreedyParams, build_config
@@ -15,7 +14,7 @@ from powertrip.services.cli.certs import certs
 from powertrip.services.cli.common import (
     OneLineErrors,
     check_sweep,
-    describe_validation,
+    configured,
     err,
     fail,
     out,
@@ -52,14 +51,20 @@ def experiment(study: StudyRun, **options: object) -> None:
     """
     greedy = {k: options.pop(k) for k in GreedyParams.model_fields}
     greedy = {k: v for k, v in greedy.items() if v is not None}
-    try:
-        cfg = build_config(study.preset, **options, **({"greedy": greedy} if greedy else {}))
-    except ValidationError as exc:
-        fail(describe_validation(exc, "experiment configuration", EXPERIMENT_FLAGS, {"greedy"}))
-    except ValueError as exc:
-        fail(str(exc))
+    cfg = configured(
+        lambda: build_config(study.preset, **options, **({"greedy": greedy} if greedy else {})),
+        "experiment configuration",
+        EXPERIMENT_FLAGS,
+        {"greedy"},
+    )
     check_sweep(cfg)
-    study.run(cfg.name, lambda out_dir: _run_experiment(cfg, out_dir, study.plots, study.device))
+    banner = (
+        f"[bold]powertrip experiment[/] preset={cfg.name} workload={cfg.workload} "
+        f"sites={cfg.num_sites} policies={','.join(cfg.policies)} repeats={cfg.repeats}"
+    )
+    study.run(
+        cfg.name, banner, lambda out_dir: _run_experiment(cfg, out_dir, study.plots, study.device)
+    )
 
 
 def _run_experiment(cfg: ExperimentConfig, out_dir: Path, plots: bool, device: str) -> None:
@@ -68,11 +73,6 @@ def _run_experiment(cfg: ExperimentConfig, out_dir: Path, plots: bool, device: s
     from powertrip.study.powertrip import run_study
     from powertrip.study.results import write_outputs
 
-    err.print(
-        f"[bold]powertrip experiment[/] preset={cfg.name} workload={cfg.workload} "
-        f"sites={cfg.num_sites} policies={','.join(cfg.policies)} repeats={cfg.repeats}",
-        highlight=False,
-    )
     try:  # per round with an ETA on a terminal, a line per run elsewhere (study_progress.py)
         with StudyProgress(err, cfg.max_rounds) as shown:
             result = run_study(cfg, progress=shown.run, on_round=shown.round, device=device)

@@ -13,7 +13,13 @@ from typing import Any
 
 import click
 
-from powertrip.services.cli.common import OutputDir, device_option, preset_option, require_output
+from powertrip.services.cli.common import (
+    OutputDir,
+    device_option,
+    err,
+    preset_option,
+    require_output,
+)
 from powertrip.services.cli.export import require_tensorboard, tensorboard_option, write_tensorboard
 
 
@@ -28,16 +34,18 @@ class StudyRun:
     threads: int | None
     device: str
 
-    def run(self, name: str, study: Callable[[Path], None]) -> None:
+    def run(self, name: str, banner: str, study: Callable[[Path], None]) -> None:
         """Run ``study`` (configured, checked) into its output folder (``--output``, or
-        results/``name`` when that is free): a missing TensorBoard ends the command before the
-        run, the export follows it."""
+        results/``name`` when that is free), said first on stderr (``banner``: the command and
+        what it runs): a missing TensorBoard ends the command before the run, the export
+        follows it."""
         out_dir = self.output or require_output(Path("results") / name)
         require_tensorboard(self.tensorboard)
         if self.threads is not None:
             import torch
 
             torch.set_num_threads(self.threads)
+        err.print(banner, highlight=False)
         study(out_dir)
         write_tensorboard(out_dir, self.tensorboard)
 
