@@ -227,12 +227,15 @@ def configured(
         fail(str(exc))
 
 
-def preset_option(presets: Mapping[str, Mapping[str, object]], default: str):  # noqa: ANN201
-    """``--preset``: a choice of ``presets``, each explained by its description in the help; the
-    study commands share it so both describe their presets the same way."""
+def preset_option(  # noqa: ANN201
+    presets: Mapping[str, Mapping[str, object]], default: str, flag: str = "--preset"
+):
+    """``--preset`` (or ``flag``): a choice of ``presets``, each explained by its description in
+    the help; the study commands and ``up`` share it so all describe their presets the same
+    way."""
     described = "; ".join(f"{k}: {v['description']}" for k, v in presets.items())
     return click.option(
-        "--preset",
+        flag,
         type=click.Choice(list(presets)),
         default=default,
         show_default=True,

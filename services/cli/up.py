@@ -15,7 +15,15 @@ from powertrip.config.curtailment import CURTAIL_PRESETS
 from powertrip.config.experiment import needs_dataset_path
 from powertrip.config.presets import PRESETS
 from powertrip.selection.registry import known_policy_names, validate_policy_name
-from powertrip.services.cli.common import OutputDir, RegisteredName, device_option, err, fail, out
+from powertrip.services.cli.common import (
+    OutputDir,
+    RegisteredName,
+    device_option,
+    err,
+    fail,
+    out,
+    preset_option,
+)
 from powertrip.services.cli.export import require_tensorboard, tensorboard_option, write_tensorboard
 from powertrip.services.cli.launcher import ClusterPlan, LaunchError, LocalCluster
 from powertrip.services.cli.up_options import service_env, up_options
@@ -65,13 +73,7 @@ POSITIVE = click.FloatRange(0, min_open=True)
     help="Emulated clock: run-clock seconds per wall second, so a Prometheus (OUTPUT/"
     "prometheus.yml) sees the run unfold; 0 = as fast as possible. Results are the same.",
 )
-@click.option(
-    "--preset",
-    type=click.Choice(sorted(PRESETS)),
-    default="quick",
-    show_default=True,
-    help="Experiment preset (what `powertrip experiment` runs with the same name).",
-)
+@preset_option(PRESETS, "quick")
 @click.option(
     "--mode",
     type=click.Choice(["powertrip", "curtailment"]),
@@ -80,13 +82,7 @@ POSITIVE = click.FloatRange(0, min_open=True)
     help="curtailment: sites train only in their grid's curtailment windows (arXiv 2602.22760), "
     "one site per region of --curtail-preset's carbon trace (use --sites 3 for its three regions).",
 )
-@click.option(
-    "--curtail-preset",
-    type=click.Choice(list(CURTAIL_PRESETS)),
-    default="curtailment",
-    show_default=True,
-    help="Curtailment preset (curtailment, curtailment-quick).",
-)
+@preset_option(CURTAIL_PRESETS, "curtailment", "--curtail-preset")
 @click.option("--k-star", type=AT_LEAST_1, help="k for static-optimal / random policies.")
 @click.option(
     "--deadline", type=POSITIVE, default=60.0, show_default=True, help="Round deadline, wall s."
