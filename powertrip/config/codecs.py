@@ -5,7 +5,9 @@ start) and by the command line, which offers the registered names as choices."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
+
+from powertrip.config.fields import omitted_at_default
 
 __all__ = ["CodecSettings"]
 
@@ -16,15 +18,12 @@ class CodecSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    codec: str = Field(
+    codec: str = omitted_at_default(
         "none",
-        exclude_if=lambda v: v == "none",
-        description="Update codec: none, int8, int4, fp8 or topk-<p> (p% largest entries); the "
+        "Update codec: none, int8, int4, fp8 or topk-<p> (p% largest entries); the "
         "selection and the time model price the update at its compressed size "
         "(docs/compression.md).",
     )
-    error_feedback: bool = Field(
-        True,
-        exclude_if=lambda v: v is True,
-        description="Keep each site's compression error and add it to its next update.",
+    error_feedback: bool = omitted_at_default(
+        True, "Keep each site's compression error and add it to its next update."
     )

@@ -12,6 +12,7 @@ from pydantic import Field, field_validator, model_validator
 from powertrip.config.carbon import HOLD_S, PROVISIONING_S, THRESHOLD
 from powertrip.config.codecs import CodecSettings
 from powertrip.config.experiment import RunConfig, TargetAccuracy
+from powertrip.config.fields import omitted_at_default
 from powertrip.config.footprint import IDLE_KW, TRAIN_KW
 from powertrip.config.presets import preset_values
 from powertrip.config.recipe import LocalOptimizerSettings
@@ -99,10 +100,9 @@ class CurtailmentConfig(LocalOptimizerSettings, TokenizerSettings, CodecSettings
     # updates
     # dropped, the rest clipped, norms per local step); "fedavg" is the logged runs' plain mean.
     # Then optionally a Nesterov outer step.
-    aggregation: Literal["robust", "fedavg"] = Field(
+    aggregation: Literal["robust", "fedavg"] = omitted_at_default(
         "robust",
-        exclude_if=lambda v: v == "robust",
-        description="Averaging: robust (extreme updates dropped, the rest clipped to an adaptive "
+        "Averaging: robust (extreme updates dropped, the rest clipped to an adaptive "
         "norm per local step) or fedavg (the paper's logged run: plain work-weighted mean).",
     )
     outer: Literal["fedavg", "nesterov"] = Field(

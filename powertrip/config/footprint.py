@@ -3,7 +3,9 @@ weights (``powertrip.footprint`` prices the rounds)."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
+
+from powertrip.config.fields import omitted_at_default
 
 TRAIN_KW = 2.024  # a 4 x A100 site training (the paper's notebook)
 
@@ -18,38 +20,29 @@ class FootprintSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    train_kw: float = Field(
+    train_kw: float = omitted_at_default(
         TRAIN_KW,
+        "Power of a site training at full power (kW); a capped site draws its share.",
         gt=0,
-        exclude_if=lambda v: v == TRAIN_KW,
-        description="Power of a site training at full power (kW); a capped site draws its share.",
     )
-    idle_kw: float = Field(
-        IDLE_KW,
-        ge=0,
-        exclude_if=lambda v: v == IDLE_KW,
-        description="Power of a selected site waiting for its round to end (kW).",
+    idle_kw: float = omitted_at_default(
+        IDLE_KW, "Power of a selected site waiting for its round to end (kW).", ge=0
     )
-    grid_regions: int = Field(
+    grid_regions: int = omitted_at_default(
         GRID_REGIONS,
+        "Synthetic grid regions (site i in region i mod R) for emissions and cost.",
         ge=1,
-        exclude_if=lambda v: v == GRID_REGIONS,
-        description="Synthetic grid regions (site i in region i mod R) for emissions and cost.",
     )
-    grid_seed: int = Field(
-        0, exclude_if=lambda v: v == 0, description="Seed of the synthetic carbon and price series."
-    )
-    carbon_weight: float = Field(
+    grid_seed: int = omitted_at_default(0, "Seed of the synthetic carbon and price series.")
+    carbon_weight: float = omitted_at_default(
         0.5,
+        "powertrip-joint: weight of emissions against round time (0: ignore carbon).",
         ge=0,
         allow_inf_nan=False,
-        exclude_if=lambda v: v == 0.5,
-        description="powertrip-joint: weight of emissions against round time (0: ignore carbon).",
     )
-    price_weight: float = Field(
+    price_weight: float = omitted_at_default(
         0.5,
+        "powertrip-joint: weight of electricity cost against round time (0: ignore).",
         ge=0,
         allow_inf_nan=False,
-        exclude_if=lambda v: v == 0.5,
-        description="powertrip-joint: weight of electricity cost against round time (0: ignore).",
     )

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from typing import Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, model_validator
+
+from powertrip.config.fields import omitted_at_default
 
 ForecastModel = Literal["none", "persistence", "ewma", "oracle"]
 
@@ -21,23 +23,20 @@ class ForecastSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    forecast: ForecastModel = Field(
+    forecast: ForecastModel = omitted_at_default(
         "none",
-        exclude_if=lambda v: v == "none",
-        description="Spare-power forecast handed to the policies (powertrip-forecast uses it): "
+        "Spare-power forecast handed to the policies (powertrip-forecast uses it): "
         "none, persistence, ewma (AR(1) reversion to an EW mean) or oracle (the true future).",
     )
-    forecast_error: float = Field(
+    forecast_error: float = omitted_at_default(
         0.0,
+        "oracle forecast: std of its multiplicative Gaussian error, e.g. 0.1.",
         ge=0,
         allow_inf_nan=False,
-        exclude_if=lambda v: v == 0,
-        description="oracle forecast: std of its multiplicative Gaussian error, e.g. 0.1.",
     )
-    round_power: RoundPower = Field(
+    round_power: RoundPower = omitted_at_default(
         "start",
-        exclude_if=lambda v: v == "start",
-        description="Power a round computes at: each site's at the round's start (the paper's) "
+        "Power a round computes at: each site's at the round's start (the paper's) "
         "or integrated as it changes during the round.",
     )
 

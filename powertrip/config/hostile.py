@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
+
+from powertrip.config.fields import omitted_at_default
 
 Attack = Literal["huge", "scaled"]
 
@@ -15,24 +17,21 @@ class HostileSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    hostile_fraction: float = Field(
+    hostile_fraction: float = omitted_at_default(
         0.0,
+        "Share of the sites that send poisoned updates every round they train, "
+        "spread evenly (0.125: one of 8); 0 for none.",
         ge=0,
         lt=0.5,
-        exclude_if=lambda v: v == 0,
-        description="Share of the sites that send poisoned updates every round they train, "
-        "spread evenly (0.125: one of 8); 0 for none.",
     )
-    hostile_attack: Attack = Field(
+    hostile_attack: Attack = omitted_at_default(
         "huge",
-        exclude_if=lambda v: v == "huge",
-        description="What a hostile site sends: huge (every value 1e30) or scaled (its honest "
+        "What a hostile site sends: huge (every value 1e30) or scaled (its honest "
         "update times --hostile-scale).",
     )
-    hostile_scale: float = Field(
+    hostile_scale: float = omitted_at_default(
         10.0,
+        "scaled: the factor on a hostile site's honest update (10).",
         gt=0,
         allow_inf_nan=False,
-        exclude_if=lambda v: v == 10.0,
-        description="scaled: the factor on a hostile site's honest update (10).",
     )

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
+
+from powertrip.config.fields import omitted_at_default
 
 #: what ``outer`` accepts in either mode's configuration
 OuterRule = Literal["fedavg", "nesterov"]
@@ -17,19 +19,10 @@ class OuterSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    outer: OuterRule = Field(
-        "fedavg",
-        exclude_if=lambda v: v == "fedavg",
-        description="After FedAvg: nothing, or the DiLoCo outer step (Nesterov SGD on the "
-        "average).",
+    outer: OuterRule = omitted_at_default(
+        "fedavg", "After FedAvg: nothing, or the DiLoCo outer step (Nesterov SGD on the average)."
     )
-    outer_lr: float = Field(
-        0.7,
-        gt=0,
-        allow_inf_nan=False,
-        exclude_if=lambda v: v == 0.7,
-        description="Outer step's learning rate (0.7).",
+    outer_lr: float = omitted_at_default(
+        0.7, "Outer step's learning rate (0.7).", gt=0, allow_inf_nan=False
     )
-    outer_momentum: float = Field(
-        0.9, ge=0, lt=1, exclude_if=lambda v: v == 0.9, description="Outer step's momentum (0.9)."
-    )
+    outer_momentum: float = omitted_at_default(0.9, "Outer step's momentum (0.9).", ge=0, lt=1)

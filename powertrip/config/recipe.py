@@ -25,6 +25,7 @@ from pydantic import (
     model_validator,
 )
 
+from powertrip.config.fields import omitted_at_default
 from powertrip.config.optimizers import optimizer_entry, optimizer_names
 
 __all__ = [
@@ -220,9 +221,8 @@ class LocalOptimizerSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    local_optimizer: LocalOptimizer | None = Field(
+    local_optimizer: LocalOptimizer | None = omitted_at_default(
         None,
-        exclude_if=lambda v: v is None,
-        description='Each site\'s local optimizer as a recipe, e.g. {"name": "adamw", "lr": 0.001} '
+        'Each site\'s local optimizer as a recipe, e.g. {"name": "adamw", "lr": 0.001} '
         "(unset: the workload's plain SGD).",
     )

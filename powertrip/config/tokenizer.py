@@ -10,7 +10,9 @@ from __future__ import annotations
 import re
 from typing import Annotated, Self, TypeVar
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, model_validator
+
+from powertrip.config.fields import omitted_at_default
 
 __all__ = [
     "BPE_MAX_VOCAB",
@@ -49,17 +51,14 @@ class TokenizerSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    tokenizer: Annotated[str, AfterValidator(_valid)] = Field(
+    tokenizer: Annotated[str, AfterValidator(_valid)] = omitted_at_default(
         "bytes",
-        exclude_if=lambda v: v == "bytes",
-        description="LM: 'bytes' (default, vocabulary 256) or 'bpe-N', a byte-level BPE of N ids "
+        "LM: 'bytes' (default, vocabulary 256) or 'bpe-N', a byte-level BPE of N ids "
         "(260..65536) trained on the training text, cached and checked by sha256.",
     )
     #: the sha256 of the BPE's saved JSON that every process must rebuild; the aggregator fills
     #: it in from its own before handing the config to the workers (None: not checked)
-    tokenizer_sha256: str | None = Field(
-        None, pattern=r"^[0-9a-f]{64}$", exclude_if=lambda v: v is None
-    )
+    tokenizer_sha256: str | None = omitted_at_default(None, pattern=r"^[0-9a-f]{64}$")
 
     @model_validator(mode="after")
     def _lm_only(self) -> Self:
