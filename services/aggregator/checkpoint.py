@@ -221,20 +221,14 @@ def save(
     return model
 
 
-def save_or_report(
-    directory: Path,
-    round_index: int,
-    params: Mapping[str, NDArray],
-    state: dict,
-    journal: JournalFile | None = None,
-    momentum: Mapping[str, NDArray] | None = None,
-) -> bool:
-    """``save``; when the disk refuses it (OSError: full, read-only, fsync failing), one
-    warning and one count of ``powertrip_checkpoint_write_failures_total``, and False: the run
-    goes on (a checkpoint is a restart point, not a result: refusing to train would turn a full
-    disk into a crash loop), and a restart resumes from the last round that was written."""
+def save_or_report(round_index: int, save_round: Callable[[], object]) -> bool:
+    """``save_round()`` (``save`` of round ``round_index``); when the disk refuses it (OSError:
+    full, read-only, fsync failing), one warning and one count of
+    ``powertrip_checkpoint_write_failures_total``, and False: the run goes on (a checkpoint is a
+    restart point, not a result: refusing to train would turn a full disk into a crash loop),
+    and a restart resumes from the last round that was written."""
     try:
-        save(directory, round_index, params, state, journal, momentum)
+        save_round()
     except OSError as exc:
         metrics.CHECKPOINT_WRITE_FAILURES.inc()
         logger.warning(

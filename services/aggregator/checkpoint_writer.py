@@ -70,7 +70,10 @@ class CheckpointWriter:
         def save() -> None:
             try:
                 saved = checkpoint.save_or_report(
-                    self.directory, round_index, params, state, self.journal, momentum
+                    round_index,
+                    lambda: checkpoint.save(
+                        self.directory, round_index, params, state, self.journal, momentum
+                    ),
                 )
                 if saved:  # a disk that refuses it: logged and counted, the run goes on
                     metrics.CHECKPOINT_ROUND.set(round_index)

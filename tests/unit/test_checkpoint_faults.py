@@ -38,6 +38,13 @@ def step(journal: JournalFile, r: int) -> JournalFile:
     return journal
 
 
+def save_or_report(directory: Path, r: int, journal: JournalFile) -> bool:
+    """Round ``r``'s checkpoint (its model all ``r``), as the run's writer saves it."""
+    return checkpoint.save_or_report(
+        r, lambda: checkpoint.save(directory, r, params(float(r)), state(r), step(journal, r))
+    )
+
+
 def two_rounds(directory: Path) -> JournalFile:
     """Rounds 1 and 2 committed; the run's journal writer."""
     journal = JournalFile(directory)
@@ -124,7 +131,7 @@ def test_an_fsync_error_keeps_the_previous_round_and_costs_one_warning_not_the_r
     before = metrics.CHECKPOINT_WRITE_FAILURES._value.get()
     caplog.set_level(logging.WARNING, logger=LOGGER)
     failing_fsync(monkeypatch, fail_call)
-    assert checkpoint.save_or_report(tmp_path, 3, params(3.0), state(3), step(journal, 3)) is False
+    assert save_or_report(tmp_path, 3, journal) is False
     monkeypatch.undo()
     lines = [r.getMessage() for r in caplog.records if r.name == LOGGER]
     assert len(lines) == 1 and "round 3 not written" in lines[0] and "\n" not in lines[0]
@@ -135,7 +142,7 @@ def test_an_fsync_error_keeps_the_previous_round_and_costs_one_warning_not_the_r
     np.testing.assert_array_equal(previous.params["w"], params(2.0)["w"])
     # the run goes on: the next round's checkpoint is written and is the newest, its journal
     # whole (round 3's line appended with it when the journal's own fsync failed)
-    assert checkpoint.save_or_report(tmp_path, 4, params(4.0), state(4), step(journal, 4)) is True
+    assert save_or_report(tmp_path, 4, journal) is True
     latest = checkpoint.load_latest(tmp_path, fits())
     assert latest.round == 4
     assert [e.round for e in journal_file.recover(tmp_path, 4).entries] == [1, 2, 3, 4]
@@ -154,14 +161,14 @@ def test_a_journal_append_the_disk_refuses_costs_a_warning_not_the_checkpoint(
     before = metrics.JOURNAL_WRITE_FAILURES._value.get()
     caplog.set_level(logging.WARNING)
     failing_fsync(monkeypatch, 1)  # the journal's fsync
-    assert checkpoint.save_or_report(tmp_path, 3, params(3.0), state(3), step(journal, 3))
+    assert save_or_report(tmp_path, 3, journal)
     monkeypatch.undo()
     (line,) = [r.getMessage() for r in caplog.records]
     assert "round journal not appended" in line and "\n" not in line
     assert metrics.JOURNAL_WRITE_FAILURES._value.get() == before + 1
     assert checkpoint.load_latest(tmp_path, fits()).round == 3
     # the round stays staged: the next append writes it before round 4's
-    assert checkpoint.save_or_report(tmp_path, 4, params(4.0), state(4), step(journal, 4))
+    assert save_or_report(tmp_path, 4, journal)
     assert [e.round for e in journal_file.recover(tmp_path, 4).entries] == [1, 2, 3, 4]
 
 
