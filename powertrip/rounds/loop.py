@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, ParamSpec, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
@@ -24,6 +24,8 @@ from powertrip.selection.base import RoundContext, RoundFeedback, SelectionPolic
 from powertrip.sites.forecast import Forecaster, compute_times_s
 from powertrip.sites.profiles import PowerSource, SiteProfile
 from powertrip.sites.timing import centralized_round_time_s, round_time_s
+
+P = ParamSpec("P")
 
 
 @dataclass(frozen=True)
@@ -355,43 +357,29 @@ class RoundLoop:
         return result
 
 
-def run_rounds(
-    policy: SelectionPolicy,
-    executor: RoundExecutor,
-    profile_at: Callable[[float], SiteProfile],
-    time_model: TimeModel,
-    clock: Clock,
-    seed: int,
-    target_accuracy: float | None,
-    max_rounds: int,
-    on_round: Callable[[RoundRecord], None] | None = None,
-    should_stop: Callable[[], bool] | None = None,
-    forecast: Forecaster | None = None,
-) -> RunResult:
-    """Run until the target accuracy (if any), the round budget, or ``should_stop()``.
+def _run_once(loop: Callable[P, RoundLoop]) -> Callable[P, RunResult]:
+    """``run_rounds``: a ``loop`` built from the arguments and run once; its parameters are the
+    loop's own, declared once (``RoundLoop.__init__``), and typed so."""
 
-    With an ``EmulatedClock`` a round lasts its modelled time; with any other clock it lasts
-    what the clock measured while the executor worked.
+    def run_rounds(*args: P.args, **kwargs: P.kwargs) -> RunResult:
+        """Run until the target accuracy (if any), the round budget, or ``should_stop()``; takes
+        ``RoundLoop``'s arguments.
 
-    A profile's ``available`` mask (the aggregator's worker leases) is honoured twice: the policy
-    ranks unavailable sites last (``SiteProfile.for_ranking``), and any it still picks are dropped
-    from the round. With no site left the executor gets an empty selection and must fail the round
-    without training (the emulated clock does not move). Without a mask nothing changes.
+        With an ``EmulatedClock`` a round lasts its modelled time; with any other clock it lasts
+        what the clock measured while the executor worked.
 
-    ``forecast`` (``powertrip.sites.forecast``) is handed to the policy in every RoundContext. A run
-    that must be resumable builds a ``RoundLoop`` itself and keeps its ``state_dict()``.
-    """
-    loop = RoundLoop(
-        policy,
-        executor,
-        profile_at,
-        time_model,
-        clock,
-        seed,
-        target_accuracy,
-        max_rounds,
-        on_round=on_round,
-        should_stop=should_stop,
-        forecast=forecast,
-    )
-    return loop.run()
+        A profile's ``available`` mask (the aggregator's worker leases) is honoured twice: the
+        policy ranks unavailable sites last (``SiteProfile.for_ranking``), and any it still picks
+        are dropped from the round. With no site left the executor gets an empty selection and must
+        fail the round without training (the emulated clock does not move). Without a mask nothing
+        changes.
+
+        ``forecast`` (``powertrip.sites.forecast``) is handed to the policy in every RoundContext. A
+        run that must be resumable builds a ``RoundLoop`` itself and keeps its ``state_dict()``.
+        """
+        return loop(*args, **kwargs).run()
+
+    return run_rounds
+
+
+run_rounds = _run_once(RoundLoop)
