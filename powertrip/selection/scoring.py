@@ -7,7 +7,9 @@ candidate site counts in O(N).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import StrEnum
+from typing import ParamSpec
 
 import numpy as np
 from numpy.typing import NDArray
@@ -16,6 +18,7 @@ from powertrip.selection.topk import full_order
 from powertrip.sites.profiles import SiteProfile
 
 GB = 1e9  # update sizes are in decimal gigabytes
+P = ParamSpec("P")
 
 
 class Ranking(StrEnum):
@@ -100,16 +103,18 @@ def rank_key(
     return ideal_compute_s / profile.power + profile.comm_s
 
 
-def rank_sites(
-    profile: SiteProfile,
-    ranking: Ranking,
-    alpha: float = 0.5,
-    beta: float = 0.5,
-    ideal_compute_s: float = 1.0,
-    form: ScoreForm = ScoreForm.DIFFERENCE,
-) -> NDArray[np.int64]:
-    """Site indices, best first, under the chosen ranking."""
-    return full_order(rank_key(profile, ranking, alpha, beta, ideal_compute_s, form))
+def _sorted(key: Callable[P, NDArray[np.float64]]) -> Callable[P, NDArray[np.int64]]:
+    """``rank_sites``: the sites sorted by ``key``, which it takes the parameters of (declared
+    once, typed so)."""
+
+    def rank_sites(*args: P.args, **kwargs: P.kwargs) -> NDArray[np.int64]:
+        """Site indices, best first, under the chosen ranking; takes ``rank_key``'s arguments."""
+        return full_order(key(*args, **kwargs))
+
+    return rank_sites
+
+
+rank_sites = _sorted(rank_key)
 
 
 def prefix_round_times(
