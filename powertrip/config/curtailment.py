@@ -12,7 +12,7 @@ from pydantic import Field, field_validator, model_validator
 from powertrip.config.carbon import HOLD_S, PROVISIONING_S, THRESHOLD
 from powertrip.config.codecs import CodecSettings
 from powertrip.config.experiment import RunConfig, TargetAccuracy
-from powertrip.config.fields import omitted_at_default
+from powertrip.config.fields import NonNegativeFinite, PositiveFinite, omitted_at_default
 from powertrip.config.footprint import IDLE_KW, TRAIN_KW
 from powertrip.config.presets import preset_values
 from powertrip.config.recipe import LocalOptimizerSettings
@@ -54,40 +54,24 @@ class CurtailmentConfig(LocalOptimizerSettings, TokenizerSettings, CodecSettings
     site_power: tuple[float, ...] | None = Field(
         None, description="Per-site power fractions in (0, 1]; unset: every site at full power."
     )
-    update_gb: float = Field(
-        1.1, ge=0, allow_inf_nan=False, description="update size (561M params in bf16 ~ 1.1 GB)"
+    update_gb: NonNegativeFinite = Field(
+        1.1, description="update size (561M params in bf16 ~ 1.1 GB)"
     )
-    hours: float = Field(
-        18.0, gt=0, allow_inf_nan=False, description="observation period from the trace start"
-    )
+    hours: PositiveFinite = Field(18.0, description="observation period from the trace start")
     # availability: a site is usable while its grid's intensity is below the threshold, after
     # a provisioning delay, and leaves after ``hold_s`` above it
-    threshold: float = Field(
-        THRESHOLD,
-        gt=0,
-        allow_inf_nan=False,
-        description="Curtailed while intensity < this (gCO2/kWh).",
+    threshold: PositiveFinite = Field(
+        THRESHOLD, description="Curtailed while intensity < this (gCO2/kWh)."
     )
-    hold_s: float = Field(
-        HOLD_S, ge=0, allow_inf_nan=False, description="Seconds above threshold before removal."
-    )
-    provisioning_s: float = Field(
-        PROVISIONING_S, ge=0, allow_inf_nan=False, description="Provisioning delay (s)."
-    )
+    hold_s: NonNegativeFinite = Field(HOLD_S, description="Seconds above threshold before removal.")
+    provisioning_s: NonNegativeFinite = Field(PROVISIONING_S, description="Provisioning delay (s).")
     # wall-clock rounds: at least round_min_s of training after overhead_s of model loading; a
     # zero minimum lets the monitor stop a round before its first step: no data is used, and an
     # always-on run (no horizon) loops forever. Infinite times likewise never end (or overflow).
-    round_min_s: float = Field(
-        600.0, gt=0, allow_inf_nan=False, description="Minimum round length (s)."
-    )
-    overhead_s: float = Field(
-        45.0, ge=0, allow_inf_nan=False, description="Per-round load/aggregate time (s)."
-    )
-    single_site_hours: float = Field(
-        17.8,
-        gt=0,
-        allow_inf_nan=False,
-        description="sets the step time: one full-power site needs this long",
+    round_min_s: PositiveFinite = Field(600.0, description="Minimum round length (s).")
+    overhead_s: NonNegativeFinite = Field(45.0, description="Per-round load/aggregate time (s).")
+    single_site_hours: PositiveFinite = Field(
+        17.8, description="sets the step time: one full-power site needs this long"
     )
     eval_every_s: float = Field(600.0, gt=0, description="evaluation interval of solo training")
     eval_samples: int | None = Field(

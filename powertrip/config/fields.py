@@ -1,14 +1,19 @@
-"""How a setting that a study may leave at its default is declared: left out of a dumped
-configuration while it equals that default, so the summaries of runs that never set it read as
-they did before the setting existed."""
+"""What settings share: a value left out of a dumped configuration while it equals its default
+(so the summaries of runs that never set it read as they did before the setting existed), and
+the finite numbers most settings are (a weight, a time, a rate)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import Field
 
-__all__ = ["omitted_at_default"]
+__all__ = ["NonNegativeFinite", "PositiveFinite", "omitted_at_default"]
+
+#: a finite number >= 0 (a weight, a delay, a size)
+NonNegativeFinite = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+#: a finite number > 0 (a rate, a length of time)
+PositiveFinite = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
 
 def omitted_at_default(default: Any, description: str | None = None, **constraints: Any) -> Any:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from powertrip.config.fields import omitted_at_default
+from powertrip.config.fields import NonNegativeFinite, omitted_at_default
 
 TRAIN_KW = 2.024  # a 4 x A100 site training (the paper's notebook)
 
@@ -34,15 +34,9 @@ class FootprintSettings(BaseModel):
         ge=1,
     )
     grid_seed: int = omitted_at_default(0, "Seed of the synthetic carbon and price series.")
-    carbon_weight: float = omitted_at_default(
-        0.5,
-        "powertrip-joint: weight of emissions against round time (0: ignore carbon).",
-        ge=0,
-        allow_inf_nan=False,
+    carbon_weight: NonNegativeFinite = omitted_at_default(
+        0.5, "powertrip-joint: weight of emissions against round time (0: ignore carbon)."
     )
-    price_weight: float = omitted_at_default(
-        0.5,
-        "powertrip-joint: weight of electricity cost against round time (0: ignore).",
-        ge=0,
-        allow_inf_nan=False,
+    price_weight: NonNegativeFinite = omitted_at_default(
+        0.5, "powertrip-joint: weight of electricity cost against round time (0: ignore)."
     )

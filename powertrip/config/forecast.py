@@ -7,7 +7,7 @@ from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from powertrip.config.fields import omitted_at_default
+from powertrip.config.fields import NonNegativeFinite, omitted_at_default
 
 ForecastModel = Literal["none", "persistence", "ewma", "oracle"]
 
@@ -28,11 +28,8 @@ class ForecastSettings(BaseModel):
         "Spare-power forecast handed to the policies (powertrip-forecast uses it): "
         "none, persistence, ewma (AR(1) reversion to an EW mean) or oracle (the true future).",
     )
-    forecast_error: float = omitted_at_default(
-        0.0,
-        "oracle forecast: std of its multiplicative Gaussian error, e.g. 0.1.",
-        ge=0,
-        allow_inf_nan=False,
+    forecast_error: NonNegativeFinite = omitted_at_default(
+        0.0, "oracle forecast: std of its multiplicative Gaussian error, e.g. 0.1."
     )
     round_power: RoundPower = omitted_at_default(
         "start",

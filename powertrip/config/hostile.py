@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from powertrip.config.fields import omitted_at_default
+from powertrip.config.fields import PositiveFinite, omitted_at_default
 
 Attack = Literal["huge", "scaled"]
 
@@ -29,9 +29,6 @@ class HostileSettings(BaseModel):
         "What a hostile site sends: huge (every value 1e30) or scaled (its honest "
         "update times --hostile-scale).",
     )
-    hostile_scale: float = omitted_at_default(
-        10.0,
-        "scaled: the factor on a hostile site's honest update (10).",
-        gt=0,
-        allow_inf_nan=False,
+    hostile_scale: PositiveFinite = omitted_at_default(
+        10.0, "scaled: the factor on a hostile site's honest update (10)."
     )

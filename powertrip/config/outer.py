@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from powertrip.config.fields import omitted_at_default
+from powertrip.config.fields import PositiveFinite, omitted_at_default
 
 #: what ``outer`` accepts in either mode's configuration
 OuterRule = Literal["fedavg", "nesterov"]
@@ -22,7 +22,5 @@ class OuterSettings(BaseModel):
     outer: OuterRule = omitted_at_default(
         "fedavg", "After FedAvg: nothing, or the DiLoCo outer step (Nesterov SGD on the average)."
     )
-    outer_lr: float = omitted_at_default(
-        0.7, "Outer step's learning rate (0.7).", gt=0, allow_inf_nan=False
-    )
+    outer_lr: PositiveFinite = omitted_at_default(0.7, "Outer step's learning rate (0.7).")
     outer_momentum: float = omitted_at_default(0.9, "Outer step's momentum (0.9).", ge=0, lt=1)
