@@ -17,6 +17,7 @@ from pydantic import (
 
 from powertrip.config.aggregation import check_settings, check_trim_beta
 from powertrip.config.codecs import CodecSettings
+from powertrip.config.fields import omitted_at_default
 from powertrip.config.footprint import FootprintSettings
 from powertrip.config.forecast import ForecastSettings
 from powertrip.config.greedy import GreedyParams as GreedyParams
@@ -45,10 +46,6 @@ def _target_in_unit_interval(v: float | None) -> float | None:
     if v is not None and not 0 < v <= 1:
         raise ValueError(f"target accuracy must be in (0, 1], got {v}")
     return v
-
-
-def _unset(v: object) -> bool:
-    return v is None
 
 
 #: an accuracy to reach, in (0, 1]; None where a rule picks it after the fact
@@ -81,19 +78,13 @@ class RunConfig(BaseModel):
     )
     # the LM's size (learning/gpt.py: GPT_SIZES, default tiny) and overrides of its fields;
     # left out of dumps while unset, so other workloads' summaries do not change
-    model_size: ModelSize | None = Field(
-        None,
-        exclude_if=_unset,
-        description="LM size (default tiny, ~1 M parameters; xl ~570 M needs a GPU).",
+    model_size: ModelSize | None = omitted_at_default(
+        None, "LM size (default tiny, ~1 M parameters; xl ~570 M needs a GPU)."
     )
-    n_layer: int | None = Field(
-        None, ge=1, exclude_if=_unset, description="LM: transformer blocks."
-    )
-    n_head: int | None = Field(None, ge=1, exclude_if=_unset, description="LM: attention heads.")
-    d_model: int | None = Field(None, ge=1, exclude_if=_unset, description="LM: embedding width.")
-    context_length: int | None = Field(
-        None, ge=1, exclude_if=_unset, description="LM: tokens per window."
-    )
+    n_layer: int | None = omitted_at_default(None, "LM: transformer blocks.", ge=1)
+    n_head: int | None = omitted_at_default(None, "LM: attention heads.", ge=1)
+    d_model: int | None = omitted_at_default(None, "LM: embedding width.", ge=1)
+    context_length: int | None = omitted_at_default(None, "LM: tokens per window.", ge=1)
 
     @model_validator(mode="after")
     def _dataset_given(self) -> Self:
@@ -117,10 +108,9 @@ class ExperimentConfig(
 
     local_optimizer: Annotated[
         LocalOptimizer | RunRecipe | None, BeforeValidator(either_recipe)
-    ] = Field(
+    ] = omitted_at_default(
         None,
-        exclude_if=_unset,
-        description='Each site\'s local optimizer: a recipe, e.g. {"name": "adamw", '
+        'Each site\'s local optimizer: a recipe, e.g. {"name": "adamw", '
         '"lr": 0.001}, or one whose schedule spans the run (RunRecipe). Unset: the workload\'s '
         "(lm: the measured AdamW recipe, powertrip.config.workload_defaults; others: plain SGD).",
     )
@@ -182,25 +172,19 @@ class ExperimentConfig(
     # aggregation (powertrip/aggregation/robust.py, docs/robust-aggregation.md); left out of dumps
     # while
     # at the default / unset
-    aggregation: AggregationRule = Field(
+    aggregation: AggregationRule = omitted_at_default(
         "robust",
-        exclude_if=lambda v: v == "robust",
-        description="Aggregation rule: robust (default: FedAvg that drops extreme updates and "
+        "Aggregation rule: robust (default: FedAvg that drops extreme updates and "
         "clips the rest to an adaptive norm, TFF's robust_aggregator), fedavg (the paper's plain "
         "mean), trimmed-mean or median (hold every update; docs/robust-aggregation.md).",
     )
-    clip_norm: float | None = Field(
-        None,
-        gt=0,
-        allow_inf_nan=False,
-        exclude_if=_unset,
-        description="Robust rules: clip each update's L2 norm.",
+    clip_norm: float | None = omitted_at_default(
+        None, "Robust rules: clip each update's L2 norm.", gt=0, allow_inf_nan=False
     )
-    trim_beta: TrimBeta = Field(
+    trim_beta: TrimBeta = omitted_at_default(
         None,
+        "trimmed-mean: fraction cut at each end per coordinate, in [0, 0.5); 0.2.",
         allow_inf_nan=False,
-        exclude_if=_unset,
-        description="trimmed-mean: fraction cut at each end per coordinate, in [0, 0.5); 0.2.",
     )
 
     @field_validator("policies")
