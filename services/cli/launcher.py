@@ -121,16 +121,8 @@ class LocalCluster:
         env.update(self.plan.extra_env)
         return env
 
-    def _spawn(
-        self,
-        name: str,
-        kind: str,
-        env: dict[str, str],
-        timeout_s: float,
-        netns: str | None = None,
-        host: str = "127.0.0.1",
-    ) -> Service:
-        service = start_service(name, kind, env, self.plan.log_dir, netns, host)
+    def _held(self, service: Service, timeout_s: float) -> Service:
+        """``service`` (just started), held by the cluster and ready within ``timeout_s``."""
         self.services.append(service)  # before waiting: stop() ends it if it never gets ready
         service.wait_ready(timeout_s)
         return service
@@ -153,8 +145,9 @@ class LocalCluster:
         bind = {"bind_host": "0.0.0.0", "metrics_addr": "0.0.0.0"} if hub_ns else {}
         if p.tls_path is not None:  # peers are verified by identity name, not by address
             mint_cluster(p.tls_path, p.worker_ids)
-        prof = self._spawn(
-            "profiler", "profiler", self._env("profiler", **bind), 60, hub_ns, hub_host
+        prof_env = self._env("profiler", **bind)
+        prof = self._held(
+            start_service("profiler", "profiler", prof_env, p.log_dir, hub_ns, hub_host), 60
         )
         if on_started:
             on_started(prof)
@@ -180,28 +173,24 @@ class LocalCluster:
             device=p.device,
             **bind,
         )
-        agg = self._spawn("aggregator", "aggregator", agg_env, 300, hub_ns, hub_host)
+        agg = self._held(
+            start_service("aggregator", "aggregator", agg_env, p.log_dir, hub_ns, hub_host), 300
+        )
         if on_started:
             on_started(agg)
         agg_port = agg.grpc_addr.rsplit(":", 1)[1]
         for i, (wid, sites) in enumerate(zip(p.worker_ids, p.site_ranges(), strict=True)):
             ns, addr, hub_addr = worker_links[i] if worker_links else (None, "127.0.0.1", None)
-            w = self._spawn(
-                f"worker-{i}",
-                "worker",
-                self._env(
-                    wid,
-                    aggregator_addr=f"{hub_addr or '127.0.0.1'}:{agg_port}",
-                    worker_id=wid,
-                    advertise_host=addr,
-                    sites=sites,
-                    device=p.device,
-                    **bind,
-                ),
-                300,
-                ns,
-                addr,
+            env = self._env(
+                wid,
+                aggregator_addr=f"{hub_addr or '127.0.0.1'}:{agg_port}",
+                worker_id=wid,
+                advertise_host=addr,
+                sites=sites,
+                device=p.device,
+                **bind,
             )
+            w = self._held(start_service(f"worker-{i}", "worker", env, p.log_dir, ns, addr), 300)
             if on_started:
                 on_started(w)
 
@@ -215,7 +204,8 @@ class LocalCluster:
         self.services.remove(old)
         port = old.grpc_addr.rsplit(":", 1)[1]
         env = {**old.env, **env, "POWERTRIP_GRPC_PORT": port}
-        return self._spawn(name, old.kind, env, 300, old.netns, old.host)
+        new = start_service(name, old.kind, env, self.plan.log_dir, old.netns, old.host)
+        return self._held(new, 300)
 
     def restart_aggregator(self) -> Service:
         return self.restart("aggregator")
