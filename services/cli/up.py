@@ -6,7 +6,9 @@ import contextlib
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar, get_args
 
 import click
 from rich.table import Table
@@ -15,6 +17,7 @@ from powertrip.config.curtailment import CURTAIL_PRESETS
 from powertrip.config.experiment import needs_dataset_path
 from powertrip.config.presets import PRESETS
 from powertrip.selection.registry import known_policy_names, validate_policy_name
+from powertrip.services.aggregator.config import AggregatorConfig
 from powertrip.services.cli.common import (
     OutputDir,
     RegisteredName,
@@ -34,7 +37,18 @@ AT_LEAST_1 = click.IntRange(min=1)
 #: each local worker is a process holding torch (~0.3 GB): beyond this a laptop or CI box swaps
 #: long before the run starts, and minting a certificate per worker would take minutes first
 MAX_LOCAL_WORKERS = 256
+Command = TypeVar("Command", bound=Callable[..., Any])
 POSITIVE = click.FloatRange(0, min_open=True)
+
+
+def _aggregator_option(
+    flag: str, help: str, kind: click.ParamType | None = None
+) -> Callable[[Command], Command]:
+    """``flag``: the aggregator's own setting of that name, whose choices (a ``Literal``'s) and
+    default it declares, once (``AggregatorConfig``); ``help`` says what it means to ``up``."""
+    info = AggregatorConfig.model_fields[flag.removeprefix("--")]
+    kind = kind or click.Choice(get_args(info.annotation))
+    return click.option(flag, type=kind, default=info.default, show_default=True, help=help)
 
 
 @click.command()
@@ -57,30 +71,22 @@ POSITIVE = click.FloatRange(0, min_open=True)
     show_default=True,
     help=f"Selection policy. Known: {', '.join(known_policy_names())}.",
 )
-@click.option(
+@_aggregator_option(
     "--clock",
-    type=click.Choice(["emulated", "wall"]),
-    default="emulated",
-    show_default=True,
-    help="emulated: the emulator's time model while the bytes really move; wall: real time, "
-    "with each site's update released at compute time / power.",
+    "emulated: the emulator's time model while the bytes really move; wall: real time, with "
+    "each site's update released at compute time / power.",
 )
-@click.option(
+@_aggregator_option(
     "--pace",
-    type=click.FloatRange(min=0),
-    default=0.0,
-    show_default=True,
-    help="Emulated clock: run-clock seconds per wall second, so a Prometheus (OUTPUT/"
-    "prometheus.yml) sees the run unfold; 0 = as fast as possible. Results are the same.",
+    "Emulated clock: run-clock seconds per wall second, so a Prometheus (OUTPUT/prometheus.yml) "
+    "sees the run unfold; 0 = as fast as possible. Results are the same.",
+    click.FloatRange(min=0),
 )
 @preset_option(PRESETS, "quick")
-@click.option(
+@_aggregator_option(
     "--mode",
-    type=click.Choice(["powertrip", "curtailment"]),
-    default="powertrip",
-    show_default=True,
-    help="curtailment: sites train only in their grid's curtailment windows (arXiv 2602.22760), "
-    "one site per region of --curtail-preset's carbon trace (use --sites 3 for its three regions).",
+    "curtailment: sites train only in their grid's curtailment windows (arXiv 2602.22760), one "
+    "site per region of --curtail-preset's carbon trace (use --sites 3 for its three regions).",
 )
 @preset_option(CURTAIL_PRESETS, "curtailment", "--curtail-preset")
 @click.option("--k-star", type=AT_LEAST_1, help="k for static-optimal / random policies.")
