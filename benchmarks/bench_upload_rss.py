@@ -214,6 +214,10 @@ def serve(mode: str, args: argparse.Namespace) -> None:
     executor = SimpleNamespace(collector=None, params=None)
     run_cfg = SimpleNamespace(  # the fields the servicer reads
         allowed_worker_ids=None,
+        allowed_workers_file=None,
+        site_owners=None,
+        site_owners_file=None,
+        tls=False,
         stream_window_mib=cfg.stream_window_mib,
         receive_budget_mib=budget,
     )
