@@ -8,8 +8,8 @@ the end of the check):
    the site engine with NCCL ranks);
 2. the quick study on CUDA (``powertrip experiment --preset quick --device cuda``), whose
    summary must match the CPU run's decisions (it is printed for comparison, not asserted);
-3. the trainer benchmark on CUDA (``bench_trainer_device.py``: site-steps/s of vmap, stacked,
-   compiled, one-by-one);
+3. the training engines' benchmark on CUDA (``bench_site_training.py``: site-updates/s of
+   the stacked, vmap and in-turn engines against a plain loop);
 4. the site-engine benchmark on CUDA (``bench_site_engine.py``: tokens/s per GPU and MFU at the
    GPT-2-124M and the 561M shapes, bf16 + compile + fused AdamW, against a plain loop).
 
@@ -71,11 +71,11 @@ def steps(out: Path, quick: bool) -> list[Step]:
             r"(time-to-accuracy|reached|rounds|TTA|target)",
         ),
         Step(
-            "trainer bench (cuda)",
-            [PY, str(bench / "bench_trainer_device.py"), "--device", "cuda", "--sites", "10,50"]
+            "training engines bench (cuda)",
+            [PY, str(bench / "bench_site_training.py"), "--device", "cuda", "--sites", "50"]
             + ["--repeats", repeats],
             420,
-            r"^\s*\d+\s",
+            r"^\| cnn1d",
         ),
         Step("site engine bench (cuda)", engine, 600, r"(tok/s|tokens/s|MFU|ratio)"),
     ]

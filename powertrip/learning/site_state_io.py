@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from powertrip.learning.device import to_host
+from powertrip.learning.device import array, tensor, to_host
 from powertrip.learning.optimizers.registry import moment_kinds
 from powertrip.learning.site_optim import SiteState
 
@@ -124,9 +124,7 @@ def entry_payload(state: SiteState | None, residual: Residual | None = None) -> 
         },
     }
     if residual:
-        out["residual"] = {
-            n: torch.from_numpy(np.array(r, np.float32)) for n, r in residual.items()
-        }
+        out["residual"] = {n: tensor(np.array(r, np.float32)) for n, r in residual.items()}
     return out
 
 
@@ -264,7 +262,7 @@ def read_entry(
     if why is not None:
         return why
     residual = entry.get("residual")
-    return state, None if residual is None else {n: t.numpy() for n, t in residual.items()}
+    return state, None if residual is None else {n: array(t) for n, t in residual.items()}
 
 
 def _kinds_problem(moments: Mapping[str, Mapping[str, object]], kinds: Kinds) -> str | None:
