@@ -212,11 +212,10 @@ def serve(mode: str, args: argparse.Namespace) -> None:
     for s in range(uploads):
         registry.register(f"worker-{s}", f"127.0.0.1:{20000 + s}", [s])
     executor = SimpleNamespace(collector=None, params=None)
-    run_cfg = SimpleNamespace(  # the fields the servicer reads
-        allowed_worker_ids=None,
-        allowed_workers_file=None,
-        site_owners=None,
-        site_owners_file=None,
+    # the fields the servicer reads: no allow-list, no site owners, no TLS
+    unchecked = ("allowed_worker_ids", "allowed_workers_file", "site_owners", "site_owners_file")
+    run_cfg = SimpleNamespace(
+        **dict.fromkeys(unchecked),
         tls=False,
         stream_window_mib=cfg.stream_window_mib,
         receive_budget_mib=budget,
