@@ -284,6 +284,8 @@ class SiteGroup:
                     except (EOFError, OSError):
                         continue  # its sentinel says why
                     if got == "error":
+                        if (dead := self._died_first(rank)) is not None:
+                            self._fail(dead, self._exit_reason(dead), index, doing)
                         last = str(payload).strip().splitlines()[-1]
                         self._fail(rank, f"failed ({last})\n{payload}", index, doing)
                     if got == "exporting":  # the moment files are being overwritten
@@ -291,10 +293,32 @@ class SiteGroup:
                     if got == kind:
                         replies[rank] = payload
                 else:  # a rank's process ended: the group cannot go on without it
-                    proc = self._procs[rank]
-                    proc.join(1)
-                    self._fail(rank, f"exited with code {proc.exitcode}", index, doing)
+                    self._fail(rank, self._exit_reason(rank), index, doing)
         return [replies[r] for r in range(len(self._conns))]
+
+    def _exit_reason(self, rank: int) -> str:
+        proc = self._procs[rank]
+        proc.join(1)
+        return f"exited with code {proc.exitcode}"
+
+    def _died_first(self, reporter: int, grace_s: float = 1.0) -> int | None:
+        """The rank whose death made ``reporter``'s collective fail, if any: a peer that ended
+        without reporting an error itself (killed, or exited on its own). A survivor's gloo error
+        ("Connection reset by peer") can reach its pipe before the dead rank's sentinel fires, so
+        the peers get ``grace_s`` to show their exit before the reporter is blamed."""
+        peers = [p for r, p in enumerate(self._procs) if r != reporter]
+        wait([p.sentinel for p in peers], grace_s)
+        for rank, proc in enumerate(self._procs):
+            if rank == reporter or proc.is_alive():
+                continue
+            conn = self._conns[rank]
+            reported = False
+            with contextlib.suppress(EOFError, OSError):
+                while conn.poll():
+                    reported |= conn.recv()[0] == "error"
+            if not reported:
+                return rank
+        return None
 
     def _fail(self, rank: int | None, reason: str, index: int, doing: str) -> NoReturn:
         self._kill()
