@@ -41,6 +41,10 @@ _EXPORTS: dict[str, str] = {
     "dataset_from_arrays": "powertrip.learning.custom",
     "dataset_from_torch": "powertrip.learning.custom",
     "register_workload": "powertrip.config.workloads",
+    # the trained model as a file (safetensors + its card), and back
+    "ModelCard": "powertrip.learning.model_file",
+    "load_model": "powertrip.learning.model_file",
+    "save_model": "powertrip.learning.model_file",
     # the system model: sites, power, links, round time (Eqs. 3-7)
     "SiteSet": "powertrip.sites.profiles",
     "SiteProfile": "powertrip.sites.profiles",
@@ -95,6 +99,7 @@ __all__ = [
     "Emulator",
     "ExperimentConfig",
     "GreedyConfig",
+    "ModelCard",
     "PRESETS",
     "PolicyContext",
     "PowerTripGreedy",
@@ -119,6 +124,7 @@ __all__ = [
     "dataset_from_torch",
     "generate_sites",
     "known_policy_names",
+    "load_model",
     "policy_table",
     "power_to_cost_scores",
     "profile_at",
@@ -130,6 +136,7 @@ __all__ = [
     "run_curtailment_study",
     "run_rounds",
     "run_study",
+    "save_model",
     "write_outputs",
     "write_plots",
 ]
@@ -145,6 +152,7 @@ if TYPE_CHECKING:  # static analysers and IDEs see the real names
     from powertrip.config.workloads import register_workload
     from powertrip.learning.custom import CustomWorkload, dataset_from_arrays, dataset_from_torch
     from powertrip.learning.datasets.record import Dataset
+    from powertrip.learning.model_file import ModelCard, load_model, save_model
     from powertrip.rounds.clock import EmulatedClock, WallClock
     from powertrip.rounds.emulate import EmulatedRun, Emulator
     from powertrip.rounds.loop import (
