@@ -31,20 +31,6 @@ def fail(message: str) -> NoReturn:
     sys.exit(2)
 
 
-class OneLineErrors(click.Group):
-    """A group whose subcommands' usage errors (a bad value, an unknown option) end like every
-    other bad input: one line naming the flag, exit 2, instead of click's usage block."""
-
-    def invoke(self, ctx: click.Context):  # noqa: ANN201 - click's signature
-        try:
-            return super().invoke(ctx)
-        except click.UsageError as exc:
-            if type(exc).__name__ == "NoArgsIsHelpError":  # help, not an error (click >= 8.2)
-                raise
-            where = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
-            fail(exc.format_message() + where)
-
-
 def output_problem(path: Path) -> str | None:
     """Why ``path`` cannot be an output folder (it is a file, cannot be created, is not
     writable), or None. Creates what is missing and writes a file to find out, then removes
