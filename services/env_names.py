@@ -26,13 +26,14 @@ logger = logging.getLogger(__name__)
 def known_names() -> frozenset[str]:
     """The ``POWERTRIP_*`` variables of every service's settings, old names included."""
     # lazily: the services' configs import this package's modules
+    from powertrip.fetch import DATA_DIR_VARIABLE
     from powertrip.learning.datasets.record import CACHE_DIR_VARIABLE
     from powertrip.services.aggregator.config import AggregatorConfig
     from powertrip.services.common.fault_points import VARIABLE as FAULT_INJECT
     from powertrip.services.profiler.config import ProfilerConfig
     from powertrip.services.worker.config import WorkerConfig
 
-    names = {CACHE_DIR_VARIABLE, FAULT_INJECT}
+    names = {CACHE_DIR_VARIABLE, DATA_DIR_VARIABLE, FAULT_INJECT}
     for cls in (AggregatorConfig, ProfilerConfig, WorkerConfig):
         names.update(env_name(field) for field in cls.model_fields)
     return frozenset(names)

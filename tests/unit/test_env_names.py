@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 
+from powertrip.fetch import DATA_DIR_VARIABLE
 from powertrip.learning.datasets.record import CACHE_DIR_VARIABLE
 from powertrip.services.aggregator.config import AggregatorConfig
 from powertrip.services.common.fault_points import VARIABLE as FAULT_INJECT
@@ -19,7 +20,7 @@ def test_every_declared_setting_of_every_service_is_known_and_nothing_else():
         for cls in (AggregatorConfig, ProfilerConfig, WorkerConfig)
         for field in cls.model_fields
     }
-    assert known_names() == declared | {CACHE_DIR_VARIABLE, FAULT_INJECT}
+    assert known_names() == declared | {CACHE_DIR_VARIABLE, DATA_DIR_VARIABLE, FAULT_INJECT}
     assert {"POWERTRIP_AGGREGATION", "POWERTRIP_SITES", "POWERTRIP_PROBE_INTERVAL_S"} <= declared
     assert "POWERTRIP_SITE_REGIONS" in declared  # an old name is still read
 

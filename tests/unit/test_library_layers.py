@@ -20,6 +20,7 @@ LIBRARY = Path(__file__).resolve().parents[2] / "powertrip"
 #: everything below it; ``study`` and the Flower integration are the library's front-ends.
 LAYERS = (
     "config",
+    "fetch",
     "extras",
     "lazy",
     "state_dict",
