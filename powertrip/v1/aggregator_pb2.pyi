@@ -166,3 +166,19 @@ class GetStatusResponse(_message.Message):
     first_round: int
     more_rounds: bool
     def __init__(self, state: _Optional[_Union[RunState, str]] = ..., round: _Optional[int] = ..., accuracy: _Optional[float] = ..., clock_seconds: _Optional[float] = ..., target_accuracy: _Optional[float] = ..., time_to_accuracy_seconds: _Optional[float] = ..., registered_sites: _Optional[int] = ..., expected_sites: _Optional[int] = ..., rounds: _Optional[_Iterable[_Union[RoundSummary, _Mapping]]] = ..., policy: _Optional[str] = ..., clock: _Optional[str] = ..., message: _Optional[str] = ..., mode: _Optional[str] = ..., active_sites: _Optional[int] = ..., energy_kwh: _Optional[float] = ..., emissions_kg: _Optional[float] = ..., total_rounds: _Optional[int] = ..., first_round: _Optional[int] = ..., more_rounds: _Optional[bool] = ...) -> None: ...
+
+class GetModelRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetModelReply(_message.Message):
+    __slots__ = ("card_json", "header", "chunk", "trailer")
+    CARD_JSON_FIELD_NUMBER: _ClassVar[int]
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    TRAILER_FIELD_NUMBER: _ClassVar[int]
+    card_json: str
+    header: _common_pb2.TensorStreamHeader
+    chunk: _common_pb2.TensorChunk
+    trailer: _common_pb2.TensorStreamTrailer
+    def __init__(self, card_json: _Optional[str] = ..., header: _Optional[_Union[_common_pb2.TensorStreamHeader, _Mapping]] = ..., chunk: _Optional[_Union[_common_pb2.TensorChunk, _Mapping]] = ..., trailer: _Optional[_Union[_common_pb2.TensorStreamTrailer, _Mapping]] = ...) -> None: ...

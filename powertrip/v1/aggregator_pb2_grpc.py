@@ -54,6 +54,11 @@ class AggregatorServiceStub:
                 request_serializer=powertrip_dot_v1_dot_aggregator__pb2.GetStatusRequest.SerializeToString,
                 response_deserializer=powertrip_dot_v1_dot_aggregator__pb2.GetStatusResponse.FromString,
                 _registered_method=True)
+        self.GetModel = channel.unary_stream(
+                '/powertrip.v1.AggregatorService/GetModel',
+                request_serializer=powertrip_dot_v1_dot_aggregator__pb2.GetModelRequest.SerializeToString,
+                response_deserializer=powertrip_dot_v1_dot_aggregator__pb2.GetModelReply.FromString,
+                _registered_method=True)
 
 
 class AggregatorServiceServicer:
@@ -89,6 +94,15 @@ class AggregatorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetModel(self, request, context):
+        """The current global model (the last round's, the initial model before one) for an
+        operator: its card, then the model's state_dict as a tensor stream (docs/services.md,
+        "Pulling the model"). What `powertrip model pull` writes to a model file.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AggregatorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -111,6 +125,11 @@ def add_AggregatorServiceServicer_to_server(servicer, server):
                     servicer.GetStatus,
                     request_deserializer=powertrip_dot_v1_dot_aggregator__pb2.GetStatusRequest.FromString,
                     response_serializer=powertrip_dot_v1_dot_aggregator__pb2.GetStatusResponse.SerializeToString,
+            ),
+            'GetModel': grpc.unary_stream_rpc_method_handler(
+                    servicer.GetModel,
+                    request_deserializer=powertrip_dot_v1_dot_aggregator__pb2.GetModelRequest.FromString,
+                    response_serializer=powertrip_dot_v1_dot_aggregator__pb2.GetModelReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -221,6 +240,33 @@ class AggregatorService:
             '/powertrip.v1.AggregatorService/GetStatus',
             powertrip_dot_v1_dot_aggregator__pb2.GetStatusRequest.SerializeToString,
             powertrip_dot_v1_dot_aggregator__pb2.GetStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/powertrip.v1.AggregatorService/GetModel',
+            powertrip_dot_v1_dot_aggregator__pb2.GetModelRequest.SerializeToString,
+            powertrip_dot_v1_dot_aggregator__pb2.GetModelReply.FromString,
             options,
             channel_credentials,
             insecure,

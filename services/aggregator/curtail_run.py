@@ -30,6 +30,7 @@ from powertrip.curtailment.run_model import ElasticRound, ElasticRun, ElasticSit
 from powertrip.curtailment.sites import build_sites
 from powertrip.federation import StreamSetup
 from powertrip.learning.device import TorchParams, to_numpy, to_torch
+from powertrip.learning.model_file import model_card
 from powertrip.rounds.loop import RoundRecord, policy_rng
 from powertrip.selection.base import SelectionPolicy
 from powertrip.selection.registry import PolicyContext, build_policy
@@ -42,6 +43,7 @@ from powertrip.services.aggregator.lifecycle import Registration, RunLifecycle
 from powertrip.services.aggregator.profile_feed import ProfileFeed
 from powertrip.services.aggregator.resume import fits_run, run_digest
 from powertrip.services.aggregator.run_status import StatusRound
+from powertrip.services.aggregator.served_model import ServedModel
 from powertrip.sites.profiles import site_id
 from powertrip.state_dict import fields
 from powertrip.study.curtailment import build_engine
@@ -136,6 +138,11 @@ class CurtailmentRun(RunLifecycle):
             self.setup.aggregation(),
         )
         self.feed = ProfileFeed(cfg, num_sites)
+        # the model GetModel hands out and the run leaves in its checkpoint directory
+        card = model_card(
+            self.config, self.setup.data, policy=self.policy_name, source="aggregator"
+        )
+        self.served = ServedModel(trainer.model, params, card)
         self._reported: dict[str, tuple[float, float]] = {}  # site -> (kWh, g) already counted
         self._failed_in_a_row = 0
         if self._resume is not None:
@@ -269,6 +276,9 @@ class CurtailmentRun(RunLifecycle):
         if ckpt is not None:  # checked by the loader's ``fits``: this cannot fail half-way
             self._restore(ckpt.state["components"], policy, cursor, state, self.learner)
             self._resume_status(state.run, ckpt.round, state)
+            self.served.publish(
+                to_numpy(self.learner.params), ckpt.round, state.accuracy, state.loss
+            )
             self._report(engine, state.run, trace, state.t)
         else:
             state = engine.start(policy, self.learner, cursor, self.config.seed)
@@ -286,10 +296,14 @@ class CurtailmentRun(RunLifecycle):
             if self._stop.is_set():
                 raise RuntimeError("stopped")
             self._on_round(engine, run, trace)
+            params = to_numpy(self.learner.params)  # replaced by a round, never written into
+            r = run.rounds[-1]
+            if not r.failed:  # a failed round left the model as it was
+                self.served.publish(params, r.index, r.accuracy, r.loss)
             if self._writer is not None:  # written while the next round trains
                 self._writer.submit(
                     len(run.rounds),
-                    to_numpy(self.learner.params),  # replaced by a round, never written into
+                    params,
                     {
                         "run": self.run_id,
                         "clock_s": state.t,
@@ -309,6 +323,7 @@ class CurtailmentRun(RunLifecycle):
         finally:  # the last checkpoint is durable before the run ends, however it ends
             if self._writer is not None:
                 self._writer.wait()
+            self.served.write(self._checkpoints)  # however the rounds ended: the last model
         report = account(run.power_logs, trace, self.config.threshold)
         self._report(engine, run, trace, run.end_s)
         metrics.MODE.set(MODE_VALUE["pause"])

@@ -32,6 +32,7 @@ from powertrip.services.aggregator.run_status import (
     StatusRound,
     StatusSnapshot,
 )
+from powertrip.services.aggregator.served_model import ServedModel
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +68,9 @@ class Run(Protocol):
 
     @property
     def executor(self) -> UpdateIntake: ...
+
+    @property
+    def served(self) -> ServedModel: ...  # the current model, for GetModel
 
     def registration(self) -> Registration: ...
 

@@ -25,6 +25,7 @@ from powertrip.aggregation.robust_fedavg import AdaptiveBound
 from powertrip.config.tokenizer import with_tokenizer_hash
 from powertrip.federation import build_federation, load_workload
 from powertrip.learning.device import to_numpy, to_torch
+from powertrip.learning.model_file import model_card
 from powertrip.learning.params import NumpyParams
 from powertrip.learning.site_params import running_statistics
 from powertrip.rounds.clock import Clock, EmulatedClock, WallClock
@@ -43,6 +44,7 @@ from powertrip.services.aggregator.profile_feed import ProfileFeed
 from powertrip.services.aggregator.registry import LivenessLog
 from powertrip.services.aggregator.resume import fits_run, run_digest
 from powertrip.services.aggregator.run_status import StatusRound
+from powertrip.services.aggregator.served_model import ServedModel
 from powertrip.services.common.fault_points import fault_point
 from powertrip.sites.profiles import SiteProfile, site_id
 from powertrip.state_dict import fields, number
@@ -99,6 +101,9 @@ class AggregatorRun(RunLifecycle):
                 if outer is not None:
                     outer.restore(ckpt.momentum)
         self.model_bytes = sum(int(v.nbytes) for v in params.values())
+        # the model GetModel hands out and the run leaves in its checkpoint directory
+        card = model_card(exp, data, policy=cfg.policy, source="aggregator")
+        self.served = ServedModel(fed.trainer.model, params, card)
         self.executor = GrpcRoundExecutor(
             self.registry,
             params,
@@ -137,6 +142,7 @@ class AggregatorRun(RunLifecycle):
         if ckpt is not None:  # checked by ``_fits`` at load: this cannot fail half-way
             self._restore(ckpt.state["components"], self.policy, self.loop, self.executor)
             self._resume_status(ckpt.round, history.entries)
+            self.served.publish(params, ckpt.round, self.loop.accuracy, self.loop.loss)
             logger.info("resuming after round %d from its checkpoint (no replay)", ckpt.round)
         if self.target is not None:
             metrics.TARGET.set(self.target)
@@ -292,6 +298,8 @@ class AggregatorRun(RunLifecycle):
         self._record_round(StatusRound(rec), rec.time_s if reached else None)
         self.footprint.count(rec)
         self._stage_journal(rec)
+        if rec.outcome == "completed":  # a failed round left the model as it was
+            self.served.publish(self.executor.params, rec.round, rec.accuracy, rec.loss)
         if self._writer is not None and rec.outcome == "completed":
             # written while the next round runs; durable before the next one is started
             self._writer.submit(
@@ -356,6 +364,7 @@ class AggregatorRun(RunLifecycle):
         finally:  # the last checkpoint is durable before the run ends, however it ends
             if self._writer is not None:
                 self._writer.wait()
+        self.served.write(self._checkpoints)  # however the rounds ended: the last model
         if self._quorum_lost:
             n, why = self.cfg.max_failed_rounds, self._last_failure
             if why == "quorum":

@@ -18,6 +18,7 @@ from powertrip.services.aggregator.coded_intake import (
 from powertrip.services.aggregator.collector import CountedReceiver
 from powertrip.services.aggregator.lifecycle import Run
 from powertrip.services.aggregator.run_status import WIRE_STATE
+from powertrip.services.aggregator.served_model import model_replies
 from powertrip.services.aggregator.site_owners import SiteOwners
 from powertrip.services.aggregator.site_reports import note_update
 from powertrip.services.aggregator.upload_flow import MiB, ReceiveBudget, credited
@@ -55,7 +56,9 @@ class AggregatorServicer(aggregator_pb2_grpc.AggregatorServiceServicer):
 
     Who may call (over TLS; docs/security.md): RegisterWorker and SubmitUpdate a worker whose
     certificate CN is the worker_id it claims, on the allow-list; GetStatus the operator, the
-    aggregator, the profiler or a registered worker (also re-checked against the allow-list).
+    aggregator, the profiler or a registered worker (also re-checked against the allow-list);
+    GetModel the operator only: the model is the run's result, which no worker needs (each gets
+    the model of the rounds it trains) and the profiler never reads.
     """
 
     def __init__(self, run: Run, track_worker: TrackWorker | None = None) -> None:
@@ -249,6 +252,20 @@ class AggregatorServicer(aggregator_pb2_grpc.AggregatorServiceServicer):
             fail("aborted")
             raise
         return rx
+
+    def GetModel(  # noqa: N802
+        self, request: aggregator_pb2.GetModelRequest, context: grpc.ServicerContext
+    ) -> Iterator[aggregator_pb2.GetModelReply]:
+        """The current model and its card (``served_model``). Errors are mapped by the server's
+        ``RequestGuard``, as for any streaming reply."""
+        cn = require_role(context, SERVICE, "GetModel", (OPERATOR,))
+        state, card = self.run.served.current()
+        logger.info(
+            "[AggregatorService.GetModel] %s pulls the model of round %d",
+            cn or "a plaintext peer",
+            card.round,
+        )
+        yield from model_replies(state, card)
 
     @translate_errors
     def GetStatus(  # noqa: N802
