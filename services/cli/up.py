@@ -30,7 +30,11 @@ from powertrip.services.cli.common import (
 from powertrip.services.cli.export import require_tensorboard, tensorboard_option, write_tensorboard
 from powertrip.services.cli.launcher import ClusterPlan, LaunchError, LocalCluster
 from powertrip.services.cli.up_options import service_env, up_options
-from powertrip.services.cli.up_outputs import write_rounds_csv, write_scrape_config
+from powertrip.services.cli.up_outputs import (
+    RoundsProgress,
+    write_rounds_csv,
+    write_scrape_config,
+)
 from powertrip.v1 import aggregator_pb2
 
 AT_LEAST_1 = click.IntRange(min=1)
@@ -211,17 +215,8 @@ def up(
     except ValueError as exc:
         fail(str(exc))
     output.mkdir(parents=True, exist_ok=True)
-    last = [0]
-
-    def show(st: aggregator_pb2.GetStatusResponse) -> None:
-        for r in (r for r in st.rounds if r.round > last[0]):  # by number: the history is bounded
-            out.print(
-                f"round {r.round:3d}  sites {len(r.selected_site_ids):3d}  updates "
-                f"{r.contributions:3d}  accuracy {r.accuracy:.4f}  clock {r.clock_seconds:9.1f} s"
-                f"  {r.outcome}",
-                highlight=False,
-            )
-            last[0] = r.round
+    rounds = options.get("max_rounds") or PRESETS[preset].get("max_rounds")  # the bar's total
+    budget = rounds if isinstance(rounds, int) and mode != "curtailment" else None
 
     # SIGTERM (a supervisor, `kill`, a test) ends the run like Ctrl-C: through the cluster's
     # exit, which stops every process it started, instead of orphaning them.
@@ -242,7 +237,8 @@ def up(
                 + (f" pace={pace:g}" if pace else "")
                 + (f" tls={plan.tls_path}" if plan.tls_path else " PLAINTEXT (--insecure)")
             )
-            st = cluster.wait_done(timeout, show)
+            with RoundsProgress(err, budget) as show:  # a bar, or a line every few seconds
+                st = cluster.wait_done(timeout, show)
         except LaunchError as exc:
             err.print(f"[bold red]error:[/] {exc} (logs: {plan.log_dir})", highlight=False)
             sys.exit(1)

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from powertrip.config.tokenizer import BPE_MAX_VOCAB, BPE_MIN_VOCAB, bpe_vocab_size
+from powertrip.learning.datasets.progress import Meter
 from powertrip.learning.datasets.record import DatasetError, default_cache_dir
 
 __all__ = [
@@ -43,8 +45,13 @@ class TokenizerMismatch(DatasetError):
 
 def train_bpe(text: str, vocab_size: int) -> Tokenizer:
     """A byte-level BPE with at most ``vocab_size`` ids trained on ``text``. Every setting is
-    pinned (no special tokens, min frequency 2, the full byte alphabet, no progress bar) so two
-    trainings on the same text give the same JSON, and so the same hash."""
+    pinned (no special tokens, min frequency 2, the full byte alphabet) so two trainings on the
+    same text give the same JSON, and so the same hash.
+
+    The trainer's own bar is off (it draws on the terminal whoever listens); progress goes to
+    the installed ``on_progress`` in two steps: the characters counted into words as the
+    trainer reads them, then the merges, which the trainer reports nothing of (0 of 1, then 1).
+    """
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
@@ -55,7 +62,20 @@ def train_bpe(text: str, vocab_size: int) -> Tokenizer:
         special_tokens=[],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    tok.train_from_iterator(text.splitlines(keepends=True), trainer=trainer, length=None)
+    counting = Meter(len(text), f"BPE tokenizer ({vocab_size} ids): reading text (characters)")
+    merging = Meter(1, f"BPE tokenizer ({vocab_size} ids): learning merges")
+
+    def lines() -> Iterator[str]:
+        done = 0
+        counting(0)
+        for line in text.splitlines(keepends=True):
+            yield line
+            done += len(line)
+            counting(done)
+        merging(0)
+
+    tok.train_from_iterator(lines(), trainer=trainer, length=None)
+    merging(1)
     return tok
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from powertrip.learning.datasets.progress import counted
 from powertrip.learning.datasets.record import Dataset, DatasetError, split_indices
 from powertrip.learning.device import tensor
 
@@ -120,8 +121,8 @@ def load_idx(
     train = [k for k in pairs if "train" in k]
     test = [k for k in pairs if "t10k" in k or "test" in k]
     if len(pairs) == 2 and len(train) == 1 and len(test) == 1:
-        x_tr, y_tr = _load_pair(*pairs[train[0]])
-        x_te, y_te = _load_pair(*pairs[test[0]])
+        sets = counted([pairs[train[0]], pairs[test[0]]], f"{path.name}: reading IDX files")
+        (x_tr, y_tr), (x_te, y_te) = (_load_pair(*pair) for pair in sets)
     elif len(pairs) == 1:
         ((images_path, labels_path),) = pairs.values()
         images, labels = _load_pair(images_path, labels_path)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from powertrip.learning.datasets.progress import report
 from powertrip.learning.datasets.record import Dataset, check_fraction, default_cache_dir
 from powertrip.learning.device import tensor
 
@@ -62,11 +63,14 @@ def load_mnist1d(
         except (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile, zlib.error):
             x = y = None  # corrupt cache (e.g. an interrupted write elsewhere): regenerate
     if x is None or y is None:
+        note = f"mnist1d: generating {num_samples} samples (cached after)"
+        report(0, 1, note)  # one call into the generator: no step in between to report
         x, y = _generate_mnist1d(num_samples, seed)
         cache_dir.mkdir(parents=True, exist_ok=True)
         tmp = cache_file.with_name(f"{cache_file.stem}.{os.getpid()}.tmp.npz")
         np.savez(tmp, x=x, y=y)
         os.replace(tmp, cache_file)  # atomic: parallel workers never read a half-written file
+        report(1, 1, note)
     n_test = min(max(1, round(len(y) * test_fraction)), len(y) - 1)
     x_t = tensor(np.ascontiguousarray(x, dtype=np.float32)).unsqueeze(1)
     y_t = tensor(np.ascontiguousarray(y, dtype=np.int64))

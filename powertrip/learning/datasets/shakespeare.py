@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from powertrip.learning.datasets.progress import counted
 from powertrip.learning.datasets.record import Dataset, DatasetError, check_fraction
 from powertrip.learning.device import tensor
 
@@ -131,7 +132,7 @@ def _role_texts(path: Path) -> dict[str, str]:
         if not files:
             raise DatasetError(f"{path}: no .txt files in directory")
         roles: dict[str, str] = {}
-        for file in files:
+        for file in counted(files, "shakespeare: parsing plays"):
             try:
                 text = file.read_text(encoding="utf-8", errors="replace")
             except OSError as exc:

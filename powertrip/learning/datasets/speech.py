@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from powertrip.extras import require
+from powertrip.learning.datasets.progress import counted, report
 from powertrip.learning.datasets.record import Dataset, DatasetError
 from powertrip.learning.device import tensor
 
@@ -116,11 +117,13 @@ def log_mel(
     bank = mel_filterbank(sr=sample_rate, n_fft=n_fft, n_mels=n_mels).T
     out = []
     for start in range(0, len(clips), 256):  # bounds the [clips, frames, n_fft] working set
+        report(start, len(clips), "log-mel features (clips)")
         padded = np.pad(clips[start : start + 256], ((0, 0), (n_fft // 2, n_fft // 2)))
         frames = np.lib.stride_tricks.sliding_window_view(padded, n_fft, axis=1)[:, ::hop]
         power = np.abs(np.fft.rfft(frames * window, axis=-1)) ** 2
         mel = power.reshape(-1, power.shape[-1]) @ bank  # 2-D: numpy's 3-D matmul is 50x slower
         out.append(np.log(mel + 1e-6).reshape(*power.shape[:2], -1))
+    report(len(clips), len(clips), "log-mel features (clips)")
     return np.concatenate(out)
 
 
@@ -183,7 +186,8 @@ def load_speech(
         raise DatasetError(f"{path}: no .wav clips in the {name} layout")
     rate = sample_rate or _NATIVE_RATE[name]
     length = round(rate * clip_seconds)
-    clips = np.stack([_fit(*read_wav(wav), rate, length) for wav, *_ in rows])
+    reading = counted(rows, f"{name}: reading clips")
+    clips = np.stack([_fit(*read_wav(wav), rate, length) for wav, *_ in reading])
     feats = log_mel(clips, rate, n_mels=n_mels, win_ms=win_ms, hop_ms=hop_ms)
     return _speech_dataset(name, feats, rows)
 

@@ -24,6 +24,7 @@ import numpy as np
 
 from powertrip.config.tokenizer import bpe_vocab_size
 from powertrip.learning.datasets.bpe import cached_bpe, encode, token_byte_lengths
+from powertrip.learning.datasets.progress import Meter
 from powertrip.learning.datasets.record import Dataset, DatasetError, check_fraction
 from powertrip.learning.device import tensor
 
@@ -79,11 +80,14 @@ def synthetic_corpus(num_bytes: int, seed: int = 0) -> str:
 
     parts: list[str] = []
     size = 0
+    meter = Meter(num_bytes, "synthetic corpus (bytes)")
+    meter(0)
     while size < num_bytes:
         speech = " ".join(sentence() for _ in range(rng.integers(1, 4)))
         line = f"{pick(names).upper()}:\n{speech[0].upper()}{speech[1:]}\n\n"
         parts.append(line)
         size += len(line)
+        meter(size)
     return "".join(parts)
 
 
