@@ -8,38 +8,27 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from powertrip.config.recipe import RecipeTooLong
-from powertrip.services.aggregator.checkpoint import NoUsableCheckpoint
 from powertrip.services.aggregator.config import AggregatorConfig
-from powertrip.services.aggregator.curtail_run import CurtailmentRun
-from powertrip.services.aggregator.lifecycle import Run
-from powertrip.services.aggregator.run import AggregatorRun
-from powertrip.services.aggregator.run_status import RunState
-from powertrip.services.aggregator.service_handlers import add_to_server
-from powertrip.services.aggregator.servicer import AggregatorServicer
-from powertrip.services.aggregator.worker_tracker import WorkerTracker
 from powertrip.services.common.command_line import parse_service_args
 from powertrip.services.common.config import ConfigError, env_name, load_config
-from powertrip.services.common.fault_points import armed_faults
-from powertrip.services.common.grpc_client import make_channel, retry_idempotent
-from powertrip.services.common.grpc_server import exit_process, serve, start_server
-from powertrip.services.common.identity import PROFILER
-from powertrip.services.common.logging import configure
-from powertrip.services.common.memory import pin_mmap_threshold
-from powertrip.services.common.metrics import start_metrics_server
-from powertrip.services.env_names import warn_unknown_names
-from powertrip.v1 import profiler_pb2, profiler_pb2_grpc
+
+if TYPE_CHECKING:
+    from powertrip.services.aggregator.lifecycle import Run
 
 logger = logging.getLogger("powertrip.services.aggregator")
 SERVICE = "powertrip.v1.AggregatorService"
 #: the exit code of a FAILED run (every worker lost, sites never came, a crash): restart-worthy
 EXIT_RUN_FAILED = 4
-#: the run of each POWERTRIP_MODE
-RUNS: dict[str, Callable[[AggregatorConfig], Run]] = {
-    "powertrip": AggregatorRun,
-    "curtailment": CurtailmentRun,
-}
+
+
+def runs() -> dict[str, Callable[[AggregatorConfig], Run]]:
+    """The run of each POWERTRIP_MODE (imported here: torch and the training code)."""
+    from powertrip.services.aggregator.curtail_run import CurtailmentRun
+    from powertrip.services.aggregator.run import AggregatorRun
+
+    return {"powertrip": AggregatorRun, "curtailment": CurtailmentRun}
 
 
 def recipe_source(cfg: AggregatorConfig) -> str:
@@ -54,6 +43,23 @@ def recipe_source(cfg: AggregatorConfig) -> str:
 
 def main() -> int:
     parse_service_args("powertrip-aggregator", AggregatorConfig, __doc__)
+    # the service itself (gRPC, torch, the training code): only once --help is not asked for
+    from powertrip.config.recipe import RecipeTooLong
+    from powertrip.services.aggregator.checkpoint import NoUsableCheckpoint
+    from powertrip.services.aggregator.run_status import RunState
+    from powertrip.services.aggregator.service_handlers import add_to_server
+    from powertrip.services.aggregator.servicer import AggregatorServicer
+    from powertrip.services.aggregator.worker_tracker import WorkerTracker
+    from powertrip.services.common.fault_points import armed_faults
+    from powertrip.services.common.grpc_client import make_channel, retry_idempotent
+    from powertrip.services.common.grpc_server import exit_process, serve, start_server
+    from powertrip.services.common.identity import PROFILER
+    from powertrip.services.common.logging import configure
+    from powertrip.services.common.memory import pin_mmap_threshold
+    from powertrip.services.common.metrics import start_metrics_server
+    from powertrip.services.env_names import warn_unknown_names
+    from powertrip.v1 import profiler_pb2, profiler_pb2_grpc
+
     try:
         cfg = load_config(AggregatorConfig)
         cfg.curtailment() if cfg.mode == "curtailment" else cfg.experiment()
@@ -70,7 +76,7 @@ def main() -> int:
     torch.set_num_threads(1)
     metrics_port = start_metrics_server(cfg.metrics_port, cfg.metrics_addr)
     try:
-        run = RUNS[cfg.mode](cfg)
+        run = runs()[cfg.mode](cfg)
     except NoUsableCheckpoint as exc:  # a crash loop would not fix it: say so once, exit
         logger.error("%s", exc)
         return 3
@@ -99,7 +105,12 @@ def main() -> int:
 
     def watch() -> None:  # a failed run ends the process; a finished one with EXIT_WHEN_DONE
         thread.join()
-        if cfg.exit_when_done or run.status_snapshot().status.state is RunState.FAILED:
+        state = run.status_snapshot().status.state
+        if cfg.exit_when_done and state is RunState.DONE:
+            # DONE served for one lease first: every live worker heartbeats within it, so each
+            # hears the run ended (worker/run_end.py) before this port closes
+            wake.wait(cfg.lease_s)
+        if cfg.exit_when_done or state is RunState.FAILED:
             wake.set()
 
     threading.Thread(target=watch, name="run-watch", daemon=True).start()

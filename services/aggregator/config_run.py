@@ -24,7 +24,6 @@ from powertrip.config.experiment import (
 )
 from powertrip.config.forecast import ForecastModel
 from powertrip.config.workload_defaults import check_partition
-from powertrip.selection.registry import validate_policy_name
 from powertrip.services.common.config import ConfigError, config_error
 from powertrip.services.common.settings import (
     env_name,
@@ -81,6 +80,8 @@ class RunSettings(_RunFields):
     @field_validator("policy")
     @classmethod
     def _known_policy(cls, v: str) -> str:
+        from powertrip.selection.registry import validate_policy_name  # numpy: not for --help
+
         validate_policy_name(v)
         return v
 

@@ -28,7 +28,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from powertrip.services.common.cert_check import CLOCK_SKEW_MARGIN, common_name
-from powertrip.services.common.identity import SERVICES, validate_id
+from powertrip.services.common.ids import SERVICES, validate_id
 
 __all__ = [
     "SERVICES",

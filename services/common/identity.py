@@ -7,45 +7,26 @@ caller acting outside its role is refused (PERMISSION_DENIED) with nothing done 
 
 Plaintext servers (POWERTRIP_INSECURE=1) have no certificate to read: every check here passes
 there, as before TLS existed. That is why plaintext needs an explicit flag.
+
+The identity names and the id rule are ``ids``' (plain Python: a configuration check needs no
+gRPC), re-exported here.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Collection, Sequence
 
 import grpc
 
 from powertrip.services.common.auth_metrics import count_denied
 from powertrip.services.common.errors import BadRequest, Forbidden
+from powertrip.services.common.ids import AGGREGATOR as AGGREGATOR
+from powertrip.services.common.ids import OPERATOR as OPERATOR
+from powertrip.services.common.ids import PROFILER as PROFILER
+from powertrip.services.common.ids import SERVICES as SERVICES
+from powertrip.services.common.ids import id_problem as id_problem
+from powertrip.services.common.ids import validate_id as validate_id
 from powertrip.sites.profiles import site_index
-
-#: the service identities (certificate CNs) every cluster has besides its workers; the one place
-#: that names them (``powertrip certs`` mints exactly these)
-AGGREGATOR, PROFILER, OPERATOR = "aggregator", "profiler", "operator"
-SERVICES = (AGGREGATOR, PROFILER, OPERATOR)
-
-#: worker and site ids: 1-64 characters of letters, digits, '.', '_' and '-'. Wide enough for
-#: hostnames ("powertrip-worker-3", pod names), "w0" and "site-007"; narrow enough that an id
-#: is safe in a log line, a metric label, a file name and a certificate CN.
-ID_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,64}")
-_SHOWN = 40  # characters of a bad id quoted in an error message
-
-
-def id_problem(value: str, what: str = "worker id") -> str | None:
-    """Why ``value`` is not a valid id (a message naming it, truncated, repr'd), or None."""
-    if ID_PATTERN.fullmatch(value):
-        return None
-    shown = repr(value[:_SHOWN]) + (f"... ({len(value)} chars)" if len(value) > _SHOWN else "")
-    return f"bad {what} {shown}: use 1-64 characters of A-Z a-z 0-9 . _ -"
-
-
-def validate_id(value: str, what: str = "worker id") -> str:
-    """``value`` if it is a valid id, else ValueError (config and CLI callers)."""
-    problem = id_problem(value, what)
-    if problem:
-        raise ValueError(problem)
-    return value
 
 
 def caller_identity(context: grpc.ServicerContext) -> str | None:

@@ -8,16 +8,7 @@ import threading
 
 from powertrip.services.common.command_line import parse_service_args
 from powertrip.services.common.config import ConfigError, load_config
-from powertrip.services.common.grpc_server import exit_process, serve, start_server
-from powertrip.services.common.logging import configure
-from powertrip.services.common.metrics import start_metrics_server
-from powertrip.services.env_names import warn_unknown_names
-from powertrip.services.netem.latency import log_latency_path
-from powertrip.services.profiler.catalogue import SiteCatalogue
 from powertrip.services.profiler.config import ProfilerConfig
-from powertrip.services.profiler.feed import CarbonFeed
-from powertrip.services.profiler.servicer import LinkProber, ProfilerServicer
-from powertrip.v1 import profiler_pb2_grpc
 
 SERVICE = "powertrip.v1.ProfilerService"
 logger = logging.getLogger("powertrip.services.profiler")
@@ -25,6 +16,17 @@ logger = logging.getLogger("powertrip.services.profiler")
 
 def main() -> int:
     parse_service_args("powertrip-profiler", ProfilerConfig, __doc__)
+    # the service itself (gRPC, numpy, the traces): only once --help is not asked for
+    from powertrip.services.common.grpc_server import exit_process, serve, start_server
+    from powertrip.services.common.logging import configure
+    from powertrip.services.common.metrics import start_metrics_server
+    from powertrip.services.env_names import warn_unknown_names
+    from powertrip.services.netem.latency import log_latency_path
+    from powertrip.services.profiler.catalogue import SiteCatalogue
+    from powertrip.services.profiler.feed import CarbonFeed
+    from powertrip.services.profiler.servicer import LinkProber, ProfilerServicer
+    from powertrip.v1 import profiler_pb2_grpc
+
     try:
         cfg = load_config(ProfilerConfig)
     except ConfigError as exc:

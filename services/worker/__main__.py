@@ -6,110 +6,36 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Callable
-from typing import TypeGuard
-
-import grpc
 
 from powertrip.services.common.command_line import parse_service_args
 from powertrip.services.common.config import ConfigError, load_config
-from powertrip.services.common.fault_points import armed_faults
-from powertrip.services.common.grpc_client import make_channel, retry_idempotent
-from powertrip.services.common.grpc_server import exit_process, serve, start_server
-from powertrip.services.common.identity import AGGREGATOR
-from powertrip.services.common.logging import configure
-from powertrip.services.common.metrics import start_metrics_server
-from powertrip.services.common.tensor_stream import DEFAULT_CHUNK_BYTES
-from powertrip.services.env_names import warn_unknown_names
 from powertrip.services.worker.config import WorkerConfig
-from powertrip.services.worker.run_mode import UnsupportedMode, host_for_reply, partition_host
-from powertrip.services.worker.runner import RoundRunner
-from powertrip.services.worker.servicer import WorkerServicer
-from powertrip.services.worker.state_dir import SavedRun, WorkerStateDir
-from powertrip.services.worker.uploader import GrpcUploader
-from powertrip.sites.profiles import site_id
-from powertrip.v1 import aggregator_pb2, aggregator_pb2_grpc, worker_pb2_grpc
 
 logger = logging.getLogger("powertrip.services.worker")
 SERVICE = "powertrip.v1.WorkerService"
-#: registration refusals a worker waits out instead of exiting: a supervisor restarting it would
-#: change nothing, while the operator may fix the site owners map or a squatter may go away
-REFUSED = (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.ALREADY_EXISTS)
-
-
-class RefusalLog:
-    """Logs each distinct refusal once (a refused worker retries every few seconds, for hours)."""
-
-    def __init__(self, limit: int = 64) -> None:
-        self.seen: set[str] = set()
-        self.limit = limit
-
-    def __call__(self, what: str, exc: grpc.RpcError, retry_s: float) -> None:
-        message = f"{exc.code().name}: {exc.details()}"
-        if message in self.seen:
-            return
-        if len(self.seen) >= self.limit:
-            self.seen.clear()
-        self.seen.add(message)
-        logger.error(
-            "%s refused by the aggregator (%s); retrying every %g s", what, message, retry_s
-        )
-
-
-def refused(exc: BaseException) -> TypeGuard[grpc.RpcError]:
-    return isinstance(exc, grpc.RpcError) and exc.code() in REFUSED
-
-
-def join(
-    register: Callable[[bool], aggregator_pb2.RegisterWorkerResponse], ready: bool, retry_s: float
-) -> aggregator_pb2.RegisterWorkerResponse:
-    """Register, waiting out refusals (one line each) without exiting; other errors raise."""
-    log = RefusalLog()
-    while True:
-        try:
-            reply = register(ready)
-        except grpc.RpcError as exc:
-            if not refused(exc):
-                raise
-            log("registration", exc, retry_s)
-            time.sleep(retry_s)
-            continue
-        if log.seen:
-            logger.info("registration accepted after %d refusal message(s)", len(log.seen))
-        return reply
-
-
-def join_run(
-    register: Callable[[bool], aggregator_pb2.RegisterWorkerResponse],
-    runner: RoundRunner,
-    cfg: WorkerConfig,
-    device: str,
-    state: WorkerStateDir | None,
-) -> None:
-    """Build the sites and register as ready. A worker restarted with a state directory
-    rebuilds them from the saved run before it reaches the aggregator and registers as ready at
-    once, so the sites never leave the selection; a fresh one fetches the run first
-    (registering as not ready: rounds wait), and saves it. The hosts code their updates with
-    the run's codec (its configuration names it)."""
-    saved = state.saved_run() if state is not None else None
-    if saved is not None and state is not None:
-        runner.start(partition_host(saved, cfg, device, state))
-        logger.info("rebuilt run %s's sites from %s; rejoining", saved.identity, state.directory)
-        reply = join(register, True, cfg.heartbeat_s)
-        if reply.mode != "curtailment" and saved == SavedRun(reply.run_config_json, reply.run_seed):
-            return
-        logger.warning(
-            "%s holds another run than the aggregator's: starting fresh", state.directory
-        )
-        runner.start(None)  # Busy until rebuilt
-        state.forget()
-    reply = join(register, False, cfg.heartbeat_s)  # the run config first; rounds wait
-    runner.start(host_for_reply(reply, cfg, device, state))
-    join(register, True, cfg.heartbeat_s)
 
 
 def main() -> int:
     parse_service_args("powertrip-worker", WorkerConfig, __doc__)
+    # the service itself (gRPC, torch, the training code): only once --help is not asked for
+    from powertrip.services.common.fault_points import armed_faults
+    from powertrip.services.common.grpc_client import make_channel, retry_idempotent
+    from powertrip.services.common.grpc_server import exit_process, serve, start_server
+    from powertrip.services.common.identity import AGGREGATOR
+    from powertrip.services.common.logging import configure
+    from powertrip.services.common.metrics import start_metrics_server
+    from powertrip.services.common.tensor_stream import DEFAULT_CHUNK_BYTES
+    from powertrip.services.env_names import warn_unknown_names
+    from powertrip.services.worker.joining import RefusalLog, join_run, refused
+    from powertrip.services.worker.run_end import run_is_done
+    from powertrip.services.worker.run_mode import UnsupportedMode
+    from powertrip.services.worker.runner import RoundRunner
+    from powertrip.services.worker.servicer import WorkerServicer
+    from powertrip.services.worker.state_dir import WorkerStateDir
+    from powertrip.services.worker.uploader import GrpcUploader
+    from powertrip.sites.profiles import site_id
+    from powertrip.v1 import aggregator_pb2, aggregator_pb2_grpc, worker_pb2_grpc
+
     try:
         cfg = load_config(WorkerConfig)
         device = cfg.usable_device()  # before registering: no GPU, no join
@@ -161,6 +87,7 @@ def main() -> int:
         return 1
     logger.info("worker %s hosts %d sites at %s", cfg.worker_id, len(cfg.site_indices), address)
     stopping = threading.Event()
+    run_done = threading.Event()  # POWERTRIP_EXIT_WHEN_DONE: the run is over, so is this worker
 
     def heartbeat() -> None:
         refusals = RefusalLog()
@@ -168,6 +95,10 @@ def main() -> int:
             try:
                 register()
                 refusals.seen.clear()
+                if cfg.exit_when_done and run_is_done(stub, cfg.rpc_timeout_s):
+                    logger.info("the run is done: worker %s exits", cfg.worker_id)
+                    run_done.set()
+                    return
             except Exception as exc:  # keep beating: the aggregator may come back
                 if refused(exc):  # revoked, or its sites reassigned: once, not every beat
                     refusals("heartbeat", exc, cfg.heartbeat_s)
@@ -183,7 +114,7 @@ def main() -> int:
             logger.warning("stopping: training still running at the grace period's end")
         runner.start(None)  # closes the host: a distributed site's rank processes end too
 
-    serve("worker", server, health, [SERVICE], address, metrics_port, on_stop=stop)
+    serve("worker", server, health, [SERVICE], address, metrics_port, on_stop=stop, wake=run_done)
     exit_process(0)
 
 

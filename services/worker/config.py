@@ -10,9 +10,8 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 
 from powertrip.config.site_engine import SiteEngineConfig
 from powertrip.services.common.config import ConfigError, DeviceSettings, ServiceConfig, env_name
-from powertrip.services.common.identity import validate_id
+from powertrip.services.common.ids import validate_id
 from powertrip.services.common.settings import library_settings, library_values
-from powertrip.sites.profiles import parse_site_list
 
 #: ``SiteEngineConfig`` fields with no ``POWERTRIP_SITE_*`` variable of their own, and why
 SITE_ENGINE_LESS = {
@@ -53,6 +52,11 @@ class WorkerConfig(ServiceConfig, DeviceSettings, _SiteEngineFields):
         "us again, and renews this worker's lease there (the aggregator reads the same "
         "POWERTRIP_HEARTBEAT_S).",
     )
+    exit_when_done: bool = Field(
+        False,
+        description="end the process (exit 0) once the aggregator reports the run DONE; "
+        "default: keep heartbeating in case it comes back (services/worker/run_end.py)",
+    )
     worker_state_dir: Path | None = Field(
         None,
         description="Where this worker keeps what a restart needs (the run's registration, the "
@@ -87,6 +91,8 @@ class WorkerConfig(ServiceConfig, DeviceSettings, _SiteEngineFields):
     @field_validator("sites")
     @classmethod
     def _sites_parse(cls, v: str) -> str:
+        from powertrip.sites.profiles import parse_site_list  # numpy: not for --help
+
         parse_site_list(v)
         return v
 
@@ -127,4 +133,6 @@ class WorkerConfig(ServiceConfig, DeviceSettings, _SiteEngineFields):
 
     @property
     def site_indices(self) -> list[int]:
+        from powertrip.sites.profiles import parse_site_list
+
         return parse_site_list(self.sites)
