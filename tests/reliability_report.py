@@ -76,8 +76,15 @@ class ReliabilityReport:
                 if row not in ROWS:
                     raise pytest.UsageError(f"{item.nodeid}: unknown reliability row {row!r}")
                 self.tests[row].append(item.nodeid)
+            if rows := rows_of(item):  # the report carries them to xdist's controller
+                item.user_properties.append(("reliability", rows))
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        for key, rows in report.user_properties:  # under xdist the controller collects nothing
+            if key == "reliability":
+                for row in rows:
+                    if report.nodeid not in self.tests[row]:
+                        self.tests[row].append(report.nodeid)
         if report.failed:
             self.outcome[report.nodeid] = "failed"
         elif report.skipped and report.nodeid not in self.outcome:

@@ -62,3 +62,38 @@ def test_no_test_claims_a_row_the_matrix_does_not_have():
 def test_the_reliability_doc_describes_every_row():
     text = DOC.read_text()
     assert [r for r in ROWS if f"| {r} |" not in text] == []
+
+
+def test_the_matrix_is_reported_when_xdist_runs_the_tests(tmp_path):
+    """Under ``-n`` the controller collects nothing: each report brings its test's rows."""
+    import subprocess
+    import sys
+
+    (tmp_path / "test_row.py").write_text(
+        "import pytest\n\n"
+        "@pytest.mark.reliability('R1')\ndef test_a():\n    pass\n\n"
+        "@pytest.mark.reliability('R2')\ndef test_b():\n    pass\n"
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-n",
+            "2",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "tests.reliability_report",
+            "-o",
+            "addopts=",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=TESTS.parent,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-2000:]
+    assert "R1 PASS" in done.stdout and "R2 PASS" in done.stdout
