@@ -38,6 +38,8 @@ from powertrip.curtailment.wall_clock import WallClockRounds
 from powertrip.federation import StreamSetup, load_workload
 from powertrip.selection.base import SelectAll, SelectionPolicy
 from powertrip.selection.registry import PolicyContext, build_policy
+from powertrip.study.curtailment_record import elastic_run_from_json, elastic_run_json
+from powertrip.study.record import StudyRecord
 from powertrip.traces.carbon import CarbonTrace
 
 Progress = Callable[[int, int, str], None]
@@ -99,10 +101,14 @@ def run_curtailment_study(
     progress: Progress | None = None,
     device: torch.device | str = "auto",
     on_round: Callable[[str, ElasticRun], None] | None = None,
+    record: StudyRecord | None = None,
 ):
     """Every policy and baseline of ``cfg``; ``device`` is where the sites train (an execution
     setting, not part of ``cfg``). ``progress(done, total, name)`` as each run starts and once
-    at the end; ``on_round(name, run)`` after each round of every run (runs are sequential)."""
+    at the end; ``on_round(name, run)`` after each round of every run (runs are sequential).
+    ``record``: each run is recorded there as it finishes, and a run it holds is read back
+    instead of run again (a resumed study: every run starts from the same model and stream, so
+    none depends on another)."""
     started = time.perf_counter()
     trace = load_carbon(cfg)
     sites = build_sites(cfg, trace)
@@ -135,11 +141,17 @@ def run_curtailment_study(
         else:
             avail = tuple(always_available([(s.name, s.region) for s in members]))
             horizon = math.inf  # always-on runs finish; the trace is held flat past its end
-        engine = build_engine(cfg, members, avail, rounds, trace, horizon)
-        cursor = ShardCursor(total_rows, cfg.num_shards)
-        each = None if on_round is None else (lambda r, name=name: on_round(name, r))
-        run = engine.run(policy, learning.learner(), cursor, cfg.seed, on_round=each)
-        run.policy = name
+        kept = None if record is None else record.get(name)
+        if kept is not None:
+            run = elastic_run_from_json(kept, name, members, total_rows)
+        else:
+            engine = build_engine(cfg, members, avail, rounds, trace, horizon)
+            cursor = ShardCursor(total_rows, cfg.num_shards)
+            each = None if on_round is None else (lambda r, name=name: on_round(name, r))
+            run = engine.run(policy, learning.learner(), cursor, cfg.seed, on_round=each)
+            run.policy = name
+            if record is not None:
+                record.add(name, elastic_run_json(run))
         energy = account(run.power_logs, trace, cfg.threshold)
         study.results[name] = PolicyResult(name, kind, run, energy)
         if name == "single-site":

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -94,6 +95,30 @@ class StudyResult:
         raise KeyError(f"the study has no run of {policy!r} in repeat {repeat}")
 
 
+class RunLog(Protocol):
+    """Where a study keeps each run as it finishes, and finds the runs an earlier process of the
+    same study finished (``results.StudyLog``: the output folder's record and tables)."""
+
+    def start(self, result: StudyResult) -> None:
+        """The study begins (``result`` holds its sites and workload facts, no runs yet)."""
+
+    def recorded(self, repeat: int, policy: str) -> tuple[RunResult, tuple[int, int]] | None:
+        """A run finished before: the run and its trajectory-cache (hits, misses); else None."""
+
+    def finished(
+        self,
+        result: StudyResult,
+        repeat: int,
+        run: RunResult,
+        cache: tuple[int, int],
+        computed: bool,
+    ) -> None:
+        """A run is done (``computed`` here, or read back from ``recorded``)."""
+
+    def scored(self, result: StudyResult, summaries: Sequence[RunSummary]) -> None:
+        """Runs' summaries are known (the target and k* they need are fixed)."""
+
+
 def summarise(
     run: RunResult, repeat: int, target: float, footprint: FootprintModel | None = None
 ) -> RunSummary:
@@ -160,6 +185,7 @@ def run_study(
     on_round: Callable[[str, int, RoundRecord], None] | None = None,
     device: torch.device | str = "auto",
     keep_models: bool | Collection[str] = False,
+    log: RunLog | None = None,
 ) -> StudyResult:
     """Every policy x repeat of ``cfg``; ``device`` is where the sites train (an execution
     setting: it is not part of ``cfg``, the run's identity).
@@ -168,7 +194,11 @@ def run_study(
     repeat, record)`` after each round of every run, in this process (runs are sequential).
     ``keep_models``: which runs keep their final global model for ``StudyResult.model`` (one
     model in memory per kept run): none by default, every run with True, or the runs of the
-    policies named (``"static-optimal"`` keeps static-k*'s)."""
+    policies named (``"static-optimal"`` keeps static-k*'s).
+    ``log``: each run is handed to it as it finishes, and a run it ``recorded`` before is read
+    back instead of run again (a resumed study). Every run is a function of the configuration
+    and its repeat alone (the trajectory cache only saves work), so the study comes out the
+    same; a run read back keeps no model."""
     check_registered_names(cfg)
     started = time.perf_counter()
     data = load_workload(cfg, seed=cfg.seed)
@@ -181,6 +211,11 @@ def run_study(
     others = [p for p in cfg.policies if p != "static-optimal"]
     total = cfg.repeats * (len(sweep) + len(others))
     done = 0
+    # the result from the start (target and k* once the sweep fixes them), for the log's tables
+    result = StudyResult(cfg, sites, math.nan, None, power_label=power_label)
+    result.lm_validation = validation_bytes(data) if data.task == "lm" else None
+    if log is not None:
+        log.start(result)
 
     def tick(label: str) -> None:
         if progress is not None:
@@ -226,15 +261,28 @@ def run_study(
     def run_one(rep: int, policy, target: float | None) -> RunResult:
         nonlocal done
         tick(f"{policy.name} (repeat {rep + 1}/{cfg.repeats})")
-        hook = None
-        if on_round is not None:
+        got = None if log is None else log.recorded(rep, policy.name)
+        if got is not None:
+            run, cache = got
+        else:
+            hook = None
+            if on_round is not None:
 
-            def hook(rec: RoundRecord, name: str = policy.name) -> None:
-                on_round(name, rep, rec)
+                def hook(rec: RoundRecord, name: str = policy.name) -> None:
+                    on_round(name, rep, rec)
 
-        run = emulators[rep].run(policy, target, cfg.max_rounds, on_round=hook)
-        if not keeps(run.policy):
-            run.model = None  # a big sweep would otherwise hold one model per run
+            em = emulators[rep].cache
+            before = em.hits, em.misses
+            run = emulators[rep].run(policy, target, cfg.max_rounds, on_round=hook)
+            cache = em.hits - before[0], em.misses - before[1]
+            if log is not None:
+                log.finished(result, rep, run, cache, computed=True)
+            if not keeps(run.policy):
+                run.model = None  # a big sweep would otherwise hold one model per run
+        if got is not None and log is not None:
+            log.finished(result, rep, run, cache, computed=False)
+        result.cache_hits += cache[0]
+        result.cache_misses += cache[1]
         done += 1
         tick(f"{policy.name} (repeat {rep + 1}/{cfg.repeats})")
         return run
@@ -261,8 +309,7 @@ def run_study(
         if isinstance(run, EmulatedRun) and not keeps(run.policy):
             run.model = None
 
-    result = StudyResult(cfg, sites, target, k_star, power_label=power_label)
-    result.lm_validation = validation_bytes(data) if data.task == "lm" else None
+    result.target_accuracy, result.k_star = target, k_star
     result.runs.extend(sweep_runs)
     result.summaries.extend(sweep_summaries)
     if "static-optimal" in cfg.policies and k_star is not None:
@@ -271,6 +318,8 @@ def run_study(
                 s = summarise(run, rep, target, footprint)
                 s.policy = "static-optimal"
                 result.summaries.append(s)
+    if log is not None:
+        log.scored(result, result.summaries)
 
     # Phase 2: every other policy.
     context = PolicyContext(
@@ -285,8 +334,8 @@ def run_study(
             run = run_one(rep, policy, target)
             result.runs.append((rep, run))
             result.summaries.append(summarise(run, rep, target, footprint))
+            if log is not None:
+                log.scored(result, result.summaries[-1:])
 
     result.wall_seconds = time.perf_counter() - started
-    result.cache_hits = sum(e.cache.hits for e in emulators)
-    result.cache_misses = sum(e.cache.misses for e in emulators)
     return result

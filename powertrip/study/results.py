@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from powertrip.learning.lm_eval import bits_per_byte as lm_bits_per_byte
+from powertrip.rounds.loop import RunResult
 from powertrip.sites.profiles import site_id
 from powertrip.study.files import (
     data_label,
@@ -153,22 +156,41 @@ ROUND_FIELDS = (
 )
 
 
-def write_outputs(result: StudyResult, out_dir: Path) -> dict[str, Path]:
-    """results.csv (policy x repeat), rounds.csv (every round), summary.json (table + config).
-    An LM's runs also report bits per byte (final, per round) and its rounds perplexity."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+def result_fields(result: StudyResult) -> list[str]:
+    return [*RESULT_FIELDS, "final_bits_per_byte"] if result.lm_validation else RESULT_FIELDS
+
+
+def round_fields(result: StudyResult) -> list[str]:
     lm = result.config.workload == "lm"  # an LM's rounds also report perplexity = exp(loss)
     bpb = result.lm_validation is not None
+    return [*ROUND_FIELDS, *(["perplexity"] if lm else []), *(["bits_per_byte"] if bpb else [])]
+
+
+def _replaced(path: Path, write: Any) -> Path:
+    """``write(tmp)`` then rename over ``path``: a reader (or a crash) sees the old table or
+    the new one, never half of one."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    write(tmp)
+    os.replace(tmp, path)
+    return path
+
+
+def write_outputs(result: StudyResult, out_dir: Path) -> dict[str, Path]:
+    """results.csv (policy x repeat), rounds.csv (every round), summary.json (table + config).
+    An LM's runs also report bits per byte (final, per round) and its rounds perplexity. The
+    tables replace the ones a ``StudyLog`` grew run by run, rows in the study's order."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lm = result.config.workload == "lm"
     paths = {
-        "results": write_csv(
+        "results": _replaced(
             out_dir / "results.csv",
-            [*RESULT_FIELDS, "final_bits_per_byte"] if bpb else RESULT_FIELDS,
-            (_result_row(result, s) for s in result.summaries),
+            lambda p: write_csv(
+                p, result_fields(result), (result_row(result, s) for s in result.summaries)
+            ),
         ),
-        "rounds": write_csv(
+        "rounds": _replaced(
             out_dir / "rounds.csv",
-            (*ROUND_FIELDS, *(["perplexity"] if lm else []), *(["bits_per_byte"] if bpb else [])),
-            _round_lines(result, lm),
+            lambda p: write_csv(p, round_fields(result), _round_lines(result, lm)),
         ),
     }
     summary = {
@@ -192,7 +214,7 @@ def write_outputs(result: StudyResult, out_dir: Path) -> dict[str, Path]:
     return paths
 
 
-def _result_row(result: StudyResult, s: RunSummary) -> dict[str, object]:
+def result_row(result: StudyResult, s: RunSummary) -> dict[str, object]:
     tta = s.time_to_accuracy_s
     return {
         "policy": s.policy,
@@ -259,18 +281,24 @@ def _lm_quality(result: StudyResult) -> list[dict[str, object]]:
 
 def _round_lines(result: StudyResult, lm: bool) -> Iterator[list[object]]:
     for rep, run in result.runs:
-        for r in run.rounds:
-            bpb = bits_per_byte(result, r.loss)
-            yield [
-                run.policy,
-                rep,
-                r.round,
-                f"{r.time_s:.3f}",
-                f"{r.duration_s:.3f}",
-                r.sites,
-                f"{r.accuracy:.4f}",
-                f"{r.loss:.4f}",
-                " ".join(site_id(s) for s in r.selected),
-                *([f"{math.exp(r.loss):.4f}"] if lm else []),
-                *([] if bpb is None else [f"{bpb:.4f}"]),
-            ]
+        yield from run_round_lines(result, rep, run, lm)
+
+
+def run_round_lines(
+    result: StudyResult, rep: int, run: RunResult, lm: bool
+) -> Iterator[list[object]]:
+    for r in run.rounds:
+        bpb = bits_per_byte(result, r.loss)
+        yield [
+            run.policy,
+            rep,
+            r.round,
+            f"{r.time_s:.3f}",
+            f"{r.duration_s:.3f}",
+            r.sites,
+            f"{r.accuracy:.4f}",
+            f"{r.loss:.4f}",
+            " ".join(site_id(s) for s in r.selected),
+            *([f"{math.exp(r.loss):.4f}"] if lm else []),
+            *([] if bpb is None else [f"{bpb:.4f}"]),
+        ]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.table import Table
@@ -22,6 +23,9 @@ from powertrip.services.cli.model_options import CURTAIL_FLAGS, curtail_options
 from powertrip.services.cli.optimizer_options import optimizer_options
 from powertrip.services.cli.study_command import StudyRun, study_options
 from powertrip.services.cli.study_progress import CurtailProgress
+
+if TYPE_CHECKING:
+    from powertrip.study.record import StudyRecord
 
 
 @click.command()
@@ -41,10 +45,14 @@ def curtail(study: StudyRun, **options: object) -> None:
         f"[bold]powertrip curtail[/] preset={cfg.name} policies={','.join(cfg.policies)} "
         f"carbon={cfg.carbon_trace_path or 'synthetic'}"
     )
-    study.run(cfg.name, banner, lambda out_dir: _run(cfg, out_dir, study.plots, study.device))
+    study.run(
+        cfg, banner, lambda out_dir, kept: _run(cfg, out_dir, study.plots, study.device, kept)
+    )
 
 
-def _run(cfg: CurtailmentConfig, out_dir: Path, plots: bool, device: str) -> None:
+def _run(
+    cfg: CurtailmentConfig, out_dir: Path, plots: bool, device: str, kept: StudyRecord
+) -> None:
     from powertrip.learning.datasets import DatasetError
     from powertrip.study.curtailment import run_curtailment_study
     from powertrip.study.curtailment_plots import write_curtailment_plots
@@ -54,7 +62,7 @@ def _run(cfg: CurtailmentConfig, out_dir: Path, plots: bool, device: str) -> Non
     try:  # per round with an ETA on a terminal, rate-limited lines elsewhere (study_progress.py)
         with CurtailProgress(err) as shown:
             study = run_curtailment_study(
-                cfg, progress=shown.run, device=device, on_round=shown.round
+                cfg, progress=shown.run, device=device, on_round=shown.round, record=kept
             )
     except (TraceError, DatasetError) as exc:
         fail(str(exc))

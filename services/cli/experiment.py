@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.table import Table
@@ -14,6 +15,9 @@ from powertrip.services.cli.model_options import EXPERIMENT_FLAGS, experiment_op
 from powertrip.services.cli.optimizer_options import optimizer_options
 from powertrip.services.cli.study_command import StudyRun, study_options
 from powertrip.services.cli.study_progress import StudyProgress
+
+if TYPE_CHECKING:
+    from powertrip.study.record import StudyRecord
 
 
 @click.command()
@@ -38,19 +42,27 @@ def experiment(study: StudyRun, **options: object) -> None:
         f"sites={cfg.num_sites} policies={','.join(cfg.policies)} repeats={cfg.repeats}"
     )
     study.run(
-        cfg.name, banner, lambda out_dir: _run_experiment(cfg, out_dir, study.plots, study.device)
+        cfg,
+        banner,
+        lambda out_dir, record: _run_experiment(cfg, out_dir, study.plots, study.device, record),
     )
 
 
-def _run_experiment(cfg: ExperimentConfig, out_dir: Path, plots: bool, device: str) -> None:
+def _run_experiment(
+    cfg: ExperimentConfig, out_dir: Path, plots: bool, device: str, record: StudyRecord
+) -> None:
     from powertrip.learning.datasets import DatasetError
     from powertrip.study.plots import write_plots
     from powertrip.study.powertrip import run_study
     from powertrip.study.results import write_outputs
+    from powertrip.study.run_log import StudyLog
 
+    log = StudyLog(record, out_dir)  # each run kept as it finishes; a resume reads them back
     try:  # per round with an ETA on a terminal, a line per run elsewhere (study_progress.py)
         with StudyProgress(err, cfg.max_rounds) as shown:
-            result = run_study(cfg, progress=shown.run, on_round=shown.round, device=device)
+            result = run_study(
+                cfg, progress=shown.run, on_round=shown.round, device=device, log=log
+            )
     except DatasetError as exc:
         fail(f"dataset: {exc}")
     except ValueError as exc:  # a configuration the data cannot satisfy (e.g. natural split)

@@ -1,15 +1,16 @@
 """What the study commands (``powertrip experiment``, ``powertrip curtail``) share around their
-own settings: the options that choose the preset, the output folder, the figures, the TensorBoard
-export, torch's threads and the device, and the steps around the study itself, so both read and
-run alike."""
+own settings: the options that choose the preset, the output folder, resuming, the figures, the
+TensorBoard export, torch's threads and the device, and the steps around the study itself, so
+both read and run alike."""
 
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -17,10 +18,15 @@ from powertrip.services.cli.common import (
     OutputDir,
     device_option,
     err,
+    fail,
     preset_option,
     require_output,
 )
 from powertrip.services.cli.export import require_tensorboard, tensorboard_option, write_tensorboard
+
+if TYPE_CHECKING:
+    from powertrip.config.experiment import RunConfig
+    from powertrip.study.record import StudyRecord
 
 
 @dataclass(frozen=True)
@@ -29,25 +35,67 @@ class StudyRun:
 
     preset: str
     output: Path | None
+    resume: bool
     plots: bool
     tensorboard: Path | None
     threads: int | None
     device: str
 
-    def run(self, name: str, banner: str, study: Callable[[Path], None]) -> None:
-        """Run ``study`` (configured, checked) into its output folder (``--output``, or
-        results/``name`` when that is free), said first on stderr (``banner``: the command and
-        what it runs): a missing TensorBoard ends the command before the run, the export
-        follows it."""
-        out_dir = self.output or require_output(Path("results") / name)
+    def run(
+        self,
+        config: RunConfig,
+        banner: str,
+        study: Callable[[Path, StudyRecord], None],
+    ) -> None:
+        """Run ``study`` of ``config`` (configured, checked; its ``name`` is the preset's) into
+        its output folder (``--output``, or results/<name> when that is free), said first on
+        stderr (``banner``: the command and what it runs). The study records each run there as
+        it finishes (``StudyRecord``); with ``--resume`` it continues the record the folder
+        holds. A missing TensorBoard ends the command before the run, the export follows it,
+        and the record is marked complete once every output is written."""
+        out_dir = self.output or require_output(Path("results") / config.name)
         require_tensorboard(self.tensorboard)
+        record = self._record(out_dir, config)
+        if record is None:
+            return
         if self.threads is not None:
             import torch
 
             torch.set_num_threads(self.threads)
         err.print(banner, highlight=False)
-        study(out_dir)
+        study(out_dir, record)
         write_tensorboard(out_dir, self.tensorboard)
+        record.finish()
+
+    def _record(self, out_dir: Path, config: RunConfig) -> StudyRecord | None:
+        """The folder's record of the study (new, or the one ``--resume`` continues); None,
+        said on stderr, when the study there is complete. Refused in one line when the folder
+        holds a study and ``--resume`` is off, or a study of another configuration."""
+        from powertrip.study.record import RECORD, RecordError, StudyRecord
+
+        kind = type(config).__name__
+        try:
+            record = StudyRecord.open(
+                out_dir, kind, json.loads(config.model_dump_json()), self.resume
+            )
+        except RecordError as exc:
+            hint = "" if self.resume else "; pass --resume to continue it, or choose another folder"
+            fail(f"--output {out_dir}: {exc}{hint}")
+        if record.complete:
+            err.print(
+                f"--resume: the study in {out_dir} is complete ({len(record)} runs recorded); "
+                "nothing to do",
+                highlight=False,
+            )
+            return None
+        if self.resume and record.created:
+            err.print(f"--resume: no study recorded in {out_dir} ({RECORD}): starting it")
+        elif self.resume:
+            err.print(
+                f"--resume: continuing the study in {out_dir}: {len(record)} runs recorded",
+                highlight=False,
+            )
+        return record
 
 
 def study_options(
@@ -55,7 +103,8 @@ def study_options(
     default: str,
     *settings: Callable[[Any], Any],
 ) -> Callable[[Callable[..., None]], Callable[..., None]]:
-    """The command's options in help order: ``--preset`` (of ``presets``), ``--output``, the
+    """The command's options in help order: ``--preset`` (of ``presets``), ``--output``,
+    ``--resume``, the
     command's own ``settings`` decorators, then ``--plots``, ``--tensorboard``, ``--threads`` and
     ``--device``. The command takes the shared ones as a ``StudyRun`` and its settings as
     ``**options``."""
@@ -67,6 +116,12 @@ def study_options(
             type=OutputDir(),
             default=None,
             help="Output folder (default: results/<preset>).",
+        ),
+        click.option(
+            "--resume",
+            is_flag=True,
+            help="Continue the interrupted study in the output folder: the runs it recorded "
+            "are read back, the rest run. Refused when the folder holds another configuration.",
         ),
         *settings,
         click.option(
