@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from powertrip.codecs.base import Codec, Payload
-from powertrip.learning.shards import shard_rows
 
 if TYPE_CHECKING:  # the book loads torch; listing or building a codec does not
     from powertrip.learning.state_book import RoundKey, SiteStateBook
@@ -207,6 +206,8 @@ class ErrorFeedback:
 
 def _rows(d: np.ndarray, count: int, index: int) -> slice | EllipsisType | None:
     """The index of shard ``index`` of ``count`` in ``d`` (None: not in that shard)."""
+    from powertrip.learning.shards import shard_rows  # listing codecs (--help) needs no learning
+
     if np.ndim(d) == 0:
         return ... if index == 0 else None
     lo, hi = shard_rows(np.shape(d)[0], count, index)

@@ -14,16 +14,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import grpc
-
-from powertrip.services.cli.certs import mint_cluster, tls_env
 from powertrip.services.cli.netns_topology import Topology
 from powertrip.services.cli.service_process import LaunchError, Service, start_service
 from powertrip.services.common.config import ServiceConfig, load_config
-from powertrip.services.common.grpc_client import make_channel
-from powertrip.services.common.identity import AGGREGATOR
-from powertrip.v1 import aggregator_pb2, aggregator_pb2_grpc
+from powertrip.services.common.ids import AGGREGATOR
+from powertrip.v1 import aggregator_pb2
+
+if TYPE_CHECKING:  # gRPC loads when the cluster is first asked for its status, not for --help
+    import grpc
 
 __all__ = ["ClusterPlan", "LaunchError", "LocalCluster", "Service"]
 
@@ -117,6 +117,8 @@ class LocalCluster:
         if tls is None:
             env["POWERTRIP_INSECURE"] = "1"
         elif tls_name is not None:
+            from powertrip.services.cli.certs import tls_env  # cryptography: when used
+
             env.update(tls_env(tls, tls_name))
         env.update(self.plan.extra_env)
         return env
@@ -144,6 +146,8 @@ class LocalCluster:
         # across namespaces: gRPC and /metrics on the links (metrics is loopback by default)
         bind = {"bind_host": "0.0.0.0", "metrics_addr": "0.0.0.0"} if hub_ns else {}
         if p.tls_path is not None:  # peers are verified by identity name, not by address
+            from powertrip.services.cli.certs import mint_cluster  # cryptography: when used
+
             mint_cluster(p.tls_path, p.worker_ids)
         prof_env = self._env("profiler", **bind)
         prof = self._held(
@@ -220,6 +224,8 @@ class LocalCluster:
     ) -> aggregator_pb2.GetStatusResponse:
         """The run's status with every round held past ``after_round``, read page by page
         (GetStatus returns at most 1000 per reply): the last reply, all the pages' rounds."""
+        from powertrip.v1 import aggregator_pb2_grpc
+
         if self._channel is None:
             self._channel = self.operator_channel(self.aggregator.grpc_addr)
         stub = aggregator_pb2_grpc.AggregatorServiceStub(self._channel)
@@ -238,6 +244,11 @@ class LocalCluster:
     def operator_channel(self, address: str, server: str = AGGREGATOR) -> grpc.Channel:
         """mTLS as ``operator`` to the service that must prove it is ``server``, or plaintext
         when the cluster runs insecure."""
+        import grpc
+
+        from powertrip.services.cli.certs import tls_env
+        from powertrip.services.common.grpc_client import make_channel
+
         if self.plan.tls_path is None:
             return grpc.insecure_channel(address)
         cfg = load_config(ServiceConfig, tls_env(self.plan.tls_path, "operator"))
