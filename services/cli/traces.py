@@ -6,23 +6,17 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
-import numpy as np
 from rich.table import Table
 
 from powertrip.config.carbon import HOLD_S, THRESHOLD
 from powertrip.services.cli.common import err, fail, out
-from powertrip.traces.carbon import (
-    CarbonTrace,
-    carbon_format,
-    curtailment_windows,
-    read_carbon_trace,
-    synthetic_carbon_trace,
-)
-from powertrip.traces.io import TraceError, read_header
-from powertrip.traces.power import PowerTrace, is_power_header, read_power_trace
-from powertrip.traces.synthetic import synthetic_power_trace
+
+if TYPE_CHECKING:  # the readers (numpy) load when a file is read, not for --help
+    from powertrip.traces.carbon import CarbonTrace
+    from powertrip.traces.power import PowerTrace
 
 HOURS = 3600.0
 DAYS = 86_400.0
@@ -30,6 +24,10 @@ DAYS = 86_400.0
 
 def sniff_kind(path: Path) -> str:
     """Power or carbon, from the header of the file (or of a directory's first trace file)."""
+    from powertrip.traces.carbon import carbon_format
+    from powertrip.traces.io import TraceError, read_header
+    from powertrip.traces.power import is_power_header
+
     if path.is_dir():
         files = sorted(q for q in path.iterdir() if q.name.endswith((".csv", ".csv.gz")))
         if not files:
@@ -66,6 +64,8 @@ def power_summary(trace: PowerTrace) -> dict[str, object]:
 
 
 def carbon_summary(trace: CarbonTrace, threshold: float, hold_s: float) -> dict[str, object]:
+    from powertrip.traces.carbon import curtailment_windows
+
     windows = curtailment_windows(trace, threshold, hold_s)
     regions = []
     for i, name in enumerate(trace.regions):
@@ -79,7 +79,7 @@ def carbon_summary(trace: CarbonTrace, threshold: float, hold_s: float) -> dict[
                 "mean": round(float(v.mean()), 2),
                 "min": round(float(v.min()), 2),
                 "max": round(float(v.max()), 2),
-                "below_threshold_share": round(float(np.mean(v < threshold)), 4),
+                "below_threshold_share": round(float((v < threshold).mean()), 4),
                 "curtailed_hours": round(sum(b - a for a, b in win) / HOURS, 3),
                 "windows": [[round(a, 1), round(b, 1)] for a, b in win],
             }
@@ -182,6 +182,8 @@ def plot_carbon(traces: list[CarbonTrace], path: Path, threshold: float, hold_s:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from powertrip.traces.carbon import curtailment_windows
+
     rows = sum(len(t.regions) for t in traces)
     fig, axes = plt.subplots(rows, 1, figsize=(10, 1.8 * rows + 0.6), sharex=False, squeeze=False)
     ax_iter = iter(axes[:, 0])
@@ -258,6 +260,11 @@ def traces(
     PATHS are power files or directories of them (Google powerdata_2019 CSV or .csv.gz, or its
     reduced exports), or carbon-intensity files (WattTime-style or Electricity Maps CSV).
     """
+    from powertrip.traces.carbon import read_carbon_trace, synthetic_carbon_trace
+    from powertrip.traces.io import TraceError
+    from powertrip.traces.power import read_power_trace
+    from powertrip.traces.synthetic import synthetic_power_trace
+
     if synthetic == bool(paths):
         fail("give trace files, or --synthetic for the embedded trace (not both)")
     try:

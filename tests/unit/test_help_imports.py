@@ -37,10 +37,10 @@ NEVER = (
     "powertrip.integrations",
 )
 #: loaded only by the help that needs it: numpy for the commands whose help lists the policy and
-#: codec registries (their names are known by importing them) or reads traces; cryptography for
-#: ``certs`` (the module is the cluster's PKI)
+#: codec registries (their names are known by importing them); cryptography for ``certs`` (the
+#: module is the cluster's PKI)
 NEEDS = {
-    "numpy": {"experiment", "curtail", "up", "traces"},
+    "numpy": {"experiment", "curtail", "up"},
     "cryptography": {"certs"},
 }
 
