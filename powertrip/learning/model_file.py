@@ -48,6 +48,7 @@ __all__ = [
     "ModelSpec",
     "StateLayout",
     "card_path",
+    "final_state",
     "load_model",
     "model_card",
     "read_model",
@@ -168,7 +169,7 @@ class ModelCard:
 
 def model_card(
     settings: RunSettings,
-    data: Dataset,
+    data: Dataset | ModelSpec,
     *,
     round: int = 0,  # noqa: A002 - the card's field
     accuracy: float | None = None,
@@ -177,7 +178,7 @@ def model_card(
     repeat: int | None = None,
     source: str = "",
 ) -> ModelCard:
-    """The card of a model of the run ``settings`` over ``data``."""
+    """The card of a model of the run ``settings`` over ``data`` (or its ``ModelSpec``)."""
     from powertrip.config.curtailment import CurtailmentConfig
 
     study: Study = "curtailment" if isinstance(settings, CurtailmentConfig) else "experiment"
@@ -185,7 +186,7 @@ def model_card(
         workload=settings.workload,
         study=study,
         config=json.loads(settings.model_dump_json()),
-        model=ModelSpec.of(data),
+        model=data if isinstance(data, ModelSpec) else ModelSpec.of(data),
         round=round,
         accuracy=accuracy,
         loss=loss,
@@ -242,6 +243,14 @@ class StateLayout:
             name: self.fixed[name] if name in self.fixed else params[source]
             for name, source in self.sources.items()
         }
+
+
+def final_state(model: nn.Module, params: Mapping[str, torch.Tensor]) -> dict[str, NDArray]:
+    """``model``'s whole ``state_dict`` as host arrays holding ``params`` (a run's global model,
+    as ``get_params`` names it) where the run averages: what a model file holds."""
+    from powertrip.learning.device import to_numpy
+
+    return StateLayout(model, params).full(to_numpy(params, copy=True))
 
 
 # -- writing -----------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import torch
+from numpy.typing import NDArray
 
 from powertrip.config.curtailment import CurtailmentConfig
 from powertrip.curtailment.availability import (
@@ -36,6 +37,7 @@ from powertrip.curtailment.run_model import ElasticRun, ElasticSite
 from powertrip.curtailment.sites import build_sites, load_carbon
 from powertrip.curtailment.wall_clock import WallClockRounds
 from powertrip.federation import StreamSetup, load_workload
+from powertrip.learning.model_file import final_state
 from powertrip.selection.base import SelectAll, SelectionPolicy
 from powertrip.selection.registry import PolicyContext, build_policy
 from powertrip.study.curtailment_record import elastic_run_from_json, elastic_run_json
@@ -102,13 +104,15 @@ def run_curtailment_study(
     device: torch.device | str = "auto",
     on_round: Callable[[str, ElasticRun], None] | None = None,
     record: StudyRecord | None = None,
+    on_model: Callable[[str, ElasticRun, dict[str, NDArray]], None] | None = None,
 ):
     """Every policy and baseline of ``cfg``; ``device`` is where the sites train (an execution
     setting, not part of ``cfg``). ``progress(done, total, name)`` as each run starts and once
     at the end; ``on_round(name, run)`` after each round of every run (runs are sequential).
     ``record``: each run is recorded there as it finishes, and a run it holds is read back
     instead of run again (a resumed study: every run starts from the same model and stream, so
-    none depends on another)."""
+    none depends on another). ``on_model(name, run, state)``: each run's final model (its
+    ``state_dict`` as host arrays) as the run finishes; a run read back has none."""
     started = time.perf_counter()
     trace = load_carbon(cfg)
     sites = build_sites(cfg, trace)
@@ -148,8 +152,11 @@ def run_curtailment_study(
             engine = build_engine(cfg, members, avail, rounds, trace, horizon)
             cursor = ShardCursor(total_rows, cfg.num_shards)
             each = None if on_round is None else (lambda r, name=name: on_round(name, r))
-            run = engine.run(policy, learning.learner(), cursor, cfg.seed, on_round=each)
+            learner = learning.learner()
+            run = engine.run(policy, learner, cursor, cfg.seed, on_round=each)
             run.policy = name
+            if on_model is not None:
+                on_model(name, run, final_state(learning.trainer.model, learner.params))
             if record is not None:
                 record.add(name, elastic_run_json(run))
         energy = account(run.power_logs, trace, cfg.threshold)

@@ -57,12 +57,19 @@ def _run(
     from powertrip.study.curtailment import run_curtailment_study
     from powertrip.study.curtailment_plots import write_curtailment_plots
     from powertrip.study.curtailment_report import write_curtailment_outputs
+    from powertrip.study.models import RunModels
     from powertrip.traces.io import TraceError
 
+    models = RunModels(cfg, out_dir, "curtail")  # each run's final model, as it finishes
     try:  # per round with an ETA on a terminal, rate-limited lines elsewhere (study_progress.py)
         with CurtailProgress(err) as shown:
             study = run_curtailment_study(
-                cfg, progress=shown.run, device=device, on_round=shown.round, record=kept
+                cfg,
+                progress=shown.run,
+                device=device,
+                on_round=shown.round,
+                record=kept,
+                on_model=models.write_elastic,
             )
     except (TraceError, DatasetError) as exc:
         fail(str(exc))
@@ -74,6 +81,7 @@ def _run(
     out.print("outputs: " + "  ".join(str(p) for p in paths.values()), highlight=False)
     if pngs:
         out.print("plots: " + "  ".join(str(p) for p in pngs), highlight=False)
+    out.print(f"models: {models.directory}", highlight=False)
 
 
 def _print_table(study) -> None:  # noqa: ANN001 - CurtailmentStudy, imported lazily

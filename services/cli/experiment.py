@@ -52,12 +52,15 @@ def _run_experiment(
     cfg: ExperimentConfig, out_dir: Path, plots: bool, device: str, record: StudyRecord
 ) -> None:
     from powertrip.learning.datasets import DatasetError
+    from powertrip.study.models import ModelLog, RunModels
     from powertrip.study.plots import write_plots
     from powertrip.study.powertrip import run_study
     from powertrip.study.results import write_outputs
     from powertrip.study.run_log import StudyLog
 
-    log = StudyLog(record, out_dir)  # each run kept as it finishes; a resume reads them back
+    models = RunModels(cfg, out_dir, "experiment")  # each policy's final model, as well
+    # each run kept as it finishes; a resume reads them back
+    log = ModelLog(models, cfg.policies, StudyLog(record, out_dir))
     try:  # per round with an ETA on a terminal, a line per run elsewhere (study_progress.py)
         with StudyProgress(err, cfg.max_rounds) as shown:
             result = run_study(
@@ -76,6 +79,7 @@ def _run_experiment(
     )
     if pngs:
         out.print("plots: " + "  ".join(str(p) for p in pngs), highlight=False)
+    out.print(f"models: {models.directory}", highlight=False)
 
 
 def _print_table(result) -> None:  # noqa: ANN001 - StudyResult, imported lazily

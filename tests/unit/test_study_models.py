@@ -1,0 +1,45 @@
+"""A study keeps the final model of each policy's run, as a model file per policy and repeat
+(powertrip/study/models.py), written as the run finishes."""
+
+from __future__ import annotations
+
+import torch
+
+from powertrip.config.experiment import build_config
+from powertrip.learning.model_file import load_model, read_model_card
+from powertrip.study.models import MODELS_DIR, ModelLog, RunModels
+from powertrip.study.powertrip import run_study
+
+
+def test_each_policys_final_model_is_written_and_static_optimal_is_the_sweeps_k_star(tmp_path):
+    cfg = build_config(
+        "quick",
+        num_sites=6,
+        num_samples=600,
+        static_sweep=(3, 6),
+        policies=("powertrip", "static-optimal"),
+        max_rounds=3,
+        target_accuracy=0.99,
+    )
+    log = ModelLog(RunModels(cfg, tmp_path, "experiment"), cfg.policies)
+
+    result = run_study(cfg, device="cpu", keep_models=True, log=log)
+
+    models = tmp_path / MODELS_DIR
+    assert sorted(p.name for p in models.iterdir()) == [
+        "powertrip-repeat-0.json",
+        "powertrip-repeat-0.safetensors",
+        "static-optimal-repeat-0.json",
+        "static-optimal-repeat-0.safetensors",
+    ]
+    for policy in ("powertrip", "static-optimal"):
+        path = models / f"{policy}-repeat-0.safetensors"
+        kept = result.model(policy, 0)
+        loaded = load_model(path).state_dict()
+        assert all(torch.equal(loaded[k], kept[k]) for k in kept)
+        card = read_model_card(path)
+        summary = next(s for s in result.summaries if s.policy == policy)
+        assert (card.round, card.accuracy) == (summary.rounds_run, summary.final_accuracy)
+    assert (
+        read_model_card(models / "static-optimal-repeat-0.json").policy == f"static-{result.k_star}"
+    )
