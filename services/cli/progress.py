@@ -118,10 +118,11 @@ class Step:
             self.task = view.bar.add_task(description, total=total, eta="")
 
     def eta_s(self) -> float | None:
-        """Seconds left at the average pace so far; None before any unit is done."""
-        if not self.done or self.total is None:
-            return None
+        """Seconds left at the average pace so far; None before there is a pace (no unit done,
+        or no time gone)."""
         elapsed = self.view.clock() - self.started
+        if not self.done or self.total is None or elapsed <= 0:
+            return None
         return elapsed / self.done * max(self.total - self.done, 0)
 
     def update(

@@ -104,6 +104,8 @@ class RunsProgress:
             left = "" if eta is None or done == total else f", eta {format_seconds(eta)}"
             self.view.line(f"[{done}/{total}] {label} done ({elapsed}{left})", always=True)
         self._show()
+        if self.view.bar is not None:  # a frame per run at least, however fast its rounds
+            self.view.bar.refresh()
 
     def _advance(self, used: int, detail: str) -> None:
         """A round of the current run ended: ``used`` of its budget, ``detail`` says where."""

@@ -5,7 +5,8 @@ the cluster it started."""
 from __future__ import annotations
 
 import csv
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Self
 
@@ -24,8 +25,14 @@ class RoundsProgress:
     rounds (by number: its history is bounded), so a round is shown once however often it is
     polled."""
 
-    def __init__(self, console: Console, max_rounds: int | None, every_s: float = EVERY_S):
-        self.view = ProgressView(console, every_s)
+    def __init__(
+        self,
+        console: Console,
+        max_rounds: int | None,
+        every_s: float = EVERY_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.view = ProgressView(console, every_s, clock)
         self.max_rounds = max_rounds
         self.step = self.view.step("waiting for the first round", max_rounds)
         self.last: aggregator_pb2.RoundSummary | None = None

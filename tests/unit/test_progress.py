@@ -152,3 +152,46 @@ def test_on_a_terminal_each_step_is_a_bar_with_its_eta():
         view.bar.refresh()
     assert "fsdd: reading clips" in buffer.getvalue()
     assert "eta 1 min 30 s" in buffer.getvalue() and "25%" in buffer.getvalue()
+
+
+def _status(rounds: range, state: int = 1) -> object:
+    from powertrip.v1 import aggregator_pb2
+
+    summaries = [
+        aggregator_pb2.RoundSummary(
+            round=r,
+            clock_seconds=60.0 * r,
+            accuracy=0.1 * r,
+            contributions=3,
+            selected_site_ids=["site-0", "site-1", "site-2"],
+            outcome="completed",
+        )
+        for r in rounds
+    ]
+    return aggregator_pb2.GetStatusResponse(
+        state=state, round=max(rounds, default=0), rounds=summaries
+    )
+
+
+def test_up_shows_each_reported_round_once_at_a_bounded_rate_and_the_last():
+    """``powertrip up`` polls the aggregator five times a second; the status holds the latest
+    rounds, so one round arrives in many polls and many rounds in one."""
+    from powertrip.services.cli.up_outputs import RoundsProgress
+    from powertrip.v1 import aggregator_pb2
+
+    clock = FakeClock()
+    buffer = io.StringIO()
+    with RoundsProgress(Console(file=buffer, width=200), 80, 10.0, clock) as show:
+        for last in range(1, 41):  # 40 rounds, 1 s each, every round polled twice
+            for _ in range(2):
+                show(_status(range(max(1, last - 5), last + 1)))
+            clock.now += 1.0
+        show(_status(range(36, 41), aggregator_pb2.RUN_STATE_DONE))
+
+    lines = buffer.getvalue().splitlines()
+    shown = [int(line.split("round ")[1].split("/")[0]) for line in lines]
+    assert shown == [1, 11, 21, 31, 40]  # the first at once, one every 10 s, the last
+    assert lines[0] == (
+        "training: round 1/80, 3 sites, 3 updates, accuracy 0.1000, clock 1 min 00 s (0 s)"
+    )
+    assert lines[1].endswith("(10 s, eta 1 min 03 s)")  # 11 rounds in 10 s, 69 to go
