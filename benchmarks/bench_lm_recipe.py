@@ -24,10 +24,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from powertrip.fetch import entry_path, get
 from powertrip.learning.gpt import GPT, GPTShape
 from powertrip.learning.lm_eval import LMEval, evaluate_lm
 
-DATA = Path(__file__).resolve().parents[2] / "shared/data/datasets/tinyshakespeare/input.txt"
+DATA = entry_path(get("tinyshakespeare"))  # after `powertrip data fetch tinyshakespeare`
 SHAPE = GPTShape(n_layer=4, n_head=4, d_model=128, context_length=64)
 BASE_STEPS, BASE_BATCH = 2000, 12  # nanoGPT's shakespeare-char CPU budget
 

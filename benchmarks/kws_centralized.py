@@ -7,7 +7,7 @@ the workload's default lr and batch). One "round" here is one epoch over all cli
 what a select-all federated round trains in total, so the two are compared per epoch budget.
 
     .venv/bin/python benchmarks/kws_centralized.py --workload fsdd \
-        --dataset-path ../shared/data/datasets/fsdd --epochs 11
+        --dataset-path "$(.venv/bin/powertrip data fetch fsdd)" --epochs 11
 """
 
 from __future__ import annotations

@@ -2,10 +2,9 @@
 into a per-user cache and checked against pinned SHA-256s. Torch-free: it imports no other
 part of the library."""
 
+from powertrip.fetch.download import FetchError, Progress
 from powertrip.fetch.fetch import (
     DATA_DIR_VARIABLE,
-    FetchError,
-    Progress,
     cached_path,
     data_dir,
     entry_path,
