@@ -39,6 +39,7 @@ def finished(tmp_path_factory):
         log_dir=out / "logs",
         checkpoint_dir=out / "checkpoints",
         tls_dir=out / "tls",
+        device="cpu",  # where the test scores the pulled model: the same arithmetic
     )
     with LocalCluster(plan) as cluster:
         cluster.start()
