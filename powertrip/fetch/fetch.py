@@ -127,12 +127,12 @@ def _fetch_one(
 
         with ThreadPoolExecutor(workers) as pool:
             futures = [pool.submit(obtain, f) for f in todo]
-            for future in futures:
-                try:
+            try:
+                for future in futures:
                     future.result()
-                except FetchError:
-                    pool.shutdown(cancel_futures=True)
-                    raise
+            except BaseException:  # a failure or Ctrl-C: start no more (verified files stay)
+                pool.shutdown(cancel_futures=True)
+                raise
     path = entry_path(ds, root)
     progress.end(ds, path, len(todo))
     return path

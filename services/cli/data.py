@@ -197,6 +197,8 @@ def fetch_command(
             paths = fetch(chosen, mirror=mirror, directory=directory, progress=_Lines())
     except FetchError as exc:
         _fail(str(exc), code=1)
+    except KeyboardInterrupt:
+        _fail("interrupted: the files verified so far are kept; the same command resumes", 130)
     for path in paths:
         click.echo(str(path))
 
