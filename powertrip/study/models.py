@@ -137,7 +137,9 @@ class ModelLog:
             return
         for path in sorted(aside.iterdir()):
             stem, _, repeat = path.stem.rpartition("-repeat-")
-            if stem == f"static-{result.k_star}":
+            if path.suffix not in (".safetensors", ".json"):  # a write a kill cut short
+                path.unlink()
+            elif stem == f"static-{result.k_star}":
                 target = model_name("static-optimal", int(repeat)) + path.suffix
                 path.replace(self.models.directory / target)
             else:

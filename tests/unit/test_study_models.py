@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 
 from powertrip.config.experiment import build_config
@@ -43,3 +45,24 @@ def test_each_policys_final_model_is_written_and_static_optimal_is_the_sweeps_k_
     assert (
         read_model_card(models / "static-optimal-repeat-0.json").policy == f"static-{result.k_star}"
     )
+
+
+def test_the_sweeps_models_become_static_optimal_whatever_a_kill_left_behind(tmp_path):
+    log = ModelLog(RunModels(build_config("quick"), tmp_path, "experiment"), ["static-optimal"])
+    aside = tmp_path / MODELS_DIR / ModelLog.SWEEP
+    aside.mkdir(parents=True)
+    for name in ("static-3-repeat-0", "static-6-repeat-0", "static-3-repeat-1"):
+        for suffix in (".safetensors", ".json"):
+            (aside / (name + suffix)).write_text(name)
+    (aside / "static-6-repeat-1.safetensors.tmp").write_text("cut short")
+
+    log.scored(SimpleNamespace(k_star=3), [])
+
+    models = tmp_path / MODELS_DIR
+    assert sorted(p.name for p in models.iterdir()) == [
+        "static-optimal-repeat-0.json",
+        "static-optimal-repeat-0.safetensors",
+        "static-optimal-repeat-1.json",
+        "static-optimal-repeat-1.safetensors",
+    ]
+    assert (models / "static-optimal-repeat-1.json").read_text() == "static-3-repeat-1"
