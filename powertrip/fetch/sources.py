@@ -119,6 +119,7 @@ DATASETS: tuple[DataSet, ...] = (
             "dos-group/vessim", "4ac4e54aab58246c0d7b70f6fa769485bea827b6", "datasets"
         )
         + "watttime2023_caiso-north.zip",
+        archive_sha256="63a44a9750237f0df147d1c037076fd42d88dfbf1d023bc13b7fb8bab2df4333",
         upstream={
             "watttime_caiso-north_2023-06-08_2023-07-08.csv": "watttime2023_caiso-north_actual.csv"
         },
