@@ -13,11 +13,14 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from powertrip.config.curtailment import build_curtail_config
+from powertrip.learning.model_file import read_model
 from powertrip.services.aggregator import checkpoint
 from powertrip.services.cli.launcher import ClusterPlan, LocalCluster
+from powertrip.services.cli.model import pull_model
 from powertrip.sites.profiles import site_id
 from powertrip.study.curtailment import run_curtailment_study
 from powertrip.v1 import aggregator_pb2
@@ -76,6 +79,19 @@ def test_the_run_completes_on_data_exhaustion(finished_run):
     assert status.state == aggregator_pb2.RUN_STATE_DONE, status.message
     assert status.policy == "curtailment" and "data used up" in status.message
     assert status.registered_sites == SITES
+
+
+def test_the_final_model_is_left_in_the_checkpoint_directory_and_served_alike(bench):
+    b, _ = bench
+    final, card = read_model(b.out / "golden" / "model.safetensors")
+    channel = b.cluster.operator_channel(b.cluster.aggregator.grpc_addr)
+    with channel:
+        served, served_card = pull_model(channel, 1 << 30, 60)
+
+    assert card.study == "curtailment"
+    assert (card.round, card.accuracy) == (b.golden.round, b.golden.accuracy)
+    assert served_card == card
+    assert all(np.array_equal(final[k], served[k]) for k in final)
 
 
 def test_rounds_sites_and_work_equal_the_emulators(finished_run, emulated):
