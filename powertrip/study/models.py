@@ -93,11 +93,11 @@ def _last(run: RunResult) -> tuple[int, float | None, float | None]:
 
 class ModelLog:
     """A ``run_study`` log (``powertrip.study.powertrip.RunLog``) that writes the final model of
-    each run of a policy the study names as the run finishes, then hands every call on to
-    ``inner`` (the output folder's log). ``static-optimal`` is the sweep's static-k* run: the
-    sweep's runs are written aside (``models/.sweep``) until k* is known, then k*'s becomes
-    ``static-optimal-repeat-R`` and the rest go. A run read back by a resume has no model: the
-    process that computed it wrote it."""
+    each run of a policy the study names as the run finishes, before it hands the run on to
+    ``inner`` (the output folder's log, which records it), so a run a resume reads back has its
+    model on disk already. ``static-optimal`` is the sweep's static-k* run: the sweep's runs are
+    written aside (``models/.sweep``) until k* is known, then k*'s becomes
+    ``static-optimal-repeat-R`` and the rest go."""
 
     SWEEP = ".sweep"
 
@@ -119,15 +119,15 @@ class ModelLog:
         cache: tuple[int, int],
         computed: bool,
     ) -> None:
+        # the model first: a run is on record only once its model is on disk
+        state = getattr(run, "model", None)  # an EmulatedRun's final state_dict
+        if computed and state is not None:
+            if run.policy in self.policies:
+                self.models.write(run.policy, state, *_last(run), repeat=repeat)
+            elif "static-optimal" in self.policies and run.policy.startswith("static-"):
+                self.models.write(run.policy, state, *_last(run), repeat=repeat, aside=self.SWEEP)
         if self.inner is not None:
             self.inner.finished(result, repeat, run, cache, computed)
-        state = getattr(run, "model", None)  # an EmulatedRun's final state_dict
-        if not computed or state is None:
-            return
-        if run.policy in self.policies:
-            self.models.write(run.policy, state, *_last(run), repeat=repeat)
-        elif "static-optimal" in self.policies and run.policy.startswith("static-"):
-            self.models.write(run.policy, state, *_last(run), repeat=repeat, aside=self.SWEEP)
 
     def scored(self, result: StudyResult, summaries: Sequence[RunSummary]) -> None:
         if self.inner is not None:

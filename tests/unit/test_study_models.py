@@ -8,7 +8,9 @@ from types import SimpleNamespace
 import torch
 
 from powertrip.config.experiment import build_config
-from powertrip.learning.model_file import load_model, read_model_card
+from powertrip.learning.custom import declared_workload
+from powertrip.learning.model_file import ModelSpec, load_model, read_model_card
+from powertrip.rounds.emulate import EmulatedRun
 from powertrip.study.models import MODELS_DIR, ModelLog, RunModels
 from powertrip.study.powertrip import run_study
 
@@ -66,3 +68,28 @@ def test_the_sweeps_models_become_static_optimal_whatever_a_kill_left_behind(tmp
         "static-optimal-repeat-1.safetensors",
     ]
     assert (models / "static-optimal-repeat-1.json").read_text() == "static-3-repeat-1"
+
+
+def test_a_runs_model_is_on_disk_before_the_run_is_on_record(tmp_path):
+    """A kill between the two leaves a run to compute again, never a recorded run whose model
+    a resume could not write."""
+    spec = ModelSpec("mnist1d", "image", 10, (1, 40), "float32")
+    model = declared_workload("mnist1d").build_model(spec.shape_only())
+    run = EmulatedRun("powertrip", 0, None, model=model.state_dict())
+    path = tmp_path / MODELS_DIR / "powertrip-repeat-0.safetensors"
+    on_disk_when_recorded = []
+
+    class Record:
+        def recorded(self, repeat, policy):
+            return None
+
+        def finished(self, result, repeat, run, cache, computed):
+            on_disk_when_recorded.append(path.exists())
+
+        def scored(self, result, summaries):
+            pass
+
+    models = RunModels(build_config("quick"), tmp_path, "experiment", spec)
+    ModelLog(models, ["powertrip"], Record()).finished(None, 0, run, (0, 0), computed=True)
+
+    assert on_disk_when_recorded == [True]
