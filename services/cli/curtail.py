@@ -34,7 +34,8 @@ def curtail(study: StudyRun, **options: object) -> None:
     """Curtailment-aware elastic training on an emulated clock (arXiv 2602.22760).
 
     Prints time, accuracy, energy and emissions per run and writes runs.csv, baselines.csv,
-    rounds.csv, availability.csv, modes.csv, summary.json and PNG plots.
+    rounds.csv, availability.csv, modes.csv, summary.json and PNG plots, and each run's final
+    model to models/ (load one with powertrip.load_model).
     """
     cfg = configured(
         lambda: build_curtail_config(study.preset, **options),

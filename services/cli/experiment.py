@@ -26,7 +26,8 @@ def experiment(study: StudyRun, **options: object) -> None:
     """Reproduce and extend the PowerTrip study on one machine with an emulated clock.
 
     Runs every policy x repeat over emulated sites, prints a time-to-accuracy table and writes
-    results.csv, rounds.csv, summary.json and PNG plots to the output folder.
+    results.csv, rounds.csv, summary.json and PNG plots to the output folder, and each
+    policy's final model to models/ (load one with powertrip.load_model).
     """
     greedy = {k: options.pop(k) for k in GreedyParams.model_fields}
     greedy = {k: v for k, v in greedy.items() if v is not None}
