@@ -5,7 +5,7 @@ Flower's FedAvg sampling (``TimedFedAvg``, ``fraction-train`` of the nodes at ra
 round) first, then PowerTrip (``PowerTripStrategy``). Both evaluate the global model centrally
 on the MNIST-1D test set after each round and end their run at the round that reaches
 ``target-accuracy``, so each one's emulated clock at that round is its time-to-accuracy. Every
-setting comes from the run config (pyproject.toml, ``flwr run . --run-config ...``).
+setting comes from the run config (pyproject.toml, ``powertrip flower run . --run-config ...``).
 """
 
 from __future__ import annotations
