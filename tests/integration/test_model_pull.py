@@ -74,6 +74,11 @@ def test_a_pulled_model_scores_what_the_aggregator_reported_for_its_round(finish
     cfg = card.settings()
     fed = build_federation(cfg, load_workload(cfg, seed=cfg.seed), cfg.seed, "cpu")
     accuracy, loss = fed.trainer.evaluate(get_params(model), fed.x_test, fed.y_test)
+    said = reported[card.round]
+    print(
+        f"round {card.round}: the aggregator reported accuracy {said.accuracy!r} loss "
+        f"{said.loss!r}; the pulled model scores accuracy {accuracy!r} loss {loss!r}"
+    )
     assert accuracy == reported[card.round].accuracy
     assert loss == pytest.approx(reported[card.round].loss, rel=1e-6)
 
