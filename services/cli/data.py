@@ -42,6 +42,10 @@ def _size(n: float) -> str:
     raise AssertionError("unreachable")
 
 
+def _files(n: int) -> str:
+    return f"{n} file" if n == 1 else f"{n} files"
+
+
 def _fail(message: str, code: int = 2) -> None:
     err.print(f"[bold red]error:[/] {escape(message)}")
     sys.exit(code)
@@ -73,7 +77,7 @@ class _Lines:
 
     def end(self, ds: DataSet, path: Path, downloaded: int) -> None:
         print(
-            f"{ds.name}: {len(ds.files)} files verified ({downloaded} fetched now) at {path}",
+            f"{ds.name}: {_files(len(ds.files))} verified ({downloaded} fetched now) at {path}",
             file=sys.stderr,
         )
 
@@ -154,7 +158,7 @@ def list_command(directory: Path | None) -> None:
             state = f"partly cached ({len(ds.files) - len(gone)} of {len(ds.files)} files)"
         else:
             state = "not cached"
-        click.echo(f"\n{ds.name}  {_size(ds.size)}, {len(ds.files)} files  {state}")
+        click.echo(f"\n{ds.name}  {_size(ds.size)}, {_files(len(ds.files))}  {state}")
         click.echo(f"  {ds.what}")
         click.echo(f"  license: {ds.license}")
         click.echo(f"  source: {ds.origin}")
