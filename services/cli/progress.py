@@ -75,9 +75,10 @@ class ProgressView:
         if self.bar is not None:
             self.bar.stop()
 
-    def step(self, description: str, total: int | None = None) -> Step:
-        """A new step (a bar of its own on a terminal); ``total`` None: not known yet."""
-        return Step(self, description, total)
+    def step(self, description: str, total: int | None = None, done: int = 0) -> Step:
+        """A new step (a bar of its own on a terminal), ``done`` units in; ``total`` None: not
+        known yet."""
+        return Step(self, description, total, done)
 
     def line(self, text: str, always: bool = False) -> None:
         """Off a terminal: print ``text`` unless a line was printed less than ``every_s`` ago
@@ -109,21 +110,28 @@ class ProgressView:
 class Step:
     """One thing being waited for: ``done`` of ``total`` units, since ``started``."""
 
-    def __init__(self, view: ProgressView, description: str, total: int | None) -> None:
+    def __init__(
+        self, view: ProgressView, description: str, total: int | None, done: int = 0
+    ) -> None:
         self.view, self.description, self.total = view, description, total
-        self.done, self.ended, self.detail = 0, False, ""
+        self.done, self.ended, self.detail = done, False, ""
         self.started = view.clock()
+        self.first = (self.started, done)  # the pace counts from here
         self.task: TaskID | None = None
         if view.bar is not None:
-            self.task = view.bar.add_task(description, total=total, eta="")
+            self.task = view.bar.add_task(description, total=total, completed=done, eta="")
 
     def eta_s(self) -> float | None:
-        """Seconds left at the average pace so far; None before there is a pace (no unit done,
-        or no time gone)."""
-        elapsed = self.view.clock() - self.started
-        if not self.done or self.total is None or elapsed <= 0:
+        """Seconds left at the average pace since the step began (one that begins part done,
+        like a run first seen at its first round, has no pace until its next unit); None
+        before there is one."""
+        if self.total is None:
             return None
-        return elapsed / self.done * max(self.total - self.done, 0)
+        at, done = self.first
+        elapsed, units = self.view.clock() - at, self.done - done
+        if units <= 0 or elapsed <= 0:
+            return None
+        return elapsed / units * max(self.total - self.done, 0)
 
     def update(
         self,

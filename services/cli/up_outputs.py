@@ -12,18 +12,19 @@ from typing import Self
 
 from rich.console import Console
 
-from powertrip.services.cli.progress import EVERY_S, ProgressView, format_seconds
+from powertrip.services.cli.progress import EVERY_S, ProgressView, Step, format_seconds
 from powertrip.services.cli.service_process import Service
 from powertrip.v1 import aggregator_pb2
 
 
 class RoundsProgress:
-    """``LocalCluster.wait_done``'s ``on_status``: the rounds the aggregator has reported, as
-    one step of ``max_rounds`` (None: a curtailment run, which ends when its data is used up),
-    on a terminal a bar with the ETA, elsewhere a line on the latest round at most every
-    ``every_s`` seconds (the first at once) and one on the last. The status holds the latest
-    rounds (by number: its history is bounded), so a round is shown once however often it is
-    polled."""
+    """``LocalCluster.wait_done``'s ``on_status``: what the aggregator reports, in two steps.
+    First the sites registering (their workers start and load their data: minutes for a large
+    data set), then the rounds, a step of ``max_rounds`` (None: a curtailment run, which ends
+    when its data is used up). On a terminal each is a bar with its ETA; elsewhere a line at
+    most every ``every_s`` seconds, the first of each step at once and its last. The status
+    holds the latest rounds (by number: its history is bounded), so a round is shown once
+    however often it is polled."""
 
     def __init__(
         self,
@@ -34,7 +35,8 @@ class RoundsProgress:
     ) -> None:
         self.view = ProgressView(console, every_s, clock)
         self.max_rounds = max_rounds
-        self.step = self.view.step("waiting for the first round", max_rounds)
+        self.joining: Step | None = None
+        self.training: Step | None = None  # from the first round: the pace is the rounds'
         self.last: aggregator_pb2.RoundSummary | None = None
 
     def __enter__(self) -> Self:
@@ -45,6 +47,8 @@ class RoundsProgress:
         self.view.__exit__(None, None, None)
 
     def __call__(self, st: aggregator_pb2.GetStatusResponse) -> None:
+        if self.training is None and st.expected_sites:
+            self._joining(st.registered_sites, st.expected_sites)
         newer = [r for r in st.rounds if self.last is None or r.round > self.last.round]
         if newer:
             self.last = newer[-1]
@@ -53,7 +57,20 @@ class RoundsProgress:
         if ended and self.last is not None:
             self._show(self.last, ended=True)
 
+    def _joining(self, registered: int, expected: int) -> None:
+        first = self.joining is None
+        if self.joining is None:
+            self.joining = self.view.step("sites registered", expected)
+        elif registered == self.joining.done or self.joining.ended:
+            return
+        self.joining.update(registered, expected, last=registered >= expected, always=first)
+
     def _show(self, r: aggregator_pb2.RoundSummary, ended: bool) -> None:
+        first = self.training is None
+        if self.training is None:
+            if self.joining is not None and not self.joining.ended:  # sites left on the way
+                self.joining.update(self.joining.done, last=True)
+            self.training = self.view.step("training", self.max_rounds, r.round)
         of = "" if self.max_rounds is None else f"/{self.max_rounds}"
         detail = (
             f"round {r.round}{of}, {len(r.selected_site_ids)} sites, {r.contributions} updates, "
@@ -62,10 +79,7 @@ class RoundsProgress:
         if r.outcome != "completed":
             detail += f", {r.outcome}"
         total = None if self.max_rounds is None else max(self.max_rounds, r.round)
-        first = self.step.description != "training"
-        self.step.update(
-            r.round, total, description="training", detail=detail, last=ended, always=first
-        )
+        self.training.update(r.round, total, detail=detail, last=ended, always=first)
 
 
 def write_rounds_csv(path: Path, policy: str, rounds: list[aggregator_pb2.RoundSummary]) -> None:

@@ -154,7 +154,7 @@ def test_on_a_terminal_each_step_is_a_bar_with_its_eta():
     assert "eta 1 min 30 s" in buffer.getvalue() and "25%" in buffer.getvalue()
 
 
-def _status(rounds: range, state: int = 1) -> object:
+def _status(rounds: range, state: int = 1, registered: int = 4) -> object:
     from powertrip.v1 import aggregator_pb2
 
     summaries = [
@@ -169,11 +169,15 @@ def _status(rounds: range, state: int = 1) -> object:
         for r in rounds
     ]
     return aggregator_pb2.GetStatusResponse(
-        state=state, round=max(rounds, default=0), rounds=summaries
+        state=state,
+        round=max(rounds, default=0),
+        rounds=summaries,
+        registered_sites=registered,
+        expected_sites=4,
     )
 
 
-def test_up_shows_each_reported_round_once_at_a_bounded_rate_and_the_last():
+def test_up_shows_the_sites_joining_then_each_round_once_at_a_bounded_rate_and_the_last():
     """``powertrip up`` polls the aggregator five times a second; the status holds the latest
     rounds, so one round arrives in many polls and many rounds in one."""
     from powertrip.services.cli.up_outputs import RoundsProgress
@@ -182,6 +186,9 @@ def test_up_shows_each_reported_round_once_at_a_bounded_rate_and_the_last():
     clock = FakeClock()
     buffer = io.StringIO()
     with RoundsProgress(Console(file=buffer, width=200), 80, 10.0, clock) as show:
+        for registered in (1, 2, 2, 4):  # the workers start and load their data
+            show(_status(range(0), registered=registered))
+            clock.now += 1.0
         for last in range(1, 41):  # 40 rounds, 1 s each, every round polled twice
             for _ in range(2):
                 show(_status(range(max(1, last - 5), last + 1)))
@@ -189,9 +196,29 @@ def test_up_shows_each_reported_round_once_at_a_bounded_rate_and_the_last():
         show(_status(range(36, 41), aggregator_pb2.RUN_STATE_DONE))
 
     lines = buffer.getvalue().splitlines()
-    shown = [int(line.split("round ")[1].split("/")[0]) for line in lines]
-    assert shown == [1, 11, 21, 31, 40]  # the first at once, one every 10 s, the last
-    assert lines[0] == (
+    assert lines[:2] == ["sites registered: 1/4 (0 s)", "sites registered: 4/4 (3 s)"]
+    assert lines[2] == (
         "training: round 1/80, 3 sites, 3 updates, accuracy 0.1000, clock 1 min 00 s (0 s)"
     )
-    assert lines[1].endswith("(10 s, eta 1 min 03 s)")  # 11 rounds in 10 s, 69 to go
+    shown = [int(line.split("round ")[1].split("/")[0]) for line in lines[2:]]
+    assert shown == [1, 11, 21, 31, 40]  # the first at once, one every 10 s, the last
+    assert lines[3].endswith("(10 s, eta 1 min 09 s)")  # rounds 2-11 in 10 s, 69 to go
+
+
+def test_up_on_a_terminal_draws_the_rounds_as_a_bar_with_the_eta():
+    from powertrip.services.cli.up_outputs import RoundsProgress
+
+    clock = FakeClock()
+    buffer = io.StringIO()
+    with RoundsProgress(
+        Console(file=buffer, force_terminal=True, width=200), 80, 10.0, clock
+    ) as show:
+        show(_status(range(0), registered=4))
+        show(_status(range(1, 2)))
+        clock.now += 30.0
+        show(_status(range(1, 21)))
+        assert show.view.bar is not None
+        training = show.view.bar.tasks[1]
+        assert training.description.startswith("training round 20/80, 3 sites")
+        assert (training.completed, training.total) == (20, 80)
+        assert training.fields["eta"] == "eta 1 min 35 s"  # rounds 2-20 in 30 s, 60 to go

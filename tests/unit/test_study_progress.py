@@ -131,11 +131,15 @@ def test_durations_read_in_the_largest_sensible_unit():
 
 
 def test_a_round_event_costs_microseconds_on_a_terminal():
+    """The cheapest of five batches (a loaded machine slows some, not all): a round updates a
+    counter and rich's task; drawing is rich's own thread's, four times a second."""
     console, _ = _console(True)
     with StudyProgress(console, max_rounds=1000) as shown:
         shown.run(0, 10, "powertrip (repeat 1/1)")
-        started = time.perf_counter()
-        for r in range(1, 1001):
-            shown.round("powertrip", 0, _record(r))
-        per_round = (time.perf_counter() - started) / 1000
-    assert per_round < 1e-3  # the quick preset's rounds take tens of milliseconds each
+        batches = []
+        for batch in range(5):
+            started = time.perf_counter()
+            for r in range(batch * 200 + 1, batch * 200 + 201):
+                shown.round("powertrip", 0, _record(r))
+            batches.append((time.perf_counter() - started) / 200)
+    assert min(batches) < 1e-3  # the quick preset's rounds take tens of milliseconds each
