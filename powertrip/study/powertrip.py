@@ -99,9 +99,6 @@ class RunLog(Protocol):
     """Where a study keeps each run as it finishes, and finds the runs an earlier process of the
     same study finished (``results.StudyLog``: the output folder's record and tables)."""
 
-    def start(self, result: StudyResult) -> None:
-        """The study begins (``result`` holds its sites and workload facts, no runs yet)."""
-
     def recorded(self, repeat: int, policy: str) -> tuple[RunResult, tuple[int, int]] | None:
         """A run finished before: the run and its trajectory-cache (hits, misses); else None."""
 
@@ -214,8 +211,6 @@ def run_study(
     # the result from the start (target and k* once the sweep fixes them), for the log's tables
     result = StudyResult(cfg, sites, math.nan, None, power_label=power_label)
     result.lm_validation = validation_bytes(data) if data.task == "lm" else None
-    if log is not None:
-        log.start(result)
 
     def tick(label: str) -> None:
         if progress is not None:

@@ -32,31 +32,48 @@ class StudyRecord:
     """The runs a study has recorded (``get``) and the way it records the next (``add``)."""
 
     def __init__(
-        self, path: Path, runs: dict[str, dict[str, Any]], complete: bool, created: bool
+        self,
+        path: Path,
+        runs: dict[str, dict[str, Any]],
+        complete: bool,
+        header: dict[str, Any] | None = None,
     ) -> None:
         self.path = path
         self._runs = runs
         self.complete = complete
-        #: True when this process started the record (nothing to resume)
-        self.created = created
+        #: a new record's first line, written with its first run (a study that fails before
+        #: finishing one leaves nothing behind)
+        self._header = header
+        #: how the process that started the record ran the study (``open``'s ``execution``)
+        self.execution: dict[str, Any] = {} if header is None else header["execution"]
+
+    @property
+    def created(self) -> bool:
+        """True when this process starts the record (there was nothing to resume)."""
+        return self._header is not None or (not self._runs and not self.complete)
 
     @classmethod
     def open(
-        cls, out_dir: Path, study: str, config: Mapping[str, Any], resume: bool
+        cls,
+        out_dir: Path,
+        study: str,
+        config: Mapping[str, Any],
+        resume: bool,
+        execution: Mapping[str, Any] | None = None,
     ) -> StudyRecord:
         """The record of ``study`` (its kind, e.g. "ExperimentConfig") with ``config`` (its
         JSON dump) in ``out_dir``: a new one when the folder holds none (or one of no run,
         which this one replaces); the one there when ``resume``. RecordError when the folder
         holds a record and ``resume`` is off, or when the record there is another kind of
-        study, another configuration or damaged."""
+        study, another configuration or damaged. ``execution``: how this process runs it
+        (threads, device: not the study's identity, but floats can differ in their last digits
+        between them), kept in the header as ``execution``."""
         path = out_dir / RECORD
         if path.exists() and _empty(path):  # a study that ended before its first run
             path.unlink()
         if not path.exists():
-            out_dir.mkdir(parents=True, exist_ok=True)
-            header = {"study": study, "format": FORMAT, "config": config}
-            _create(path, _line(header))
-            return cls(path, {}, False, True)
+            header = {"study": study, "format": FORMAT, "config": dict(config)}
+            return cls(path, {}, False, header | {"execution": dict(execution or {})})
         if not resume:
             raise RecordError(f"holds a study already ({RECORD})")
         header, runs, complete, good = _read(path)
@@ -72,7 +89,9 @@ class StudyRecord:
             with path.open("r+b") as f:
                 f.truncate(good)
                 os.fsync(f.fileno())
-        return cls(path, runs, complete, False)
+        record = cls(path, runs, complete)
+        record.execution = header.get("execution") or {}
+        return record
 
     def __len__(self) -> int:
         return len(self._runs)
@@ -86,14 +105,22 @@ class StudyRecord:
         if key in self._runs:
             raise RecordError(f"{self.path}: run {key!r} is recorded already")
         entry = {"run": key, **run}
+        self._begin()
         append_durably(self.path, _line(entry))
         self._runs[key] = entry
 
     def finish(self) -> None:
         """Mark the study complete: every run recorded and every output written."""
         if not self.complete:
+            self._begin()
             append_durably(self.path, _line({"complete": True}))
             self.complete = True
+
+    def _begin(self) -> None:
+        if self._header is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            _create(self.path, _line(self._header))
+            self._header = None
 
 
 def config_differences(recorded: object, config: Mapping[str, Any]) -> list[str]:

@@ -87,10 +87,16 @@ class StudyLog:
         self.out_dir = out_dir
         #: runs read back from the record instead of run again
         self.read_back = 0
+        self._started = False
 
-    def start(self, result: StudyResult) -> None:
-        start_table(self.out_dir / "results.csv", result_fields(result))
-        start_table(self.out_dir / "rounds.csv", round_fields(result))
+    def _start(self, result: StudyResult) -> None:
+        """The tables start with the first run, so a study that fails before finishing one
+        leaves the folder as it was."""
+        if not self._started:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            start_table(self.out_dir / "results.csv", result_fields(result))
+            start_table(self.out_dir / "rounds.csv", round_fields(result))
+            self._started = True
 
     def recorded(self, repeat: int, policy: str) -> tuple[RunResult, tuple[int, int]] | None:
         entry = self.record.get(run_key(repeat, policy))
@@ -107,6 +113,7 @@ class StudyLog:
         cache: tuple[int, int],
         computed: bool,
     ) -> None:
+        self._start(result)
         if computed:
             self.record.add(run_key(repeat, run.policy), run_json(run, cache))
         lm = result.config.workload == "lm"

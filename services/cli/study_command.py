@@ -74,9 +74,10 @@ class StudyRun:
         from powertrip.study.record import RECORD, RecordError, StudyRecord
 
         kind = type(config).__name__
+        execution = {"threads": self.threads, "device": self.device}
         try:
             record = StudyRecord.open(
-                out_dir, kind, json.loads(config.model_dump_json()), self.resume
+                out_dir, kind, json.loads(config.model_dump_json()), self.resume, execution
             )
         except RecordError as exc:
             hint = "" if self.resume else "; pass --resume to continue it, or choose another folder"
@@ -95,7 +96,20 @@ class StudyRun:
                 f"--resume: continuing the study in {out_dir}: {len(record)} runs recorded",
                 highlight=False,
             )
+            then = {k: record.execution.get(k) for k in execution}
+            if then != execution:  # float reduction order depends on them
+                err.print(
+                    f"[bold yellow]warning:[/] --resume: the recorded runs ran with "
+                    f"{_shown(then)}, these with {_shown(execution)}: their numbers may differ "
+                    "in the last digits from one process's",
+                    highlight=False,
+                )
         return record
+
+
+def _shown(execution: Mapping[str, object]) -> str:
+    threads = execution.get("threads")
+    return f"--threads {threads or 'default'} --device {execution.get('device')}"
 
 
 def study_options(
