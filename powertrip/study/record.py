@@ -90,7 +90,8 @@ class StudyRecord:
                 f.truncate(good)
                 os.fsync(f.fileno())
         record = cls(path, runs, complete)
-        record.execution = header.get("execution") or {}
+        execution = header.get("execution")
+        record.execution = dict(execution) if isinstance(execution, dict) else {}
         return record
 
     def __len__(self) -> int:
