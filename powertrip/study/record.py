@@ -90,8 +90,8 @@ class StudyRecord:
                 f.truncate(good)
                 os.fsync(f.fileno())
         record = cls(path, runs, complete)
-        execution = header.get("execution")
-        record.execution = dict(execution) if isinstance(execution, dict) else {}
+        ran = header.get("execution")
+        record.execution = dict(ran) if isinstance(ran, dict) else {}
         return record
 
     def __len__(self) -> int:
