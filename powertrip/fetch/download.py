@@ -40,6 +40,8 @@ class Progress(Protocol):
 
 
 class Quiet:
+    """Reports nothing: the library's default."""
+
     def begin(self, ds: DataSet, total: int) -> None:
         pass
 
