@@ -186,6 +186,8 @@ def fetch_command(
 ) -> None:
     """Fetch data sets into the cache (files already verified are kept) and print their paths.
 
+    NAME: a data set `powertrip data list` names (mnist, fsdd, google-power, ...).
+
     \b
     Example:  powertrip experiment --workload mnist --dataset-path "$(powertrip data fetch mnist)"
     """
