@@ -50,7 +50,7 @@ def test_a_terminal_gets_a_bar_with_the_run_and_the_eta(tmp_path, monkeypatch):
     the ETA however fast the machine."""
     monkeypatch.setenv("FORCE_COLOR", "1")  # rich draws as on a terminal (rich's documented way)
     monkeypatch.setenv("COLUMNS", "160")
-    two_runs = [*TINY, "--policies", "powertrip,centralized-25"]
+    two_runs = [*TINY, "--policies", "powertrip,centralized-25", "--num-samples", "2000"]
     proc = run_powertrip(
         "experiment", *two_runs, "--no-plots", "--output", str(tmp_path / "o"), tmp_path=tmp_path
     )
