@@ -103,10 +103,22 @@ def main() -> int:
     thread = run.start()
     wake = threading.Event()
 
+    def stop_worker_sets(selector: str) -> None:
+        from powertrip.services.aggregator.stop_workers import stop_workers
+
+        try:
+            names = stop_workers(selector)
+        except (OSError, KeyError, ValueError) as exc:  # the run is done all the same
+            logger.warning("could not stop the workers (%s): %s", selector, exc)
+            return
+        logger.info("run done: scaled %s to 0 (%s)", ", ".join(names) or "nothing", selector)
+
     def watch() -> None:  # a failed run ends the process; a finished one with EXIT_WHEN_DONE
         thread.join()
         state = run.status_snapshot().status.state
         if cfg.exit_when_done and state is RunState.DONE:
+            if cfg.stop_workers:  # Kubernetes: the worker StatefulSets to 0, so none restarts
+                stop_worker_sets(cfg.stop_workers)
             # DONE served for one lease first: every live worker heartbeats within it, so each
             # hears the run ended (worker/run_end.py) before this port closes
             wake.wait(cfg.lease_s)

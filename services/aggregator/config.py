@@ -146,6 +146,12 @@ class AggregatorConfig(
     exit_when_done: bool = Field(
         False, description="end the process once the run ends (default: keep serving its status)"
     )
+    stop_workers: str | None = Field(
+        None,
+        description="Kubernetes, with exit_when_done: a label selector of the worker "
+        "StatefulSets this aggregator scales to 0 once the run is DONE, before it exits "
+        "(its service account may; services/aggregator/stop_workers.py)",
+    )
     shutdown_grace_s: float = Field(
         10.0,
         gt=0,
