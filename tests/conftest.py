@@ -5,7 +5,52 @@ from pathlib import Path
 import pytest
 import torch
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+from tests.needs import (
+    EXTRAS,
+    data_view,
+    extra_reason,
+    find_real_data,
+    missing_extra,
+    real_data_names,
+    real_data_reason,
+)
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "extra(name, ...): needs an optional extra of pyproject.toml (tests/needs.py)"
+    )
+    config.addinivalue_line(
+        "markers", "real_data(name, ...): needs a data set `powertrip data fetch` obtains"
+    )
+
+
+def _why_skip(item: pytest.Item) -> str | None:
+    """Why ``item`` cannot run here (the first extra or data set it lacks), or None."""
+    for mark in item.iter_markers("extra"):
+        for extra in mark.args:
+            if extra not in EXTRAS:
+                raise pytest.UsageError(
+                    f"{item.nodeid}: unknown extra {extra!r} ({sorted(EXTRAS)})"
+                )
+            if (module := missing_extra(extra)) is not None:
+                return extra_reason(extra, module)
+    names = [name for mark in item.iter_markers("real_data") for name in mark.args]
+    for name in names:
+        if name not in real_data_names():
+            raise pytest.UsageError(
+                f"{item.nodeid}: unknown real_data {name!r} ({', '.join(real_data_names())})"
+            )
+        if find_real_data(name) is None:
+            return real_data_reason(name)
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skips decided at collection, before any fixture of a test that cannot run is set up."""
+    for item in items:
+        if (why := _why_skip(item)) is not None:
+            item.add_marker(pytest.mark.skip(reason=why))
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -15,10 +60,10 @@ def _one_torch_thread():
 
 
 @pytest.fixture(scope="session")
-def shared_data() -> Path:
-    if not SHARED_DATA.is_dir():
-        pytest.skip(f"real data samples not found at {SHARED_DATA}")
-    return SHARED_DATA
+def shared_data(tmp_path_factory) -> Path:
+    """A folder in the ../shared/data layout with every real data set found (the tests that use
+    it say which they need with ``@pytest.mark.real_data(...)``, and skip without it)."""
+    return data_view(real_data_names(), tmp_path_factory.mktemp("real-data"))
 
 
 @pytest.fixture(autouse=True)

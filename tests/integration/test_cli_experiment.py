@@ -114,6 +114,7 @@ def test_help_lists_presets_and_overrides(tmp_path):
         assert text in proc.stdout
 
 
+@pytest.mark.real_data("mnist")
 def test_real_mnist_idx_files_train_through_the_emulator(shared_data, tmp_path):
     mnist = shared_data / "datasets" / "mnist_t10k"
     out = tmp_path / "mnist"
@@ -142,6 +143,7 @@ def test_real_mnist_idx_files_train_through_the_emulator(shared_data, tmp_path):
     assert summary["config"]["workload"] == "mnist"
 
 
+@pytest.mark.real_data("tinyshakespeare")
 def test_shakespeare_roles_train_an_lstm_through_the_emulator(shared_data, tmp_path):
     text = shared_data / "datasets" / "tinyshakespeare" / "input.txt"
     out = tmp_path / "shakespeare"

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli import run_powertrip
+from tests.needs import real_data_reason
 
 REPO = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -38,7 +39,7 @@ def one_line_error(proc: subprocess.CompletedProcess[str]) -> str:
 def google(shared_data) -> Path:
     d = shared_data / "google-power"
     if not (d / "cella_pdu6.csv").is_file():
-        pytest.skip(f"Google power sample not found in {d}")
+        pytest.skip(real_data_reason("google-power"))
     return d
 
 
@@ -46,7 +47,7 @@ def google(shared_data) -> Path:
 def mci(shared_data) -> Path:
     f = shared_data / "carbon" / "curtail-llm_mci_2026-01-11.csv"
     if not f.is_file():
-        pytest.skip(f"carbon sample not found at {f}")
+        pytest.skip(real_data_reason("curtail-llm-mci"))
     return f
 
 

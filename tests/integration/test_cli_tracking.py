@@ -4,17 +4,13 @@ event files TensorBoard reads back with the run clock as their wall time."""
 from __future__ import annotations
 
 import csv
-import importlib.util
 from pathlib import Path
 
 import pytest
 
 from tests.cli import run_powertrip
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("tensorboard") is None,
-    reason="tensorboard is not installed (pip install 'powertrip[tensorboard]')",
-)
+pytestmark = pytest.mark.extra("tensorboard")
 REPO = Path(__file__).resolve().parents[2]
 TINY = ["--sites", "4", "--num-samples", "400", "--partition", "iid", "--sweep", "2,4"]
 TINY += ["--max-rounds", "3", "--target", "0.15", "--policies", "powertrip", "--repeats", "1"]

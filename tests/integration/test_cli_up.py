@@ -44,6 +44,8 @@ def test_up_trains_to_the_target_prints_endpoints_and_writes_rounds(tmp_path):
     assert "stopping the services" in r.stderr
 
 
+@pytest.mark.extra("speech")
+@pytest.mark.real_data("fsdd")
 def test_up_trains_a_mounted_workload_with_its_natural_partition(tmp_path, shared_data):
     """FSDD by speaker instead of the preset's MNIST-1D: the aggregator's POWERTRIP_WORKLOAD,
     DATASET_PATH and PARTITION reach the workers through the run's config."""

@@ -9,10 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.needs import real_data_path
+
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
-TEXT = REPO.parent / "shared" / "data" / "datasets" / "tinyshakespeare" / "input.txt"
+TEXT = real_data_path("tinyshakespeare")
 
 
 def run_example(name: str, *args: str) -> str:
@@ -38,7 +40,7 @@ def test_own_cnn_on_own_arrays_reaches_80_percent():
         assert final >= 0.75, out
 
 
-@pytest.mark.skipif(not TEXT.exists(), reason=f"no text file at {TEXT}")
+@pytest.mark.real_data("tinyshakespeare")
 def test_the_language_model_learns_a_text_file():
     """A 2-layer byte-level GPT on 3,000 windows of Shakespeare over 4 sites: validation loss
     from ln(256) = 5.55 at initialisation to below 3.0 in 8 rounds."""

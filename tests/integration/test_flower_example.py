@@ -31,8 +31,10 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("flwr", reason="the Flower extra is not installed (powertrip[flower])")
-pytest.importorskip("ray", reason="Flower's simulation needs ray (flwr[simulation])")
+from tests.needs import extra_reason
+
+pytest.importorskip("flwr", reason=extra_reason("flower", "flwr"))
+pytest.importorskip("ray", reason=extra_reason("flower", "ray"))  # flwr[simulation]'s nodes
 
 REPO = Path(__file__).resolve().parents[2]
 APP = REPO / "examples" / "flower"

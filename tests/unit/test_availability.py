@@ -21,6 +21,7 @@ from powertrip.curtailment.availability import (
     episodes_from_windows,
 )
 from powertrip.traces.carbon import CarbonTrace, read_carbon_trace
+from tests.needs import real_data_reason
 
 PAPER_SITES = [("CAISO_NORTH", "CAISO_NORTH"), ("SPP_TX", "SPP_TX"), ("NEM_SA", "NEM_SA")]
 TRACE_STEP_S = 300.0
@@ -29,7 +30,7 @@ TRACE_STEP_S = 300.0
 def paper_trace(shared_data: Path) -> CarbonTrace:
     f = shared_data / "carbon" / "curtail-llm_mci_2026-01-11.csv"
     if not f.is_file():
-        pytest.skip(f"{f.name} not found in {f.parent}")
+        pytest.skip(real_data_reason("curtail-llm-mci"))
     return read_carbon_trace(f)
 
 

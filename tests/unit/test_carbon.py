@@ -21,6 +21,7 @@ from powertrip.traces.carbon import (
     synthetic_carbon_trace,
 )
 from powertrip.traces.io import TraceError
+from tests.needs import data_set_of, real_data_reason
 
 MIN = 60.0
 
@@ -28,7 +29,7 @@ MIN = 60.0
 def carbon_file(shared_data: Path, name: str) -> Path:
     f = shared_data / "carbon" / name
     if not f.is_file():
-        pytest.skip(f"carbon sample {name} not found in {f.parent}")
+        pytest.skip(real_data_reason(data_set_of(f"carbon/{name}")))
     return f
 
 

@@ -19,6 +19,7 @@ from powertrip.curtailment.sites import build_sites
 from powertrip.curtailment.wall_clock import WallClockRounds
 from powertrip.selection.base import SelectAll
 from powertrip.traces.carbon import read_carbon_trace
+from tests.needs import real_data_reason
 
 TRAIN_ROWS = 32_000  # 80 % of mnist1d's 40 000 samples (the docs' measured run)
 TRACE_STEP_S = 300.0
@@ -37,7 +38,7 @@ class NullLearner:
 def paper(shared_data):
     path = shared_data / "carbon" / "curtail-llm_mci_2026-01-11.csv"
     if not path.is_file():
-        pytest.skip(f"{path.name} not found")
+        pytest.skip(real_data_reason("curtail-llm-mci"))
     cfg = build_curtail_config(
         "curtailment", carbon_trace_path=Path(path), regions=("CAISO_NORTH", "SPP_TX", "NEM_SA")
     )

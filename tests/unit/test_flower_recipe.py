@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("flwr", reason="the Flower extra is not installed (powertrip[flower])")
+from tests.needs import extra_reason
+
+pytest.importorskip("flwr", reason=extra_reason("flower", "flwr"))
 
 from flwr.app import ConfigRecord  # noqa: E402
 

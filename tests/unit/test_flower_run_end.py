@@ -11,7 +11,9 @@ import re
 import numpy as np
 import pytest
 
-pytest.importorskip("flwr", reason="the Flower extra is not installed (powertrip[flower])")
+from tests.needs import extra_reason
+
+pytest.importorskip("flwr", reason=extra_reason("flower", "flwr"))
 
 from flwr.app import ArrayRecord, ConfigRecord, MessageType, MetricRecord  # noqa: E402
 

@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 from powertrip.aggregation.robust_fedavg import CLIP
+from tests.needs import extra_reason
 
-flwr = pytest.importorskip("flwr", reason="the Flower extra is not installed (powertrip[flower])")
+flwr = pytest.importorskip("flwr", reason=extra_reason("flower", "flwr"))
 
 from flwr.app import (  # noqa: E402
     Array,

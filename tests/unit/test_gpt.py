@@ -13,6 +13,7 @@ from powertrip.learning.datasets.text import BYTE_VOCAB, load_text
 from powertrip.learning.gpt import GPT_SIZES, gpt_shape
 from powertrip.learning.models import build_model, num_parameters
 from powertrip.learning.trainer import LocalTrainingConfig, SiteTrainer, get_params
+from tests.needs import real_data_reason
 
 
 def _gpt(**overrides: int) -> torch.nn.Module:
@@ -64,7 +65,7 @@ def test_a_shape_the_attention_cannot_split_is_refused():
 def test_validation_loss_falls_on_tinyshakespeare_in_a_few_batched_steps(shared_data):
     text = shared_data / "datasets" / "tinyshakespeare" / "input.txt"
     if not text.is_file():
-        pytest.skip(f"{text} not found")
+        pytest.skip(real_data_reason("tinyshakespeare"))
     data = load_text(text, context_length=64, max_samples=640)
     torch.manual_seed(0)
     model = build_model("gpt", data.num_classes, (64,), gpt=gpt_shape(n_layer=2, d_model=64))

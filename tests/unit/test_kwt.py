@@ -108,6 +108,8 @@ def test_vmapped_grad_over_stacked_sites_equals_each_models_backward():
             torch.testing.assert_close(batched[name][site], p.grad, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.extra("speech")
+@pytest.mark.real_data("fsdd")
 def test_speakers_train_under_the_batched_trainer(shared_data):
     data = load_speech(shared_data / "datasets" / "fsdd", "fsdd")
     rng = np.random.default_rng(0)

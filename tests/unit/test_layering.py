@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import powertrip
+from tests.needs import extra_reason
 from tests.size_report import long_modules
 
 REPO = Path(__file__).resolve().parents[2]
@@ -131,7 +132,7 @@ def test_the_library_source_never_mentions_grpc_or_the_services():
 def test_integrations_never_import_the_services():
     """Exempt from the no-gRPC rule only: importing every integration (where its framework is
     installed) loads neither the services nor the generated stubs."""
-    pytest.importorskip("flwr", reason="the flower extra is not installed")
+    pytest.importorskip("flwr", reason=extra_reason("flower", "flwr"))
     modules = [
         info.name
         for info in pkgutil.walk_packages(powertrip.__path__, "powertrip.")

@@ -20,6 +20,7 @@ from powertrip.traces.power import (
     read_power_file,
     read_power_trace,
 )
+from tests.needs import real_data_reason
 
 UPSTREAM_HEADER = (
     "time,cell,pdu,measured_power_util,production_power_util,"
@@ -30,7 +31,7 @@ UPSTREAM_HEADER = (
 def google_dir(shared_data: Path) -> Path:
     d = shared_data / "google-power"
     if not (d / "cella_pdu6.csv").is_file():
-        pytest.skip(f"Google power sample not found in {d}")
+        pytest.skip(real_data_reason("google-power"))
     return d
 
 

@@ -32,6 +32,7 @@ from powertrip.services.worker.servicer import WorkerServicer
 from powertrip.sites.profiles import ModelledLinks, profile_at, site_id
 from powertrip.study.powertrip import study_sites
 from powertrip.v1 import profiler_pb2, profiler_pb2_grpc, worker_pb2_grpc
+from tests.needs import real_data_reason
 
 PLAIN = {"POWERTRIP_INSECURE": "1"}  # these tests are about other settings
 TIMES_S = (0.0, 299.0, 300.0, 3_600.0, 43_200.0, 86_400.0 * 7.5)
@@ -77,7 +78,7 @@ def test_profiler_serves_the_emulators_power_at_every_time(serve, shared_data, m
     if model == "google-trace":
         trace = {"power_trace_path": shared_data / "google-power"}
         if not trace["power_trace_path"].is_dir():
-            pytest.skip("Google power sample not found")
+            pytest.skip(real_data_reason("google-power"))
     same = {"num_sites": 30, "site_seed": site_seed, "power_model": model, **trace}
     exp = build_config("paper-traces", **same)
     sites, power, label = study_sites(exp)

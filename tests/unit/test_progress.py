@@ -102,8 +102,8 @@ def _fsdd(root: Path) -> Path:
     return root
 
 
+@pytest.mark.extra("speech")
 def test_speech_reports_its_clips_read_and_their_features(tmp_path):
-    pytest.importorskip("librosa", reason="the speech extra: pip install -e '.[speech]'")
     from powertrip.learning.datasets import load_speech
 
     calls, hook = _recorded()

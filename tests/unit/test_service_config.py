@@ -63,6 +63,7 @@ def test_the_lm_workload_takes_its_size_and_iid_sites():
     assert (exp.workload, exp.model_size, exp.partition) == ("lm", "small", "iid")
 
 
+@pytest.mark.real_data("fsdd")
 def test_a_mounted_dataset_reaches_the_run_the_workers_get(shared_data):
     fsdd = shared_data / "datasets" / "fsdd"
     env = {

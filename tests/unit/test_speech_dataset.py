@@ -51,6 +51,8 @@ def test_both_layouts_are_built_in_workloads():
     assert {"speech-commands", "fsdd"} <= set(BUILTIN_WORKLOADS)
 
 
+@pytest.mark.extra("speech")
+@pytest.mark.real_data("speech-commands")
 def test_speech_commands_gives_one_second_of_40_mel_frames_per_clip(speech_commands):
     ds = speech_commands
     assert ds.name == "speech-commands" and ds.task == "audio"
@@ -63,6 +65,8 @@ def test_speech_commands_gives_one_second_of_40_mel_frames_per_clip(speech_comma
     assert abs(float(ds.x_train.mean())) < 1e-3 and abs(float(ds.x_train.std()) - 1) < 1e-3
 
 
+@pytest.mark.extra("speech")
+@pytest.mark.real_data("speech-commands")
 def test_speech_commands_test_set_is_the_official_list_and_holds_out_whole_speakers(
     speech_commands, shared_data
 ):
@@ -76,6 +80,8 @@ def test_speech_commands_test_set_is_the_official_list_and_holds_out_whole_speak
     assert all(which_set(f) == "testing" for f in listed & present)
 
 
+@pytest.mark.extra("speech")
+@pytest.mark.real_data("speech-commands")
 def test_every_training_clip_belongs_to_its_speakers_group(speech_commands, shared_data):
     ds = speech_commands
     assert len(ds.groups_train) == len(ds.y_train)
@@ -85,6 +91,8 @@ def test_every_training_clip_belongs_to_its_speakers_group(speech_commands, shar
     assert counts.sum() == 249 and counts.max() == 21  # one speaker said 21 of the words
 
 
+@pytest.mark.extra("speech")
+@pytest.mark.real_data("fsdd")
 def test_fsdd_uses_its_official_split_inside_every_speaker(fsdd):
     ds = fsdd
     assert ds.name == "fsdd" and ds.num_classes == 10
@@ -97,6 +105,8 @@ def test_fsdd_uses_its_official_split_inside_every_speaker(fsdd):
     assert torch.equal(torch.bincount(ds.y_test), torch.full((10,), 30))
 
 
+@pytest.mark.extra("speech")
+@pytest.mark.real_data("fsdd")
 def test_natural_partition_gives_one_site_per_speaker(fsdd):
     rng = np.random.default_rng(0)
     parts = partition("natural", fsdd.y_train.numpy(), 6, rng, groups=fsdd.groups_train)
@@ -104,6 +114,8 @@ def test_natural_partition_gives_one_site_per_speaker(fsdd):
     assert sorted(len(p) for p in parts) == [450] * 6
 
 
+@pytest.mark.extra("speech")
+@pytest.mark.real_data("speech-commands")
 def test_loading_twice_is_identical(shared_data, speech_commands):
     again = load_speech(shared_data / SPEECH, "speech-commands", seed=7)
     assert torch.equal(again.x_train, speech_commands.x_train)
@@ -111,6 +123,8 @@ def test_loading_twice_is_identical(shared_data, speech_commands):
     assert np.array_equal(again.groups_train, speech_commands.groups_train)
 
 
+@pytest.mark.extra("speech")
+@pytest.mark.real_data("fsdd")
 def test_resampling_and_frame_settings_change_the_feature_shape(shared_data, tmp_path):
     root = small_fsdd(shared_data, tmp_path)
     ds = load_speech(root, "fsdd", sample_rate=16_000, clip_seconds=0.5, n_mels=32, hop_ms=20)
@@ -118,6 +132,7 @@ def test_resampling_and_frame_settings_change_the_feature_shape(shared_data, tmp
     assert len(ds.y_train) + len(ds.y_test) == 20
 
 
+@pytest.mark.extra("speech")
 def test_log_mel_puts_a_tone_in_the_right_mel_bin():
     rate = 16_000
     t = np.arange(rate, dtype=np.float32) / rate
@@ -133,6 +148,7 @@ def test_read_wav_scales_pcm16_to_unit_range(tmp_path):
     np.testing.assert_allclose(audio, [0.0, 0.5, -1.0, 32767 / 32768])
 
 
+@pytest.mark.real_data("fsdd")
 def test_a_corrupt_wav_is_refused_naming_the_file(tmp_path, shared_data):
     root = small_fsdd(shared_data, tmp_path)
     bad = root / "recordings" / "3_jackson_7.wav"

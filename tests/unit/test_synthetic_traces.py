@@ -17,6 +17,7 @@ from powertrip.study.powertrip import StudyResult
 from powertrip.study.results import write_outputs
 from powertrip.traces.power import SYNTHETIC_LABEL, PowerTrace, TracePower
 from powertrip.traces.synthetic import DAY_S, synthetic_power_trace
+from tests.needs import real_data_reason
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +115,7 @@ def test_synthetic_trace_power_varies_over_time_and_is_fixed_by_the_site_seed():
 def test_google_trace_power_reads_the_given_files(shared_data):
     d = shared_data / "google-power"
     if not d.is_dir():
-        pytest.skip(f"Google power sample not found in {d}")
+        pytest.skip(real_data_reason("google-power"))
     cfg = build_config("quick", power_trace_path=d)  # a trace path implies google-trace
 
     power, label = build_power(cfg, generate_sites(cfg.num_sites, np.random.default_rng(0)))

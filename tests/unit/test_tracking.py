@@ -4,7 +4,6 @@ the emulated run clock as the wall time; bad input and a missing package fail in
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -14,10 +13,7 @@ from click.testing import CliRunner
 
 from powertrip.study.tracking import INSTALL_HINT, TrackingError, export_tensorboard, read_runs
 
-needs_tensorboard = pytest.mark.skipif(
-    importlib.util.find_spec("tensorboard") is None,
-    reason=f"tensorboard is not installed ({INSTALL_HINT})",
-)
+needs_tensorboard = pytest.mark.extra("tensorboard")
 START = 1_700_000_000.0
 
 
