@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -63,8 +64,9 @@ def recorded_runs(out: Path) -> int:
     return max(data.count(b"\n") - 1, 0)
 
 
-def killed_after_first_run(command: str, args: list[str], out: Path, tmp_path: Path) -> None:
-    """Start ``powertrip COMMAND ARGS --output OUT`` and SIGKILL it once a run is recorded."""
+def killed_after(command: str, args: list[str], out: Path, tmp_path: Path, runs: int = 1) -> int:
+    """Start ``powertrip COMMAND ARGS --output OUT``, SIGKILL it once ``runs`` runs are
+    recorded, and say how many were when it died."""
     env = {**os.environ, "POWERTRIP_CACHE_DIR": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "powertrip.services.cli.main", command, *args, "--output", str(out)],
@@ -75,8 +77,8 @@ def killed_after_first_run(command: str, args: list[str], out: Path, tmp_path: P
     )
     try:
         deadline = time.monotonic() + 300
-        while recorded_runs(out) < 1:
-            assert proc.poll() is None, f"it ended before recording a run: {proc.stderr.read()}"
+        while recorded_runs(out) < runs:
+            assert proc.poll() is None, f"it ended before recording {runs}: {proc.stderr.read()}"
             assert time.monotonic() < deadline, "no run recorded in 300 s"
             time.sleep(0.05)
         proc.send_signal(signal.SIGKILL)
@@ -84,6 +86,7 @@ def killed_after_first_run(command: str, args: list[str], out: Path, tmp_path: P
         proc.kill()
         proc.wait()
         proc.stderr.close()
+    return recorded_runs(out)
 
 
 def completed(
@@ -94,43 +97,56 @@ def completed(
     return proc
 
 
+@dataclass(frozen=True)
+class Resumed:
+    whole: Path  # the study run through
+    resumed: Path  # the study killed twice and resumed
+    stderr: str  # the last resume's
+    kills: tuple[int, int]  # runs recorded at each kill
+    first_rounds: list[str]  # rounds.csv right after the first kill
+    first_summary: bool  # whether summary.json existed then
+
+
 @pytest.fixture(scope="module")
-def experiment_runs(tmp_path_factory):
-    """(uninterrupted folder, resumed folder, the resume's stderr, runs recorded at the kill)."""
+def experiment_runs(tmp_path_factory) -> Resumed:
+    """Killed after its first run, then resumed and killed again after the sweep's 4 runs: the
+    powertrip runs then train the rounds the uninterrupted study took from its trajectory cache,
+    and k* and static-optimal come from runs read back."""
     tmp = tmp_path_factory.mktemp("resume")
     whole, resumed = tmp / "whole", tmp / "resumed"
     completed("experiment", STUDY, whole, tmp)
-    killed_after_first_run("experiment", STUDY, resumed, tmp)
-    at_kill = recorded_runs(resumed)
+    first = killed_after("experiment", STUDY, resumed, tmp)
+    rounds = (resumed / "rounds.csv").read_text().splitlines()
+    summary = (resumed / "summary.json").exists()
+    second = killed_after("experiment", [*STUDY, "--resume"], resumed, tmp, runs=4)
     proc = completed("experiment", STUDY, resumed, tmp, "--resume")
-    return whole, resumed, proc.stderr, at_kill
+    return Resumed(whole, resumed, proc.stderr, (first, second), rounds, summary)
 
 
 def test_an_interrupted_study_resumes_to_the_same_results(experiment_runs):
-    whole, resumed, stderr, at_kill = experiment_runs
+    r = experiment_runs
+    first, second = r.kills
 
-    assert 1 <= at_kill < 6, "the kill must land inside the study"
-    assert f"{at_kill} runs recorded" in stderr
-    assert (resumed / "results.csv").read_bytes() == (whole / "results.csv").read_bytes()
-    assert (resumed / "rounds.csv").read_bytes() == (whole / "rounds.csv").read_bytes()
-    a, b = (json.loads((d / "summary.json").read_text()) for d in (whole, resumed))
+    assert 1 <= first < 4 <= second < 6, "each kill must land inside the study"
+    assert f"{second} runs recorded" in r.stderr
+    assert (r.resumed / "results.csv").read_bytes() == (r.whole / "results.csv").read_bytes()
+    assert (r.resumed / "rounds.csv").read_bytes() == (r.whole / "rounds.csv").read_bytes()
+    a, b = (json.loads((d / "summary.json").read_text()) for d in (r.whole, r.resumed))
     for key in ("config", "target_accuracy", "k_star", "policies", "static_sweep"):
         assert a[key] == b[key], key
-    assert recorded_runs(resumed) == 6 + 1  # every run, then the end of the study
+    assert recorded_runs(r.resumed) == 6 + 1  # every run, then the end of the study
 
 
-def test_the_results_grow_run_by_run(tmp_path):
-    """Killed after its first run, the folder already holds that run's rows."""
-    out = tmp_path / "o"
-    killed_after_first_run("experiment", STUDY, out, tmp_path)
-    rounds = (out / "rounds.csv").read_text().splitlines()
-    assert rounds[0].startswith("policy,repeat,round")
-    assert len(rounds) - 1 >= 4 * recorded_runs(out)  # each recorded run's 4 rounds, whole
-    assert not (out / "summary.json").exists()
+def test_the_results_grow_run_by_run(experiment_runs):
+    """Killed after its first run, the folder already held that run's rounds, whole."""
+    r = experiment_runs
+    assert r.first_rounds[0].startswith("policy,repeat,round")
+    assert len(r.first_rounds) - 1 >= 4 * r.kills[0]  # each recorded run's 4 rounds
+    assert not r.first_summary
 
 
 def test_a_resume_of_another_configuration_is_refused(experiment_runs, tmp_path):
-    _, resumed, _, _ = experiment_runs
+    resumed = experiment_runs.resumed
     other = [*STUDY]
     other[other.index("--max-rounds") + 1] = "5"
 
@@ -146,7 +162,7 @@ def test_a_resume_of_another_configuration_is_refused(experiment_runs, tmp_path)
 
 
 def test_a_complete_study_is_left_alone(experiment_runs, tmp_path):
-    _, resumed, _, _ = experiment_runs
+    resumed = experiment_runs.resumed
     before = {p.name: p.stat().st_mtime_ns for p in resumed.iterdir()}
 
     proc = completed("experiment", STUDY, resumed, tmp_path, "--resume")
@@ -156,7 +172,7 @@ def test_a_complete_study_is_left_alone(experiment_runs, tmp_path):
 
 
 def test_a_study_folder_is_refused_without_resume(experiment_runs, tmp_path):
-    _, resumed, _, _ = experiment_runs
+    resumed = experiment_runs.resumed
 
     proc = run_powertrip("experiment", *STUDY, "--output", str(resumed), tmp_path=tmp_path)
 
@@ -167,7 +183,7 @@ def test_a_study_folder_is_refused_without_resume(experiment_runs, tmp_path):
 def test_an_interrupted_curtailment_study_resumes_to_the_same_outputs(tmp_path):
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"
     completed("curtail", CURTAIL, whole, tmp_path)
-    killed_after_first_run("curtail", CURTAIL, resumed, tmp_path)
+    assert killed_after("curtail", CURTAIL, resumed, tmp_path) < 3
 
     proc = completed("curtail", CURTAIL, resumed, tmp_path, "--resume")
 
