@@ -67,17 +67,24 @@ def source_help(reference: str) -> dict[str, str] | None:
         for decorator in node.decorator_list:  # the @...command(...)/@...group(...) one
             if not isinstance(decorator, ast.Call) or _called(decorator) not in _MAKERS:
                 continue
-            given = {kw.arg: kw.value for kw in decorator.keywords if kw.arg in _HELP}
-            if given:  # plain strings, or computed (then None: the command is imported)
-                texts = {k: v.value for k, v in given.items() if isinstance(v, ast.Constant)}
-                plain = all(isinstance(t, str) for t in texts.values()) and len(texts) == len(given)
-                return {k: str(t) for k, t in texts.items()} if plain else None
+            given: dict[str, str] = {}
+            for kw in decorator.keywords:
+                if kw.arg in _SAID_ELSEWHERE:  # hidden, deprecated: the command knows
+                    return None
+                if kw.arg in _HELP:
+                    text = kw.value.value if isinstance(kw.value, ast.Constant) else None
+                    if not isinstance(text, str):  # computed: the command is imported for it
+                        return None
+                    given[kw.arg] = text
+            if given:
+                return given
         doc = ast.get_docstring(node, clean=False)
         return None if doc is None else {"help": doc}
     return None
 
 
 _HELP = {"help", "short_help"}
+_SAID_ELSEWHERE = {"hidden", "deprecated"}
 _MAKERS = {"command", "group"}
 
 

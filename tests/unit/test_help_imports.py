@@ -183,3 +183,31 @@ def test_a_command_whose_module_is_absent_is_not_listed_and_not_found():
     assert "ghost" not in group.commands and "ghost" not in list(group.commands)
     called = CliRunner().invoke(group, ["ghost"])
     assert called.exit_code == 2 and "No such command 'ghost'" in called.output
+
+
+def test_a_help_the_source_does_not_spell_out_is_read_from_the_command(tmp_path, monkeypatch):
+    """A computed help, a hidden or a deprecated command: the listing imports it and shows what
+    click would; a plain docstring is read without importing its module."""
+    (tmp_path / "lazy_listing_commands.py").write_text(
+        "import click\n"
+        "WHAT = 'Computed. More words.'\n"
+        "@click.command(help=WHAT)\ndef computed():\n    pass\n"
+        "@click.command(hidden=True)\ndef secret():\n    'Hidden.'\n"
+        "@click.command(deprecated=True)\ndef old():\n    'Old.'\n"
+        "@click.command()\ndef plain():\n    'Plain. Read from the source.'\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    table = {n: f"lazy_listing_commands:{n}" for n in ("computed", "secret", "old", "plain")}
+    group = LazyGroup("g", lazy=table)
+    page = CliRunner().invoke(group, ["--help"])
+    assert page.exit_code == 0, page.output
+    listed = dict(
+        line.split(None, 1)
+        for line in page.output.partition("Commands:")[2].splitlines()
+        if line.strip()
+    )
+    assert listed["computed"] == "Computed."
+    assert "secret" not in listed
+    assert listed["old"].startswith("Old.") and "deprecated" in listed["old"].lower()
+    assert listed["plain"] == "Plain."
+    assert set(group.commands.loaded) == {"computed", "secret", "old"}
