@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -183,11 +184,15 @@ def wait_healthy(port: int, link: subprocess.Popen[bytes], log: Path, timeout_s:
     )
 
 
-def _tail(log: Path, lines: int = 5) -> str:
+def _tail(log: Path) -> str:
+    """What the log says went wrong, on one line: its last ERROR line, else its last line."""
     try:
-        return " | ".join(log.read_text(errors="replace").strip().splitlines()[-lines:]) or "empty"
+        text = re.sub(r"\x1b\[[0-9;]*m", "", log.read_text(errors="replace"))
     except OSError:
         return f"{log} unreadable"
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    errors = [line for line in lines if "ERROR" in line]
+    return (errors or lines or ["(empty)"])[-1]
 
 
 @contextmanager
@@ -208,9 +213,7 @@ def local_superlink(
         "--port",
         str(port),
         "--disable-runtime-dependency-installation",
-        "--log-file",
-        str(log),
-    ]
+    ]  # its console output is its whole log (a --log-file would hold the same lines again)
     with open(log, "ab") as out:
         link = subprocess.Popen(
             command,
@@ -269,13 +272,13 @@ def run_app(
     superlink_log: Path | None = None,
     startup_timeout_s: float = STARTUP_TIMEOUT_S,
 ) -> int:
-    """Run the Flower app in ``app`` once on a fresh local simulation SuperLink; 0 when the run
-    finished completed, else non-zero with one line on stderr saying why."""
+    """Run the Flower app in ``app`` once on a fresh local simulation SuperLink: 0 when the run
+    finished completed; otherwise a FlowerRunError saying why."""
     with tempfile.TemporaryDirectory(prefix="powertrip-flower-") as tmp:
         home = Path(tmp)
         port = port or free_port()
         write_connection(home, port)
-        log = superlink_log or home / "superlink.log"
+        log = superlink_log.resolve() if superlink_log else home / "superlink.log"
         click.echo(f"powertrip flower: starting a local SuperLink on 127.0.0.1:{port}", err=True)
         with local_superlink(home, port, log, startup_timeout_s):
             command = [flower_program("flwr"), "run", str(app), CONNECTION, "--stream"]
@@ -300,7 +303,7 @@ def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def flower() -> None:
-    """Flower apps on PowerTrip (pip install 'powertrip[flower]')."""
+    """Flower apps with PowerTrip's strategies (needs pip install 'powertrip[flower]')."""
 
 
 @flower.command("run")
@@ -354,7 +357,7 @@ def run_command(
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)
     except KeyboardInterrupt:
-        click.echo("error: interrupted; the SuperLink is stopped", err=True)
+        click.echo("error: interrupted", err=True)
         sys.exit(130)
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -78,3 +79,21 @@ def test_the_connection_points_flwr_at_the_superlink_this_command_starts(tmp_pat
         "address": "127.0.0.1:40123",
         "insecure": True,
     }
+
+
+def test_a_superlink_that_cannot_start_fails_the_command_in_one_line_naming_its_log(tmp_path):
+    pytest.importorskip("flwr", reason="the Flower extra is not installed (powertrip[flower])")
+    app = tmp_path / "app"
+    app.mkdir()
+    with socket.socket() as taken:  # the port is taken: the SuperLink cannot listen there
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(flower.FlowerRunError) as failure:
+            flower.run_app(app, port=port)
+    message = str(failure.value)
+    assert "\n" not in message
+    assert message.startswith(
+        f"flower-superlink exited with code 1 before it answered on port {port}"
+    )
+    assert "address already in use" in message.lower()
