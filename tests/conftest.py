@@ -21,7 +21,7 @@ def pytest_configure(config):
         "markers", "extra(name, ...): needs an optional extra of pyproject.toml (tests/needs.py)"
     )
     config.addinivalue_line(
-        "markers", "real_data(name, ...): needs a data set `powertrip data fetch` obtains"
+        "markers", "real_data(name, ...): needs data sets `powertrip data fetch` obtains"
     )
 
 
@@ -61,8 +61,9 @@ def _one_torch_thread():
 
 @pytest.fixture(scope="session")
 def shared_data(tmp_path_factory) -> Path:
-    """A folder in the ../shared/data layout with every real data set found (the tests that use
-    it say which they need with ``@pytest.mark.real_data(...)``, and skip without it)."""
+    """A folder in the ../shared/data layout with every real data set found. A test that uses it
+    says which it needs with ``@pytest.mark.real_data(...)``, or skips by itself (naming the
+    fetch: ``tests.needs.real_data_reason``) where only part of it needs the data."""
     return data_view(real_data_names(), tmp_path_factory.mktemp("real-data"))
 
 
