@@ -90,3 +90,11 @@ grafana-secret:
 	[ -s secrets/grafana-admin-password ] || (umask 022 && openssl rand -base64 24 \
 	  > secrets/grafana-admin-password)
 	chmod 644 secrets/grafana-admin-password
+
+# compose.yaml run in real containers to the quick preset's target, mutual TLS on; outside
+# `make test`, since it may build the image first (minutes). Brings the stack up, waits for the
+# aggregator to reach the target or fail, prints the log tail and the wall time, brings it down.
+# Options and the runtime flags some hosts need: deploy/compose-check.sh --help, docs/images.md.
+.PHONY: compose-check
+compose-check:
+	deploy/compose-check.sh
