@@ -97,7 +97,7 @@ class StudyResult:
 
 class RunLog(Protocol):
     """Where a study keeps each run as it finishes, and finds the runs an earlier process of the
-    same study finished (``results.StudyLog``: the output folder's record and tables)."""
+    same study finished (``run_log.StudyLog``: the output folder's record and tables)."""
 
     def recorded(self, repeat: int, policy: str) -> tuple[RunResult, tuple[int, int]] | None:
         """A run finished before: the run and its trajectory-cache (hits, misses); else None."""
@@ -270,12 +270,10 @@ def run_study(
             before = em.hits, em.misses
             run = emulators[rep].run(policy, target, cfg.max_rounds, on_round=hook)
             cache = em.hits - before[0], em.misses - before[1]
-            if log is not None:
-                log.finished(result, rep, run, cache, computed=True)
-            if not keeps(run.policy):
-                run.model = None  # a big sweep would otherwise hold one model per run
-        if got is not None and log is not None:
-            log.finished(result, rep, run, cache, computed=False)
+        if log is not None:  # with its model still on, where it has one
+            log.finished(result, rep, run, cache, computed=got is None)
+        if isinstance(run, EmulatedRun) and not keeps(run.policy):
+            run.model = None  # a big sweep would otherwise hold one model per run
         result.cache_hits += cache[0]
         result.cache_misses += cache[1]
         done += 1
