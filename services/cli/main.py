@@ -18,7 +18,7 @@ from typing import Any
 import click
 
 #: subcommand -> "module:attribute" of its click command; a module not (yet) installed is left
-#: out of the listing (``data`` and ``model`` come with their own changes)
+#: out of the listing. Finding a module imports its packages: keep commands in light ones (here).
 COMMANDS: dict[str, str] = {
     "certs": "powertrip.services.cli.certs:certs",
     "curtail": "powertrip.services.cli.curtail:curtail",
