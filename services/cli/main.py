@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "data": "powertrip.services.cli.data:data",
     "experiment": "powertrip.services.cli.experiment:experiment",
     "export-tensorboard": "powertrip.services.cli.export:export_tensorboard_command",
+    "flower": "powertrip.services.cli.flower:flower",
     "model": "powertrip.services.cli.model:model",
     "traces": "powertrip.services.cli.traces:traces",
     "up": "powertrip.services.cli.up:up",
