@@ -17,6 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from powertrip.services.cli import flower
+from tests.needs import extra_reason
 
 #: A stand-in SuperLink, as the real one behaves: a child in its process group, and a child in a
 #: session of its own (Flower's SuperExec, Ray's daemons) that ignores SIGTERM.
@@ -82,7 +83,7 @@ def test_the_connection_points_flwr_at_the_superlink_this_command_starts(tmp_pat
 
 
 def test_a_superlink_that_cannot_start_fails_the_command_in_one_line_naming_its_log(tmp_path):
-    pytest.importorskip("flwr", reason="the Flower extra is not installed (powertrip[flower])")
+    pytest.importorskip("flwr", reason=extra_reason("flower", "flwr"))
     app = tmp_path / "app"
     app.mkdir()
     with socket.socket() as taken:  # the port is taken: the SuperLink cannot listen there
