@@ -15,6 +15,8 @@ from tests.needs import (
     real_data_reason,
 )
 
+pytest_plugins = ["pytester"]  # tests/unit/test_needs.py runs marked tests under this conftest
+
 
 def pytest_configure(config):
     config.addinivalue_line(
