@@ -13,12 +13,13 @@ the study is written.
 from __future__ import annotations
 
 import csv
+import fcntl
 import io
 import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 RECORD = "runs.jsonl"
 FORMAT = 1
@@ -26,6 +27,10 @@ FORMAT = 1
 
 class RecordError(ValueError):
     """The record cannot be continued: one line saying where and why."""
+
+
+class RecordExists(RecordError):
+    """The folder holds a study's record and the caller did not ask to continue it."""
 
 
 class StudyRecord:
@@ -46,6 +51,8 @@ class StudyRecord:
         self._header = header
         #: how the process that started the record ran the study (``open``'s ``execution``)
         self.execution: dict[str, Any] = {} if header is None else header["execution"]
+        #: the record file, open and locked while this process may write it
+        self._lock: BinaryIO | None = None
 
     @property
     def created(self) -> bool:
@@ -69,13 +76,31 @@ class StudyRecord:
         (threads, device: not the study's identity, but floats can differ in their last digits
         between them), kept in the header as ``execution``."""
         path = out_dir / RECORD
-        if path.exists() and _empty(path):  # a study that ended before its first run
+        lock = _locked(path) if path.exists() else None
+        if lock is not None and _empty(path):  # a study that ended before its first run
             path.unlink()
+            lock.close()
         if not path.exists():
             header = {"study": study, "format": FORMAT, "config": dict(config)}
             return cls(path, {}, False, header | {"execution": dict(execution or {})})
+        assert lock is not None
+        try:
+            return cls._continued(path, study, config, resume, lock)
+        except BaseException:
+            lock.close()
+            raise
+
+    @classmethod
+    def _continued(
+        cls,
+        path: Path,
+        study: str,
+        config: Mapping[str, Any],
+        resume: bool,
+        lock: BinaryIO,
+    ) -> StudyRecord:
         if not resume:
-            raise RecordError(f"holds a study already ({RECORD})")
+            raise RecordExists(f"holds a study already ({RECORD})")
         header, runs, complete, good = _read(path)
         if header.get("study") != study or header.get("format") != FORMAT:
             raise RecordError(
@@ -92,7 +117,14 @@ class StudyRecord:
         record = cls(path, runs, complete)
         ran = header.get("execution")
         record.execution = dict(ran) if isinstance(ran, dict) else {}
+        record._lock = lock
         return record
+
+    def close(self) -> None:
+        """Let another process continue the record (the end of this one does too)."""
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
 
     def __len__(self) -> int:
         return len(self._runs)
@@ -120,7 +152,13 @@ class StudyRecord:
     def _begin(self) -> None:
         if self._header is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            _create(self.path, _line(self._header))
+            try:
+                _create(self.path, _line(self._header))
+            except FileExistsError:
+                raise RecordError(
+                    f"{self.path}: another process began a study in this folder meanwhile"
+                ) from None
+            self._lock = _locked(self.path)
             self._header = None
 
 
@@ -148,6 +186,20 @@ def _flat(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[f"{prefix}{k}"] = v
     return out
+
+
+def _locked(path: Path) -> BinaryIO:
+    """``path`` open with an exclusive lock held (released when closed, or when the process
+    ends however it ends); RecordError when another process holds it."""
+    f = path.open("rb")
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        raise RecordError(
+            f"is in use: another process is running the study there ({RECORD} is locked)"
+        ) from None
+    return f
 
 
 def _empty(path: Path) -> bool:

@@ -71,7 +71,7 @@ class StudyRun:
         """The folder's record of the study (new, or the one ``--resume`` continues); None,
         said on stderr, when the study there is complete. Refused in one line when the folder
         holds a study and ``--resume`` is off, or a study of another configuration."""
-        from powertrip.study.record import RECORD, RecordError, StudyRecord
+        from powertrip.study.record import RECORD, RecordError, RecordExists, StudyRecord
 
         kind = type(config).__name__
         execution = {"threads": self.threads, "device": self.device}
@@ -80,7 +80,8 @@ class StudyRun:
                 out_dir, kind, json.loads(config.model_dump_json()), self.resume, execution
             )
         except RecordError as exc:
-            hint = "" if self.resume else "; pass --resume to continue it, or choose another folder"
+            exists = isinstance(exc, RecordExists)
+            hint = "; pass --resume to continue it, or choose another folder" if exists else ""
             fail(f"--output {out_dir}: {exc}{hint}")
         if record.complete:
             err.print(
@@ -90,7 +91,10 @@ class StudyRun:
             )
             return None
         if self.resume and record.created:
-            err.print(f"--resume: no study recorded in {out_dir} ({RECORD}): starting it")
+            err.print(
+                f"--resume: no study recorded in {out_dir} ({RECORD}): starting it",
+                highlight=False,
+            )
         elif self.resume:
             err.print(
                 f"--resume: continuing the study in {out_dir}: {len(record)} runs recorded",

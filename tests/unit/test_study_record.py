@@ -30,11 +30,13 @@ def test_a_new_record_writes_nothing_until_its_first_run(tmp_path):
 def test_runs_are_read_back_exactly_and_the_end_is_marked(tmp_path):
     first = opened(tmp_path, execution={"threads": 1, "device": "cpu"})
     first.add("a", {"x": [1 / 3, float("nan")]})
+    first.close()
     again = opened(tmp_path)
     assert not again.created and len(again) == 1 and not again.complete
     assert again.get("a")["x"][0] == 1 / 3  # exact, not rounded
     assert again.execution == {"threads": 1, "device": "cpu"}
     again.finish()
+    again.close()
     assert opened(tmp_path).complete
 
 
@@ -42,6 +44,7 @@ def test_a_line_torn_by_a_crash_is_dropped_and_cut_off(tmp_path):
     record = opened(tmp_path)
     record.add("a", {"x": 1})
     record.add("b", {"x": 2})
+    record.close()
     path = tmp_path / "out" / RECORD
     whole = path.read_bytes()
     path.write_bytes(whole[:-5])  # the process died inside the last write
@@ -49,6 +52,7 @@ def test_a_line_torn_by_a_crash_is_dropped_and_cut_off(tmp_path):
     resumed = opened(tmp_path)
     assert resumed.get("a") == {"run": "a", "x": 1} and resumed.get("b") is None
     resumed.add("b", {"x": 3})
+    resumed.close()
     assert opened(tmp_path).get("b") == {"run": "b", "x": 3}
 
 
@@ -95,3 +99,12 @@ def test_a_record_of_another_study_is_refused(tmp_path):
     opened(tmp_path).add("a", {})
     with pytest.raises(RecordError, match="a record of 'ExperimentConfig'"):
         StudyRecord.open(tmp_path / "out", "CurtailmentConfig", CONFIG, True)
+
+
+def test_a_record_is_written_by_one_process_at_a_time(tmp_path):
+    running = opened(tmp_path, resume=False)
+    running.add("a", {})
+    with pytest.raises(RecordError, match=r"^is in use: another process is running the study"):
+        opened(tmp_path)
+    running.close()  # or the process ends, however it ends
+    assert opened(tmp_path).get("a") == {"run": "a"}
