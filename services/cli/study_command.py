@@ -122,10 +122,9 @@ def study_options(
     *settings: Callable[[Any], Any],
 ) -> Callable[[Callable[..., None]], Callable[..., None]]:
     """The command's options in help order: ``--preset`` (of ``presets``), ``--output``,
-    ``--resume``, the
-    command's own ``settings`` decorators, then ``--plots``, ``--tensorboard``, ``--threads`` and
-    ``--device``. The command takes the shared ones as a ``StudyRun`` and its settings as
-    ``**options``."""
+    ``--resume``, the command's own ``settings`` decorators, then ``--plots``, ``--tensorboard``,
+    ``--threads`` and ``--device``. The command takes the shared ones as a ``StudyRun`` and its
+    settings as ``**options``."""
     decorators = [
         preset_option(presets, default),
         click.option(
