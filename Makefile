@@ -44,7 +44,7 @@ $(VENV)/.installed-extras: $(VENV)/.installed
 	touch $@
 
 experiment: $(VENV)/.installed
-	$(VENV)/bin/powertrip experiment --preset quick --threads 1 --output $(OUTPUT)
+	$(VENV)/bin/powertrip experiment --preset quick --threads 1 --output $(OUTPUT) --resume
 
 test: $(VENV)/.installed-extras
 	$(VENV)/bin/ruff check .
