@@ -69,6 +69,10 @@ def test_the_matrix_is_reported_when_xdist_runs_the_tests(tmp_path):
     import subprocess
     import sys
 
+    import pytest
+
+    pytest.importorskip("xdist", reason="needs pytest-xdist: pip install pytest-xdist")
+
     (tmp_path / "test_row.py").write_text(
         "import pytest\n\n"
         "@pytest.mark.reliability('R1')\ndef test_a():\n    pass\n\n"
