@@ -23,6 +23,10 @@ TORCH_INDEX := $(if $(NVIDIA_DRIVER),$(shell [ $(NVIDIA_DRIVER) -lt 580 ] \
   && echo https://download.pytorch.org/whl/cu126))
 endif
 OUTPUT ?= results/quick
+# pytest-xdist workers for `make test`: more than the cores, since most tests wait on sockets and
+# child processes; each test file stays on one worker (its module fixtures start once).
+# TEST_WORKERS=0 runs them in this process.
+TEST_WORKERS ?= 3
 
 .PHONY: experiment test gpu-check lint clean certs certs-renew certs-modes
 
@@ -50,7 +54,7 @@ test: $(VENV)/.installed-extras
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy -p powertrip
-	$(VENV)/bin/pytest -q --durations=25
+	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25
 
 # Every GPU check in one step (CUDA tests, the quick study on CUDA, the GPU benchmarks), one
 # table at the end; on a machine with a GPU only (benchmarks/gpu_check.py).

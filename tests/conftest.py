@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,11 @@ from tests.needs import (
     real_data_names,
     real_data_reason,
 )
+
+# Every child process (services, examples, benchmarks, CLI runs) trains on one thread: the tests
+# run on several xdist workers over two cores, where torch's one-thread-per-core default
+# oversubscribes them. A test that needs more threads sets them itself.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 pytest_plugins = ["pytester"]  # tests/unit/test_needs.py runs marked tests under this conftest
 

@@ -19,7 +19,7 @@ def run_benchmark(script: str, *args: str, timeout_s: float) -> str:
         text=True,
         timeout=timeout_s,
     )
-    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-2000:])
     return done.stdout
 
 
@@ -31,8 +31,8 @@ def test_the_upload_memory_benchmark_folds_every_update_correctly():
         "--uploads",
         "2",
         "--timeout",
-        "60",
-        timeout_s=180,
+        "240",  # the uploads' deadline: generous, the test checks the fold, not the speed
+        timeout_s=600,
     )
     assert out.count("model correct (2/2 folded)") == 2  # streaming and naive
 
