@@ -211,8 +211,8 @@ class Runner:
 def test_a_worker_saved_in_another_run_rejoins_fresh_with_one_warning(tmp_path, caplog):
     """The saved run is not the aggregator's: the sites are withdrawn, the directory cleared,
     the sites rebuilt from the aggregator's run, and the worker registers as ready again."""
-    from powertrip.services.worker.joining import join_run
     from powertrip.services.worker.config import WorkerConfig
+    from powertrip.services.worker.joining import join_run
     from powertrip.v1 import aggregator_pb2
 
     cfg_json = build_config("quick", num_sites=4, num_samples=1000, local_optimizer=ADAMW)
