@@ -30,6 +30,7 @@ from powertrip.fetch import (
     get,
     missing_files,
 )
+from powertrip.services.cli.progress import ProgressView, Step
 
 err = Console(stderr=True, soft_wrap=True, highlight=False)
 
@@ -60,20 +61,24 @@ def _datasets(names: Sequence[str]) -> list[DataSet]:
 
 
 class _Lines:
-    """Off a terminal (logs, CI): a line per file obtained and one per data set."""
+    """Off a terminal (logs, CI): the files obtained at most every few seconds (the one
+    progress renderer's rate: a data set can be thousands of files), and one line per data set."""
 
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
+    def __init__(self, view: ProgressView) -> None:
+        self.view, self.lock = view, threading.Lock()
+        self.steps: dict[str, Step] = {}
 
     def begin(self, ds: DataSet, total: int) -> None:
-        pass
+        self.steps[ds.name] = self.view.step(ds.name, total=len(ds.files))
 
     def advance(self, ds: DataSet, nbytes: int) -> None:
         pass
 
     def fetched(self, ds: DataSet, rel: str, size: int, source: str) -> None:
         with self.lock:
-            print(f"fetched {ds.name}/{rel} ({_size(size)}) from {source}", file=sys.stderr)
+            step = self.steps[ds.name]
+            detail = f"{step.done + 1}/{step.total} files, fetched {ds.name}/{rel} ({_size(size)})"
+            step.update(step.done + 1, detail=f"{detail} from {source}")
 
     def end(self, ds: DataSet, path: Path, downloaded: int) -> None:
         print(
@@ -200,7 +205,8 @@ def fetch_command(
             with _Bars(err) as bars:
                 paths = fetch(chosen, mirror=mirror, directory=directory, progress=bars)
         else:
-            paths = fetch(chosen, mirror=mirror, directory=directory, progress=_Lines())
+            with ProgressView(err) as view:
+                paths = fetch(chosen, mirror=mirror, directory=directory, progress=_Lines(view))
     except FetchError as exc:
         _fail(str(exc), code=1)
     except KeyboardInterrupt:
