@@ -38,6 +38,7 @@ CONNECTION = "powertrip-local"  # the SuperLink connection's name in the private
 STARTUP_TIMEOUT_S = 120.0  # a loaded two-core machine takes 5-20 s to import Flower and answer
 FINISH_WAIT_S = 120.0  # after the log stream ends, how long the run may take to read finished
 STOP_WAIT_S = 20.0  # SIGTERM -> SIGKILL grace for the SuperLink and what it started
+KILLED_WAIT_S = 10.0  # how long a SIGKILLed process may take to be gone (a loaded machine)
 COMPLETED = "finished:completed"
 
 
@@ -155,11 +156,19 @@ def stop_superlink(link: subprocess.Popen[bytes], grace_s: float = STOP_WAIT_S) 
         link.wait()
     left = _alive(started)
     _signal_all(list(left), signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while left and time.monotonic() < deadline:
-        time.sleep(0.2)
-        left = _alive(left)
+    left = _wait_gone(left, grace_s)
     _signal_all(list(left), signal.SIGKILL)
+    _wait_gone(left, KILLED_WAIT_S)  # a SIGKILL lands asynchronously: return once they are gone
+
+
+def _wait_gone(pids: dict[int, str], timeout_s: float) -> dict[int, str]:
+    """Those of ``pids`` still running after up to ``timeout_s``."""
+    left = _alive(pids)
+    deadline = time.monotonic() + timeout_s
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = _alive(left)
+    return left
 
 
 def wait_healthy(port: int, link: subprocess.Popen[bytes], log: Path, timeout_s: float) -> None:
